@@ -1,0 +1,302 @@
+//! The recording's vocabulary: timestamped plain events that collectors emit
+//! and the analysis consumes. Collectors know nothing about exporters; the
+//! analysis knows nothing about `/proc`, NVML or perf.
+//!
+//! Every event carries `CLOCK_MONOTONIC` nanoseconds (`MonoNs`). Cumulative
+//! kernel counters are recorded raw (not as rates) so that `gpuprof report`
+//! can recompute every derived figure.
+
+use serde::{Deserialize, Serialize};
+
+/// Version of the recording format. Bump when a reader of the previous
+/// version could misread a newer recording.
+pub const RECORDING_VERSION: u32 = 1;
+
+/// `CLOCK_MONOTONIC` nanoseconds.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[serde(transparent)]
+pub struct MonoNs(pub u64);
+
+impl MonoNs {
+    pub fn now() -> MonoNs {
+        let ts = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+            .expect("CLOCK_MONOTONIC is always available on Linux");
+        MonoNs(ts.tv_sec() as u64 * 1_000_000_000 + ts.tv_nsec() as u64)
+    }
+    pub fn secs_since(self, earlier: MonoNs) -> f64 {
+        self.0.saturating_sub(earlier.0) as f64 / 1e9
+    }
+}
+
+/// A process id (thread-group id).
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[serde(transparent)]
+pub struct Pid(pub i32);
+
+/// A thread id.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[serde(transparent)]
+pub struct Tid(pub i32);
+
+impl std::fmt::Display for Pid {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+impl std::fmt::Display for Tid {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// First event of every recording.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Header {
+    /// Always "gpuprof-recording".
+    pub format: String,
+    pub version: u32,
+    pub gpuprof_version: String,
+    pub command: Vec<String>,
+    pub host: String,
+    /// `CLOCK_MONOTONIC` at the start of the recording: t = 0 in every output.
+    pub start: MonoNs,
+    /// `CLOCK_REALTIME` nanoseconds since the Unix epoch taken together with
+    /// `start`, so NVML's wall-clock stamps and other hosts' traces can be
+    /// mapped onto the monotonic axis.
+    pub anchor_realtime_ns: u64,
+    pub anchor_monotonic_ns: u64,
+    /// /proc sampling interval.
+    pub interval_ns: u64,
+    pub cpus: u32,
+    pub page_size: u64,
+    pub clock_ticks_per_s: u64,
+    /// Rank / node identity when the job runs under a launcher (RANK,
+    /// SLURM_PROCID, ...), for merging traces of several ranks.
+    #[serde(default)]
+    pub rank: Option<String>,
+}
+
+/// How the job ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobStatus {
+    Exited(i32),
+    Signaled(i32),
+    /// gpuprof stopped recording (window end, second Ctrl-C) while the job
+    /// was still running.
+    StillRunning,
+}
+
+impl JobStatus {
+    /// The shell-convention exit code for this status.
+    pub fn exit_code(self) -> Option<i32> {
+        match self {
+            JobStatus::Exited(c) => Some(c),
+            JobStatus::Signaled(s) => Some(128 + s),
+            JobStatus::StillRunning => None,
+        }
+    }
+}
+
+/// Last event of a complete recording.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Footer {
+    pub t: MonoNs,
+    pub status: JobStatus,
+    /// Why recording stopped: "job exited", "duration elapsed", "interrupted".
+    pub reason: String,
+    /// Events the writer could not accept (channel overflow); should be 0.
+    #[serde(default)]
+    pub dropped_events: u64,
+}
+
+/// One measured source and whether it worked. Partial failure is data.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Coverage {
+    /// Stable name of what was (or was not) measured, e.g. "psi", "gpu", "stacks".
+    pub source: String,
+    pub available: bool,
+    /// Why it is unavailable or what limits it, and how to fix that.
+    pub detail: String,
+}
+
+/// Scheduler state letter from `/proc/PID/task/TID/stat`.
+pub type TaskState = char;
+
+/// Cumulative CPU times of one CPU (or the total) from `/proc/stat`, in ns.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CpuTimes {
+    pub user: u64,
+    pub nice: u64,
+    pub system: u64,
+    pub idle: u64,
+    pub iowait: u64,
+    pub irq: u64,
+    pub softirq: u64,
+    pub steal: u64,
+}
+
+impl CpuTimes {
+    pub fn total(&self) -> u64 {
+        self.user
+            + self.nice
+            + self.system
+            + self.idle
+            + self.iowait
+            + self.irq
+            + self.softirq
+            + self.steal
+    }
+    pub fn busy(&self) -> u64 {
+        self.user + self.nice + self.system + self.irq + self.softirq + self.steal
+    }
+}
+
+/// Cumulative counters of one block device from `/proc/diskstats`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiskCounters {
+    pub name: String,
+    pub reads: u64,
+    pub read_bytes: u64,
+    pub writes: u64,
+    pub write_bytes: u64,
+    /// Milliseconds the device had IO in flight (basis of "busy %").
+    pub io_ms: u64,
+}
+
+/// Cumulative stall time from one `/proc/pressure/*` file, in µs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Psi {
+    pub some_us: u64,
+    /// `full` is absent for cpu on older kernels.
+    pub full_us: Option<u64>,
+}
+
+/// Every event of a recording. The serialized tag is `k`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(tag = "k", rename_all = "snake_case")]
+pub enum Event {
+    Header(Header),
+    Footer(Footer),
+    Coverage(Coverage),
+    /// Recording window: events outside [start, stop] are not recorded.
+    WindowStart {
+        t: MonoNs,
+    },
+    WindowStop {
+        t: MonoNs,
+    },
+
+    /// A process of the job, first seen (or seen again after exec).
+    Process {
+        t: MonoNs,
+        pid: Pid,
+        ppid: Pid,
+        /// Start time from `/proc/PID/stat`, in ns since boot (CLOCK_BOOTTIME
+        /// based; only used to tell a reused PID from the old process).
+        start_boot_ns: u64,
+        comm: String,
+        cmdline: Vec<String>,
+        exe: Option<String>,
+    },
+    /// The process exited (or vanished) at about `t`.
+    ProcessExit {
+        t: MonoNs,
+        pid: Pid,
+        /// Known when gpuprof itself reaped it (the job and orphans).
+        status: Option<JobStatus>,
+    },
+    /// A thread was first seen, or renamed (`comm` changed).
+    Thread {
+        t: MonoNs,
+        pid: Pid,
+        tid: Tid,
+        comm: String,
+    },
+    /// Cumulative CPU of one thread; emitted only when something changed.
+    ThreadCpu {
+        t: MonoNs,
+        pid: Pid,
+        tid: Tid,
+        user_ns: u64,
+        sys_ns: u64,
+        state: TaskState,
+        /// CPU the thread last ran on.
+        cpu: i32,
+    },
+    /// Whole-process figures (threads that exited are included in the CPU).
+    ProcessSample {
+        t: MonoNs,
+        pid: Pid,
+        user_ns: u64,
+        sys_ns: u64,
+        rss_bytes: u64,
+        read_bytes: u64,
+        write_bytes: u64,
+        rchar: u64,
+        wchar: u64,
+        threads: u32,
+    },
+    /// `/proc/stat`: total and per-CPU cumulative times, runnable and
+    /// blocked task counts.
+    SystemCpu {
+        t: MonoNs,
+        total: CpuTimes,
+        per_cpu: Vec<CpuTimes>,
+        procs_running: u32,
+        procs_blocked: u32,
+    },
+    /// `/proc/diskstats` for whole disks (partitions, loop/ram devices
+    /// without IO are skipped).
+    Disks {
+        t: MonoNs,
+        disks: Vec<DiskCounters>,
+    },
+    /// `/proc/pressure/{cpu,io,memory}`.
+    Pressure {
+        t: MonoNs,
+        cpu: Option<Psi>,
+        io: Option<Psi>,
+        memory: Option<Psi>,
+    },
+    /// `/proc/meminfo` and `/proc/vmstat`.
+    Memory {
+        t: MonoNs,
+        total_bytes: u64,
+        available_bytes: u64,
+        swap_total_bytes: u64,
+        swap_free_bytes: u64,
+        /// Cumulative pages swapped in/out.
+        pswpin: u64,
+        pswpout: u64,
+    },
+}
+
+impl Event {
+    /// Timestamp of the event, if it has one.
+    pub fn time(&self) -> Option<MonoNs> {
+        use Event::*;
+        match self {
+            Header(h) => Some(h.start),
+            Footer(f) => Some(f.t),
+            Coverage(_) => None,
+            WindowStart { t }
+            | WindowStop { t }
+            | Process { t, .. }
+            | ProcessExit { t, .. }
+            | Thread { t, .. }
+            | ThreadCpu { t, .. }
+            | ProcessSample { t, .. }
+            | SystemCpu { t, .. }
+            | Disks { t, .. }
+            | Pressure { t, .. }
+            | Memory { t, .. } => Some(*t),
+        }
+    }
+}

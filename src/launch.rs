@@ -1,0 +1,199 @@
+//! Gated launch of the job: fork, hold the child on a pipe until the caller
+//! has attached what must see the job from its first instruction (perf
+//! events opened with `enable_on_exec`), then let it exec.
+//!
+//! `std::process::Command` cannot do this: `spawn()` waits for the exec to
+//! succeed, so a gate read in `pre_exec` would deadlock.
+
+use std::ffi::{CString, OsStr, OsString};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use nix::fcntl::OFlag;
+use nix::sys::wait::{waitpid, WaitStatus};
+use nix::unistd::{fork, pipe2, ForkResult};
+
+use crate::event::Pid;
+
+/// Why the job could not be started. Exit codes follow the shell: 127 for a
+/// command that is not there, 126 for one that cannot be executed.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    #[error("no command given: put the job after `--`, e.g. `gpuprof -- python train.py`")]
+    Empty,
+    #[error("command not found: {0} (check the spelling, or give its full path)")]
+    NotFound(String),
+    #[error("cannot execute {0}: {1} (check that it is an executable file: chmod +x)")]
+    NotExecutable(String, String),
+    #[error("cannot start {0}: {1}")]
+    Exec(String, String),
+    #[error("cannot start the job: {0}")]
+    Fork(nix::Error),
+}
+
+impl LaunchError {
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            LaunchError::NotFound(_) | LaunchError::Empty => 127,
+            LaunchError::NotExecutable(..) => 126,
+            _ => 127,
+        }
+    }
+}
+
+/// A forked child blocked before `exec`.
+pub struct Suspended {
+    pub pid: Pid,
+    program: String,
+    gate_w: OwnedFd,
+    err_r: OwnedFd,
+}
+
+/// Resolve `argv[0]` the way `execvp` would, so that a missing command is
+/// reported before anything is forked.
+pub fn resolve_program(name: &OsStr) -> Result<PathBuf, LaunchError> {
+    let shown = name.to_string_lossy().into_owned();
+    if name.is_empty() {
+        return Err(LaunchError::Empty);
+    }
+    let check = |p: &Path| -> Option<Result<PathBuf, LaunchError>> {
+        let md = std::fs::metadata(p).ok()?;
+        if md.is_dir() {
+            return Some(Err(LaunchError::NotExecutable(
+                shown.clone(),
+                "is a directory".into(),
+            )));
+        }
+        if md.permissions().mode() & 0o111 == 0 {
+            return Some(Err(LaunchError::NotExecutable(
+                shown.clone(),
+                "permission denied".into(),
+            )));
+        }
+        Some(Ok(p.to_path_buf()))
+    };
+    if name.as_bytes().contains(&b'/') {
+        return check(Path::new(name)).unwrap_or(Err(LaunchError::NotFound(shown)));
+    }
+    let path =
+        std::env::var_os("PATH").unwrap_or_else(|| OsString::from("/usr/local/bin:/usr/bin:/bin"));
+    let mut first_err = None;
+    for dir in std::env::split_paths(&path) {
+        let dir = if dir.as_os_str().is_empty() {
+            PathBuf::from(".")
+        } else {
+            dir
+        };
+        match check(&dir.join(name)) {
+            Some(Ok(p)) => return Ok(p),
+            Some(Err(e)) if first_err.is_none() => first_err = Some(e),
+            _ => {}
+        }
+    }
+    Err(first_err.unwrap_or(LaunchError::NotFound(shown)))
+}
+
+/// Fork the job, blocked before exec. Stdio, environment, working directory,
+/// signal mask and dispositions are inherited unchanged.
+pub fn spawn_suspended(argv: &[OsString]) -> Result<Suspended, LaunchError> {
+    let first = argv.first().ok_or(LaunchError::Empty)?;
+    let program = resolve_program(first)?;
+    let shown = first.to_string_lossy().into_owned();
+    // Everything the child touches is prepared before fork: after fork in a
+    // multi-threaded process only async-signal-safe calls are allowed.
+    let prog_c = CString::new(program.as_os_str().as_bytes())
+        .map_err(|_| LaunchError::Exec(shown.clone(), "NUL byte in path".into()))?;
+    let args_c: Vec<CString> = argv
+        .iter()
+        .map(|a| CString::new(a.as_bytes()))
+        .collect::<Result<_, _>>()
+        .map_err(|_| LaunchError::Exec(shown.clone(), "NUL byte in an argument".into()))?;
+    let mut arg_ptrs: Vec<*const libc::c_char> = args_c.iter().map(|a| a.as_ptr()).collect();
+    arg_ptrs.push(std::ptr::null());
+
+    let (gate_r, gate_w) = pipe2(OFlag::O_CLOEXEC).map_err(LaunchError::Fork)?;
+    let (err_r, err_w) = pipe2(OFlag::O_CLOEXEC).map_err(LaunchError::Fork)?;
+
+    // SAFETY: the child only calls async-signal-safe functions (read,
+    // execv, write, _exit) on memory prepared before the fork.
+    match unsafe { fork() }.map_err(LaunchError::Fork)? {
+        ForkResult::Child => unsafe {
+            let mut b = [0u8; 1];
+            let n = libc::read(gate_r.as_raw_fd(), b.as_mut_ptr().cast(), 1);
+            if n != 1 {
+                // The profiler gave up before releasing the job.
+                libc::_exit(127);
+            }
+            libc::execv(prog_c.as_ptr(), arg_ptrs.as_ptr());
+            let errno = *libc::__errno_location();
+            let bytes = errno.to_ne_bytes();
+            libc::write(err_w.as_raw_fd(), bytes.as_ptr().cast(), bytes.len());
+            libc::_exit(if errno == libc::ENOENT { 127 } else { 126 });
+        },
+        ForkResult::Parent { child } => {
+            drop(gate_r);
+            drop(err_w);
+            Ok(Suspended {
+                pid: Pid(child.as_raw()),
+                program: shown,
+                gate_w,
+                err_r,
+            })
+        }
+    }
+}
+
+impl Suspended {
+    /// Release the child and wait until it has exec'd (or failed to).
+    pub fn resume(self) -> Result<Pid, LaunchError> {
+        let Suspended {
+            pid,
+            program,
+            gate_w,
+            err_r,
+        } = self;
+        let _ = nix::unistd::write(&gate_w, &[1u8]);
+        drop(gate_w);
+        let mut buf = [0u8; 4];
+        let mut got = 0;
+        while got < 4 {
+            match nix::unistd::read(&err_r, &mut buf[got..]) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(_) => break,
+            }
+        }
+        if got == 0 {
+            return Ok(pid); // CLOEXEC closed the pipe: exec succeeded.
+        }
+        let _ = waitpid(nix::unistd::Pid::from_raw(pid.0), None);
+        let errno = nix::errno::Errno::from_raw(i32::from_ne_bytes(buf));
+        Err(match errno {
+            nix::errno::Errno::ENOENT => LaunchError::NotFound(program),
+            nix::errno::Errno::EACCES | nix::errno::Errno::ENOEXEC | nix::errno::Errno::EISDIR => {
+                LaunchError::NotExecutable(program, errno.desc().to_string())
+            }
+            e => LaunchError::Exec(program, e.desc().to_string()),
+        })
+    }
+
+    /// Give up on the job before it ran: the child exits without exec.
+    pub fn abort(self) {
+        let pid = self.pid;
+        drop(self);
+        let _ = waitpid(nix::unistd::Pid::from_raw(pid.0), None);
+    }
+}
+
+/// Decode a wait status into the job's status.
+pub fn job_status(ws: WaitStatus) -> Option<crate::event::JobStatus> {
+    use crate::event::JobStatus;
+    match ws {
+        WaitStatus::Exited(_, c) => Some(JobStatus::Exited(c)),
+        WaitStatus::Signaled(_, s, _) => Some(JobStatus::Signaled(s as i32)),
+        _ => None,
+    }
+}
