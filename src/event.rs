@@ -80,6 +80,8 @@ pub struct Header {
     /// SLURM_PROCID, ...), for merging traces of several ranks.
     #[serde(default)]
     pub rank: Option<String>,
+    /// PID of the job's root process.
+    pub job_pid: Pid,
 }
 
 /// How the job ended.
@@ -114,6 +116,12 @@ pub struct Footer {
     /// Events the writer could not accept (channel overflow); should be 0.
     #[serde(default)]
     pub dropped_events: u64,
+    /// gpuprof's own CPU time (user + system) and peak RSS, to report its
+    /// overhead.
+    #[serde(default)]
+    pub profiler_cpu_ns: u64,
+    #[serde(default)]
+    pub profiler_max_rss_bytes: u64,
 }
 
 /// One measured source and whether it worked. Partial failure is data.

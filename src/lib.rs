@@ -3,6 +3,12 @@
 //! Pipeline: `launch` → `collect::*` → `event`s → `record` (streamed to disk)
 //! → `analysis` → `export::*`. See `docs/` and DESIGN.md.
 
+pub mod analysis;
+pub mod cli;
+pub mod collect;
 pub mod event;
+pub mod export;
 pub mod launch;
+pub mod outputs;
 pub mod record;
+pub mod session;

@@ -1,1 +1,49 @@
-fn main() {}
+use std::process::ExitCode;
+
+use clap::Parser;
+use gpuprof::cli::{Cli, Command};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Some(Command::Report(r)) => report(r),
+        Some(Command::Record(args)) => record(args),
+        None => record(cli.record),
+    };
+    match result {
+        Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
+        Err(e) => {
+            eprintln!("gpuprof: error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn record(args: gpuprof::cli::RecordArgs) -> anyhow::Result<i32> {
+    let cfg = args.into_config().map_err(anyhow::Error::msg)?;
+    gpuprof::session::record(cfg)
+}
+
+fn report(args: gpuprof::cli::ReportArgs) -> anyhow::Result<i32> {
+    let out = args.output.clone().unwrap_or_else(|| {
+        // Given `DIR/recording`, write beside it in DIR.
+        if args
+            .dir
+            .file_name()
+            .is_some_and(|n| n == gpuprof::record::RECORDING_DIR)
+        {
+            args.dir
+                .parent()
+                .map(|p| p.to_path_buf())
+                .unwrap_or_else(|| args.dir.clone())
+        } else {
+            args.dir.clone()
+        }
+    });
+    let outcome = gpuprof::outputs::generate(&args.dir, &out)?;
+    if !args.quiet {
+        eprint!("{}", outcome.terminal_summary);
+        eprintln!("gpuprof: outputs written to {}", out.display());
+    }
+    Ok(0)
+}

@@ -1,0 +1,683 @@
+//! Analysis: pure functions over a recording's events. No I/O to /proc,
+//! NVML or perf happens here, so every figure can be rebuilt by
+//! `gpuprof report` and unit-tested on hand-built event lists.
+
+pub mod roles;
+pub mod series;
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::event::{Coverage, CpuTimes, Event, Footer, Header, JobStatus, MonoNs, Pid, Tid};
+pub use roles::Role;
+pub use series::Series;
+
+/// One thread of a job process.
+#[derive(Debug, Clone)]
+pub struct Thread {
+    pub tid: Tid,
+    pub comm: String,
+    pub user_ns: u64,
+    pub sys_ns: u64,
+    /// CPU use in cores (1.0 = one core busy).
+    pub cpu: Series,
+    /// Time observed in each scheduler state (R, S, D, ...), in ns.
+    pub state_ns: BTreeMap<char, u64>,
+    /// Runs of R (running/runnable) and D (uninterruptible, usually IO)
+    /// state, capped at [`MAX_STATE_RUNS`] per thread.
+    pub state_runs: Vec<(MonoNs, MonoNs, char)>,
+    base: Option<(u64, u64)>,
+    last: Option<(MonoNs, u64, char)>,
+}
+
+/// Cap on recorded state runs per thread: keeps memory and the trace bounded
+/// on long runs (totals in `state_ns` stay exact).
+pub const MAX_STATE_RUNS: usize = 20_000;
+
+/// One process of the job's tree.
+#[derive(Debug, Clone)]
+pub struct Process {
+    pub pid: Pid,
+    pub ppid: Pid,
+    pub comm: String,
+    pub cmdline: Vec<String>,
+    pub exe: Option<String>,
+    pub first_seen: MonoNs,
+    pub exited: Option<MonoNs>,
+    pub status: Option<JobStatus>,
+    pub role: Role,
+    pub is_job: bool,
+    pub user_ns: u64,
+    pub sys_ns: u64,
+    pub read_bytes: u64,
+    pub write_bytes: u64,
+    pub rchar: u64,
+    pub wchar: u64,
+    pub max_rss: u64,
+    pub threads: BTreeMap<Tid, Thread>,
+    /// CPU in cores, disk read and write in bytes/s, RSS in bytes.
+    pub cpu: Series,
+    pub read_bps: Series,
+    pub write_bps: Series,
+    pub rss: Series,
+    base: Option<[u64; 6]>,
+    last: Option<(MonoNs, [u64; 6])>,
+}
+
+impl Process {
+    pub fn cpu_s(&self) -> f64 {
+        (self.user_ns + self.sys_ns) as f64 / 1e9
+    }
+    pub fn lifetime(&self, end: MonoNs) -> (MonoNs, MonoNs) {
+        (self.first_seen, self.exited.unwrap_or(end))
+    }
+}
+
+/// One block device.
+#[derive(Debug, Clone, Default)]
+pub struct Disk {
+    pub name: String,
+    pub read_bytes: u64,
+    pub write_bytes: u64,
+    /// Busy % (time with IO in flight), read and write bytes/s.
+    pub busy: Series,
+    pub read_bps: Series,
+    pub write_bps: Series,
+    last: Option<(MonoNs, u64, u64, u64)>,
+}
+
+/// Pressure stall shares (% of time some / all tasks stalled).
+#[derive(Debug, Clone, Default)]
+pub struct PressureSeries {
+    pub some: Series,
+    pub full: Series,
+    last: Option<(MonoNs, u64, Option<u64>)>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct System {
+    pub cpus: u32,
+    /// % of all CPUs busy, iowait and steal shares (% of all CPU time).
+    pub busy: Series,
+    pub iowait: Series,
+    pub steal: Series,
+    pub per_cpu_busy: Vec<Series>,
+    pub runnable: Series,
+    pub blocked: Series,
+    pub disks: BTreeMap<String, Disk>,
+    pub psi_cpu: PressureSeries,
+    pub psi_io: PressureSeries,
+    pub psi_memory: PressureSeries,
+    pub mem_total: u64,
+    pub mem_available: Series,
+    pub swap_used: Series,
+    /// Bytes/s swapped in and out.
+    pub swap_in_bps: Series,
+    pub swap_out_bps: Series,
+    pub swap_in_bytes: u64,
+    pub swap_out_bytes: u64,
+    last_cpu: Option<(MonoNs, CpuTimes)>,
+    last_per_cpu: Vec<Option<(MonoNs, CpuTimes)>>,
+    last_swap: Option<(MonoNs, u64, u64)>,
+}
+
+/// Everything derived from a recording.
+#[derive(Debug, Clone)]
+pub struct Analysis {
+    pub header: Header,
+    pub footer: Option<Footer>,
+    /// Problems with the recording itself (truncated, dropped events).
+    pub warnings: Vec<String>,
+    /// What was measured and what was not, by source (sorted).
+    pub coverage: BTreeMap<String, Coverage>,
+    /// The recorded window.
+    pub start: MonoNs,
+    pub end: MonoNs,
+    pub processes: BTreeMap<Pid, Process>,
+    pub system: System,
+}
+
+impl Analysis {
+    pub fn duration_s(&self) -> f64 {
+        self.end.secs_since(self.start)
+    }
+    /// Seconds from the start of the recording (the trace's time origin).
+    pub fn rel_s(&self, t: MonoNs) -> f64 {
+        t.0 as f64 / 1e9 - self.start.0 as f64 / 1e9
+    }
+    pub fn job_status(&self) -> Option<JobStatus> {
+        self.footer.as_ref().map(|f| f.status)
+    }
+    pub fn processes_with_role(&self, role: Role) -> impl Iterator<Item = &Process> {
+        self.processes.values().filter(move |p| p.role == role)
+    }
+}
+
+/// Distribute a counter increase observed at `t` over the interval in which
+/// it happened. Collectors emit cumulative counters only when they change,
+/// so an increase seen at `t` happened within the last sampling interval;
+/// the time before that since `prev` was idle.
+fn push_delta(
+    series: &mut Series,
+    prev: MonoNs,
+    t: MonoNs,
+    interval: u64,
+    amount: f64,
+    scale: f64,
+) {
+    if t <= prev {
+        return;
+    }
+    let from = MonoNs(prev.0.max(t.0.saturating_sub(interval)));
+    if from > prev {
+        series.push(prev, from, 0.0);
+    }
+    let dt = (t.0 - from.0) as f64 / 1e9;
+    if dt > 0.0 {
+        series.push(from, t, amount / dt * scale);
+    }
+}
+
+/// Gauge values hold until the next event.
+fn push_gauge(series: &mut Series, prev: MonoNs, t: MonoNs, value: f64) {
+    series.push(prev, t, value);
+}
+
+struct Builder {
+    a: Analysis,
+    interval: u64,
+    window_started: Option<MonoNs>,
+    delayed: bool,
+    last_t: MonoNs,
+    last_mem: Option<(MonoNs, f64, f64)>,
+}
+
+impl Builder {
+    fn new(header: Header) -> Builder {
+        let interval = header.interval_ns.max(1);
+        let start = header.start;
+        let cpus = header.cpus;
+        Builder {
+            a: Analysis {
+                header,
+                footer: None,
+                warnings: Vec::new(),
+                coverage: BTreeMap::new(),
+                start,
+                end: start,
+                processes: BTreeMap::new(),
+                system: System {
+                    cpus,
+                    ..Default::default()
+                },
+            },
+            interval,
+            window_started: None,
+            delayed: false,
+            last_t: start,
+            last_mem: None,
+        }
+    }
+
+    /// Counters of processes that existed before a delayed window started
+    /// are measured from their first sample in the window.
+    fn baseline_from_first_sample(&self, first_seen: MonoNs) -> bool {
+        match self.window_started {
+            Some(ws) if self.delayed => first_seen.0 < ws.0 + self.interval * 3 / 2,
+            _ => false,
+        }
+    }
+
+    fn event(&mut self, ev: Event) {
+        if let Some(t) = ev.time() {
+            if t > self.last_t {
+                self.last_t = t;
+            }
+        }
+        let interval = self.interval;
+        match ev {
+            Event::Header(_) => {}
+            Event::Footer(f) => {
+                self.a.end = f.t;
+                self.a.footer = Some(f);
+            }
+            Event::Coverage(c) => {
+                self.a.coverage.insert(c.source.clone(), c);
+            }
+            Event::WindowStart { t } => {
+                if self.window_started.is_none() {
+                    self.delayed = t.0 > self.a.header.start.0 + interval;
+                    self.window_started = Some(t);
+                    self.a.start = t;
+                }
+            }
+            Event::WindowStop { t } => self.a.end = t,
+            Event::Process {
+                t,
+                pid,
+                ppid,
+                comm,
+                cmdline,
+                exe,
+                ..
+            } => {
+                let is_job = pid == self.a.header.job_pid;
+                let p = self.a.processes.entry(pid).or_insert_with(|| Process {
+                    pid,
+                    ppid,
+                    comm: comm.clone(),
+                    cmdline: cmdline.clone(),
+                    exe: exe.clone(),
+                    first_seen: t,
+                    exited: None,
+                    status: None,
+                    role: Role::Other,
+                    is_job,
+                    user_ns: 0,
+                    sys_ns: 0,
+                    read_bytes: 0,
+                    write_bytes: 0,
+                    rchar: 0,
+                    wchar: 0,
+                    max_rss: 0,
+                    threads: BTreeMap::new(),
+                    cpu: Series::default(),
+                    read_bps: Series::default(),
+                    write_bps: Series::default(),
+                    rss: Series::default(),
+                    base: None,
+                    last: None,
+                });
+                // Seen again: exec (new command) or, after an exit, a reused PID.
+                p.ppid = ppid;
+                p.comm = comm;
+                if !cmdline.is_empty() {
+                    p.cmdline = cmdline;
+                }
+                if exe.is_some() {
+                    p.exe = exe;
+                }
+                if p.exited.is_some() {
+                    p.exited = None;
+                }
+                if t < p.first_seen {
+                    p.first_seen = t;
+                }
+            }
+            Event::ProcessExit { t, pid, status } => {
+                if let Some(p) = self.a.processes.get_mut(&pid) {
+                    if p.exited.is_none() || status.is_some() {
+                        p.exited = Some(p.exited.map_or(t, |e| e.min(t)));
+                    }
+                    if status.is_some() {
+                        p.status = status;
+                    }
+                    for th in p.threads.values_mut() {
+                        close_thread(th, t);
+                    }
+                }
+            }
+            Event::Thread { t, pid, tid, comm } => {
+                if let Some(p) = self.a.processes.get_mut(&pid) {
+                    let th = p.threads.entry(tid).or_insert_with(|| new_thread(tid, t));
+                    th.comm = comm;
+                }
+            }
+            Event::ThreadCpu {
+                t,
+                pid,
+                tid,
+                user_ns,
+                sys_ns,
+                state,
+                ..
+            } => {
+                let base_first = self
+                    .a
+                    .processes
+                    .get(&pid)
+                    .is_some_and(|p| self.baseline_from_first_sample(p.first_seen));
+                let Some(p) = self.a.processes.get_mut(&pid) else {
+                    return;
+                };
+                let th = p.threads.entry(tid).or_insert_with(|| new_thread(tid, t));
+                let total = user_ns + sys_ns;
+                if th.base.is_none() {
+                    th.base = Some(if base_first {
+                        (user_ns, sys_ns)
+                    } else {
+                        (0, 0)
+                    });
+                }
+                let (bu, bs) = th.base.unwrap_or_default();
+                th.user_ns = user_ns.saturating_sub(bu);
+                th.sys_ns = sys_ns.saturating_sub(bs);
+                match th.last {
+                    Some((pt, ptotal, pstate)) => {
+                        push_delta(
+                            &mut th.cpu,
+                            pt,
+                            t,
+                            interval,
+                            total.saturating_sub(ptotal) as f64 / 1e9,
+                            1.0,
+                        );
+                        account_state(th, pt, t, pstate);
+                    }
+                    None => {
+                        if !base_first {
+                            // Born during the recording: its CPU so far happened
+                            // in the last interval.
+                            push_delta(
+                                &mut th.cpu,
+                                MonoNs(t.0.saturating_sub(interval)),
+                                t,
+                                interval,
+                                total as f64 / 1e9,
+                                1.0,
+                            );
+                        }
+                    }
+                }
+                th.last = Some((t, total, state));
+            }
+            Event::ProcessSample {
+                t,
+                pid,
+                user_ns,
+                sys_ns,
+                rss_bytes,
+                read_bytes,
+                write_bytes,
+                rchar,
+                wchar,
+                ..
+            } => {
+                let base_first = self
+                    .a
+                    .processes
+                    .get(&pid)
+                    .is_some_and(|p| self.baseline_from_first_sample(p.first_seen));
+                let Some(p) = self.a.processes.get_mut(&pid) else {
+                    return;
+                };
+                let vals = [user_ns, sys_ns, read_bytes, write_bytes, rchar, wchar];
+                if p.base.is_none() {
+                    p.base = Some(if base_first { vals } else { [0; 6] });
+                }
+                let base = p.base.unwrap_or_default();
+                let d = |i: usize| vals[i].saturating_sub(base[i]);
+                p.user_ns = d(0);
+                p.sys_ns = d(1);
+                p.read_bytes = d(2);
+                p.write_bytes = d(3);
+                p.rchar = d(4);
+                p.wchar = d(5);
+                p.max_rss = p.max_rss.max(rss_bytes);
+                let prev = p.last.unwrap_or((
+                    MonoNs(t.0.saturating_sub(interval)),
+                    if base_first { vals } else { [0; 6] },
+                ));
+                let (pt, pv) = prev;
+                let dcpu = (vals[0] + vals[1]).saturating_sub(pv[0] + pv[1]) as f64 / 1e9;
+                push_delta(&mut p.cpu, pt, t, interval, dcpu, 1.0);
+                push_delta(
+                    &mut p.read_bps,
+                    pt,
+                    t,
+                    interval,
+                    vals[2].saturating_sub(pv[2]) as f64,
+                    1.0,
+                );
+                push_delta(
+                    &mut p.write_bps,
+                    pt,
+                    t,
+                    interval,
+                    vals[3].saturating_sub(pv[3]) as f64,
+                    1.0,
+                );
+                if let Some(last) = p.rss.points().last().map(|x| x.t1) {
+                    push_gauge(&mut p.rss, last, t, rss_bytes as f64);
+                } else {
+                    push_gauge(
+                        &mut p.rss,
+                        MonoNs(t.0.saturating_sub(interval)),
+                        t,
+                        rss_bytes as f64,
+                    );
+                }
+                p.last = Some((t, vals));
+            }
+            Event::SystemCpu {
+                t,
+                total,
+                per_cpu,
+                procs_running,
+                procs_blocked,
+            } => {
+                let s = &mut self.a.system;
+                if let Some((pt, prev)) = s.last_cpu {
+                    let dt_all = total.total().saturating_sub(prev.total()) as f64;
+                    if dt_all > 0.0 {
+                        let pct = |a: u64, b: u64| a.saturating_sub(b) as f64 / dt_all * 100.0;
+                        s.busy.push(pt, t, pct(total.busy(), prev.busy()));
+                        s.iowait.push(pt, t, pct(total.iowait, prev.iowait));
+                        s.steal.push(pt, t, pct(total.steal, prev.steal));
+                    }
+                    s.runnable.push(pt, t, procs_running as f64);
+                    s.blocked.push(pt, t, procs_blocked as f64);
+                }
+                s.last_cpu = Some((t, total));
+                if !per_cpu.is_empty() {
+                    if s.per_cpu_busy.len() < per_cpu.len() {
+                        s.per_cpu_busy.resize_with(per_cpu.len(), Series::default);
+                        s.last_per_cpu.resize(per_cpu.len(), None);
+                    }
+                    for (i, c) in per_cpu.iter().enumerate() {
+                        if let Some((pt, prev)) = s.last_per_cpu[i] {
+                            let d = c.total().saturating_sub(prev.total()) as f64;
+                            if d > 0.0 {
+                                s.per_cpu_busy[i].push(
+                                    pt,
+                                    t,
+                                    c.busy().saturating_sub(prev.busy()) as f64 / d * 100.0,
+                                );
+                            }
+                        }
+                        s.last_per_cpu[i] = Some((t, *c));
+                    }
+                }
+            }
+            Event::Disks { t, disks } => {
+                for d in disks {
+                    let disk = self
+                        .a
+                        .system
+                        .disks
+                        .entry(d.name.clone())
+                        .or_insert_with(|| Disk {
+                            name: d.name.clone(),
+                            ..Default::default()
+                        });
+                    if let Some((pt, r, w, io)) = disk.last {
+                        let (dr, dw) = (
+                            d.read_bytes.saturating_sub(r),
+                            d.write_bytes.saturating_sub(w),
+                        );
+                        disk.read_bytes += dr;
+                        disk.write_bytes += dw;
+                        push_delta(&mut disk.read_bps, pt, t, interval, dr as f64, 1.0);
+                        push_delta(&mut disk.write_bps, pt, t, interval, dw as f64, 1.0);
+                        push_delta(
+                            &mut disk.busy,
+                            pt,
+                            t,
+                            interval,
+                            d.io_ms.saturating_sub(io) as f64 / 1e3,
+                            100.0,
+                        );
+                    }
+                    disk.last = Some((t, d.read_bytes, d.write_bytes, d.io_ms));
+                }
+            }
+            Event::Pressure { t, cpu, io, memory } => {
+                let s = &mut self.a.system;
+                for (ps, v) in [
+                    (&mut s.psi_cpu, cpu),
+                    (&mut s.psi_io, io),
+                    (&mut s.psi_memory, memory),
+                ] {
+                    let Some(v) = v else { continue };
+                    if let Some((pt, some, full)) = ps.last {
+                        let dt_us = (t.0.saturating_sub(pt.0)) as f64 / 1e3;
+                        if dt_us > 0.0 {
+                            ps.some.push(
+                                pt,
+                                t,
+                                (v.some_us.saturating_sub(some) as f64 / dt_us * 100.0).min(100.0),
+                            );
+                            if let (Some(f), Some(pf)) = (v.full_us, full) {
+                                ps.full.push(
+                                    pt,
+                                    t,
+                                    (f.saturating_sub(pf) as f64 / dt_us * 100.0).min(100.0),
+                                );
+                            }
+                        }
+                    }
+                    ps.last = Some((t, v.some_us, v.full_us));
+                }
+            }
+            Event::Memory {
+                t,
+                total_bytes,
+                available_bytes,
+                swap_total_bytes,
+                swap_free_bytes,
+                pswpin,
+                pswpout,
+            } => {
+                let page = self.a.header.page_size as f64;
+                let s = &mut self.a.system;
+                s.mem_total = total_bytes;
+                let swap_used = swap_total_bytes.saturating_sub(swap_free_bytes) as f64;
+                if let Some((pt, avail, used)) = self.last_mem {
+                    s.mem_available.push(pt, t, avail);
+                    s.swap_used.push(pt, t, used);
+                }
+                self.last_mem = Some((t, available_bytes as f64, swap_used));
+                if let Some((pt, pin, pout)) = s.last_swap {
+                    let (di, dout) = (pswpin.saturating_sub(pin), pswpout.saturating_sub(pout));
+                    s.swap_in_bytes += di * page as u64;
+                    s.swap_out_bytes += dout * page as u64;
+                    push_delta(&mut s.swap_in_bps, pt, t, interval, di as f64 * page, 1.0);
+                    push_delta(
+                        &mut s.swap_out_bps,
+                        pt,
+                        t,
+                        interval,
+                        dout as f64 * page,
+                        1.0,
+                    );
+                }
+                s.last_swap = Some((t, pswpin, pswpout));
+            }
+        }
+    }
+
+    fn finish(mut self, truncated: Option<String>) -> Analysis {
+        if self.a.footer.is_none() {
+            self.a.end = self.last_t;
+            self.a.warnings.push(truncated.clone().unwrap_or_else(|| {
+                "the recording has no end marker (gpuprof was killed?): outputs cover the part that was written".into()
+            }));
+        } else if let Some(t) = truncated {
+            self.a.warnings.push(t);
+        }
+        if let Some(f) = &self.a.footer {
+            if f.dropped_events > 0 {
+                self.a.warnings.push(format!(
+                    "{} events were dropped because the disk could not keep up with the recording",
+                    f.dropped_events
+                ));
+            }
+        }
+        let end = self.a.end;
+        for p in self.a.processes.values_mut() {
+            let pe = p.exited.unwrap_or(end);
+            for th in p.threads.values_mut() {
+                close_thread(th, pe);
+            }
+        }
+        roles::assign(&mut self.a.processes, self.a.header.job_pid);
+        self.a
+    }
+}
+
+fn new_thread(tid: Tid, _t: MonoNs) -> Thread {
+    Thread {
+        tid,
+        comm: String::new(),
+        user_ns: 0,
+        sys_ns: 0,
+        cpu: Series::default(),
+        state_ns: BTreeMap::new(),
+        state_runs: Vec::new(),
+        base: None,
+        last: None,
+    }
+}
+
+fn account_state(th: &mut Thread, from: MonoNs, to: MonoNs, state: char) {
+    if to <= from {
+        return;
+    }
+    *th.state_ns.entry(state).or_default() += to.0 - from.0;
+    if state == 'R' || state == 'D' {
+        let n = th.state_runs.len();
+        match th.state_runs.last_mut() {
+            Some(last) if last.2 == state && last.1 == from => last.1 = to,
+            _ if n < MAX_STATE_RUNS => th.state_runs.push((from, to, state)),
+            _ => {}
+        }
+    }
+}
+
+fn close_thread(th: &mut Thread, t: MonoNs) {
+    if let Some((pt, total, state)) = th.last {
+        if t > pt {
+            account_state(th, pt, t, state);
+            th.last = Some((t, total, state));
+        }
+    }
+}
+
+/// Build the analysis from a sequence of events (the first must be the
+/// header). `truncated` says why the stream ended early, if it did.
+pub fn analyze_events(header: Header, events: impl Iterator<Item = Event>) -> Analysis {
+    let mut b = Builder::new(header);
+    for ev in events {
+        b.event(ev);
+    }
+    b.finish(None)
+}
+
+/// Read and analyze a recording folder.
+pub fn analyze_dir(dir: &std::path::Path) -> Result<Analysis, crate::record::OpenError> {
+    let mut reader = crate::record::RecordingReader::open(dir)?;
+    let mut b = Builder::new(reader.header.clone());
+    for ev in reader.by_ref() {
+        b.event(ev);
+    }
+    Ok(b.finish(reader.truncated.take()))
+}
+
+/// A compact, serializable view used in the report for thread listings.
+#[derive(Debug, Serialize)]
+pub struct ThreadSummary {
+    pub tid: i32,
+    pub name: String,
+    pub cpu_s: f64,
+}

@@ -1,0 +1,198 @@
+//! Command-line parsing (clap) into clap-free configuration structs. No I/O
+//! happens here, so parsing is unit-testable.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+const AFTER_HELP: &str = "\
+Examples:
+  gpuprof -- python train.py --epochs 1
+  gpuprof -o prof/ --delay 5m --duration 60s -- torchrun --nproc-per-node 8 train.py
+  gpuprof report gpuprof-myhost-20261129-140000/
+
+Outputs (see docs/outputs.md): trace.json (open in ui.perfetto.dev), report.json,
+summary.md and recording/ (the raw events; `gpuprof report DIR` rebuilds the rest).";
+
+/// Profile a GPU training job: launch it, follow every process it spawns,
+/// and say what the GPU is waiting on.
+#[derive(Debug, Parser)]
+#[command(name = "gpuprof", version, about, after_help = AFTER_HELP, args_conflicts_with_subcommands = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub record: RecordArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Record a job (the default action): `gpuprof record -- CMD...`.
+    Record(RecordArgs),
+    /// Rebuild every output of a recording from its `recording/` folder.
+    Report(ReportArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RecordArgs {
+    /// Output folder [default: ./gpuprof-<host>-<YYYYmmdd-HHMMSS>].
+    /// Created before the job starts; an unwritable folder stops gpuprof
+    /// before the job runs.
+    #[arg(short, long, value_name = "DIR")]
+    pub output: Option<PathBuf>,
+
+    /// How often /proc is sampled (per-thread CPU, IO, memory, system
+    /// figures), e.g. `100ms`, `0.5s`.
+    #[arg(long, value_name = "DURATION", default_value = "100ms", value_parser = parse_duration)]
+    pub interval: Duration,
+
+    /// Start recording this long after the job starts (the job runs
+    /// unobserved until then), e.g. `--delay 10m` to skip warm-up.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub delay: Option<Duration>,
+
+    /// Stop recording after this long and write the outputs; the job keeps
+    /// running and gpuprof still exits with its status, e.g. `--duration 2m`.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+
+    /// Print nothing but errors (the summary still goes to summary.md).
+    #[arg(short, long)]
+    pub quiet: bool,
+
+    /// The job to run, after `--`, e.g. `-- python train.py --epochs 1`.
+    #[arg(
+        value_name = "CMD",
+        trailing_var_arg = true,
+        allow_hyphen_values = true
+    )]
+    pub command: Vec<OsString>,
+}
+
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    /// An output folder written by `gpuprof -- CMD` (or its `recording/`).
+    #[arg(value_name = "DIR")]
+    pub dir: PathBuf,
+    /// Write the outputs here instead of into DIR.
+    #[arg(short, long, value_name = "DIR")]
+    pub output: Option<PathBuf>,
+    /// Print nothing but errors.
+    #[arg(short, long)]
+    pub quiet: bool,
+}
+
+/// Validated settings of a recording.
+#[derive(Debug, Clone)]
+pub struct RecordConfig {
+    pub command: Vec<OsString>,
+    pub output: Option<PathBuf>,
+    pub interval: Duration,
+    pub delay: Option<Duration>,
+    pub duration: Option<Duration>,
+    pub quiet: bool,
+}
+
+impl RecordArgs {
+    pub fn into_config(self) -> Result<RecordConfig, String> {
+        if self.command.is_empty() {
+            return Err(
+                "no command to profile: put the job after `--`, e.g. `gpuprof -- python train.py`"
+                    .into(),
+            );
+        }
+        if self.interval < Duration::from_millis(10) || self.interval > Duration::from_secs(60) {
+            return Err(format!(
+                "--interval {:?} is out of range: use 10ms to 60s (default 100ms)",
+                self.interval
+            ));
+        }
+        if self.duration.is_some_and(|d| d.is_zero()) {
+            return Err(
+                "--duration 0 would record nothing: give a positive duration such as 60s".into(),
+            );
+        }
+        Ok(RecordConfig {
+            command: self.command,
+            output: self.output,
+            interval: self.interval,
+            delay: self.delay,
+            duration: self.duration,
+            quiet: self.quiet,
+        })
+    }
+}
+
+/// Parse `250ms`, `1.5s`, `10m`, `2h`, or a bare number of seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let v: f64 = num.parse().map_err(|_| {
+        format!("invalid duration `{s}`: use a number with a unit, e.g. 100ms, 30s, 10m, 2h")
+    })?;
+    let mul = match unit.trim() {
+        "" | "s" | "sec" => 1.0,
+        "ms" => 1e-3,
+        "us" | "µs" => 1e-6,
+        "m" | "min" => 60.0,
+        "h" => 3600.0,
+        u => {
+            return Err(format!(
+                "invalid duration unit `{u}` in `{s}`: use ms, s, m or h"
+            ))
+        }
+    };
+    let secs = v * mul;
+    if !secs.is_finite() || !(0.0..=1e9).contains(&secs) {
+        return Err(format!("invalid duration `{s}`"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("100ms").unwrap(), Duration::from_millis(100));
+        assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
+        assert_eq!(parse_duration("2").unwrap(), Duration::from_secs(2));
+        assert_eq!(parse_duration("10m").unwrap(), Duration::from_secs(600));
+        assert!(parse_duration("abc").is_err());
+        assert!(parse_duration("5 parsecs").is_err());
+    }
+
+    #[test]
+    fn default_action_is_record() {
+        let cli = Cli::try_parse_from(["gpuprof", "--", "python3", "-c", "pass"]).unwrap();
+        assert!(cli.command.is_none());
+        assert_eq!(cli.record.command, vec!["python3", "-c", "pass"]);
+        let cli =
+            Cli::try_parse_from(["gpuprof", "-q", "--interval", "50ms", "--", "sh", "-x"]).unwrap();
+        let cfg = cli.record.into_config().unwrap();
+        assert_eq!(cfg.interval, Duration::from_millis(50));
+        assert_eq!(cfg.command, vec!["sh", "-x"]);
+    }
+
+    #[test]
+    fn subcommands() {
+        let cli = Cli::try_parse_from(["gpuprof", "report", "out"]).unwrap();
+        assert!(matches!(cli.command, Some(Command::Report(r)) if r.dir.as_os_str() == "out"));
+        let cli = Cli::try_parse_from(["gpuprof", "record", "--", "true"]).unwrap();
+        assert!(matches!(cli.command, Some(Command::Record(_))));
+    }
+
+    #[test]
+    fn bad_settings_are_explained() {
+        let cli = Cli::try_parse_from(["gpuprof", "--interval", "1ms", "--", "true"]).unwrap();
+        assert!(cli.record.into_config().unwrap_err().contains("--interval"));
+        let cli = Cli::try_parse_from(["gpuprof"]).unwrap();
+        assert!(cli.record.into_config().unwrap_err().contains("--"));
+    }
+}

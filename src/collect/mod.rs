@@ -1,0 +1,8 @@
+//! Collectors: each turns one OS source into timestamped [`Event`]s sent
+//! to a [`Sink`]. None of them knows about exporters.
+//!
+//! [`Event`]: crate::event::Event
+//! [`Sink`]: crate::record::Sink
+
+pub mod procfs;
+pub mod system;

@@ -1,0 +1,242 @@
+//! The job's process tree and per-process / per-thread figures from /proc.
+//!
+//! Discovery walks `/proc/PID/task/TID/children` from gpuprof's own
+//! children. gpuprof is a child subreaper, so descendants whose parent
+//! exited are reparented to it and stay reachable; every process of the
+//! tree is therefore found without scanning all of /proc.
+
+use std::collections::{HashMap, HashSet};
+
+use procfs::process::Process;
+
+use crate::event::{Event, MonoNs, Pid, Tid};
+use crate::record::Sink;
+
+struct ThreadState {
+    comm: String,
+    user: u64,
+    sys: u64,
+    state: char,
+    cpu: i32,
+}
+
+struct ProcState {
+    start_ticks: u64,
+    comm: String,
+    exited: bool,
+    threads: HashMap<i32, ThreadState>,
+    last: [u64; 8],
+}
+
+/// Samples the job's process tree. Owned by the sampling thread; the reaper
+/// calls [`TreeCollector::final_sample`] on a zombie before reaping it, so
+/// the CPU and IO totals of the job's direct children are exact.
+pub struct TreeCollector {
+    sink: Sink,
+    self_pid: i32,
+    ns_per_tick: u64,
+    page_size: u64,
+    procs: HashMap<i32, ProcState>,
+}
+
+impl TreeCollector {
+    pub fn new(sink: Sink) -> TreeCollector {
+        let tps = procfs::ticks_per_second().max(1);
+        TreeCollector {
+            sink,
+            self_pid: std::process::id() as i32,
+            ns_per_tick: 1_000_000_000 / tps,
+            page_size: procfs::page_size(),
+            procs: HashMap::new(),
+        }
+    }
+
+    /// Every live process below gpuprof (the job and reparented orphans).
+    fn discover(&self) -> Vec<i32> {
+        let mut seen = HashSet::new();
+        let mut order = Vec::new();
+        let mut stack = children_of(self.self_pid);
+        while let Some(pid) = stack.pop() {
+            if !seen.insert(pid) {
+                continue;
+            }
+            order.push(pid);
+            stack.extend(children_of(pid));
+        }
+        order
+    }
+
+    /// One sampling pass over the tree.
+    pub fn tick(&mut self) {
+        let now = MonoNs::now();
+        let live = self.discover();
+        let live_set: HashSet<i32> = live.iter().copied().collect();
+        for pid in live {
+            self.sample(pid, now, true);
+        }
+        for (pid, st) in self.procs.iter_mut() {
+            if !st.exited && !live_set.contains(pid) {
+                st.exited = true;
+                self.sink.send_blocking(Event::ProcessExit {
+                    t: now,
+                    pid: Pid(*pid),
+                    status: None,
+                });
+            }
+        }
+        // Forget processes long gone so the map stays bounded; the
+        // recording keeps their history.
+        if self.procs.len() > 4096 {
+            self.procs.retain(|_, st| !st.exited);
+        }
+    }
+
+    /// Read the last figures of a process that has exited but is not yet
+    /// reaped (its /proc entry still holds the final CPU and IO totals).
+    pub fn final_sample(&mut self, pid: i32) {
+        let now = MonoNs::now();
+        self.sample(pid, now, false);
+    }
+
+    /// Mark a process reaped by gpuprof with its exit status.
+    pub fn reaped(&mut self, pid: i32, status: Option<crate::event::JobStatus>) {
+        let now = MonoNs::now();
+        if let Some(st) = self.procs.get_mut(&pid) {
+            st.exited = true;
+        }
+        self.sink.send_blocking(Event::ProcessExit {
+            t: now,
+            pid: Pid(pid),
+            status,
+        });
+    }
+
+    fn sample(&mut self, pid: i32, now: MonoNs, with_threads: bool) {
+        let Ok(proc_) = Process::new(pid) else { return };
+        let Ok(stat) = proc_.stat() else { return };
+        let known = self.procs.get(&pid);
+        let is_new = match known {
+            None => true,
+            // Same PID, different start time: the PID was reused.
+            Some(st) => st.start_ticks != stat.starttime || st.exited && stat.state != 'Z',
+        };
+        let execed = known.is_some_and(|st| !is_new && st.comm != stat.comm);
+        if is_new || execed {
+            let cmdline = proc_.cmdline().unwrap_or_default();
+            let exe = proc_.exe().ok().map(|p| p.to_string_lossy().into_owned());
+            self.sink.send_blocking(Event::Process {
+                t: now,
+                pid: Pid(pid),
+                ppid: Pid(stat.ppid),
+                start_boot_ns: stat.starttime * self.ns_per_tick,
+                comm: stat.comm.clone(),
+                cmdline,
+                exe,
+            });
+            if is_new {
+                self.procs.insert(
+                    pid,
+                    ProcState {
+                        start_ticks: stat.starttime,
+                        comm: stat.comm.clone(),
+                        exited: false,
+                        threads: HashMap::new(),
+                        last: [u64::MAX; 8],
+                    },
+                );
+            }
+        }
+        let ns_per_tick = self.ns_per_tick;
+        let page_size = self.page_size;
+        let st = self.procs.get_mut(&pid).expect("inserted above");
+        st.comm = stat.comm.clone();
+
+        let io = proc_.io().ok();
+        let rss = stat.rss * page_size;
+        let (rb, wb, rc, wc) = io
+            .map(|io| (io.read_bytes, io.write_bytes, io.rchar, io.wchar))
+            .unwrap_or_default();
+        let vals = [
+            stat.utime,
+            stat.stime,
+            rss,
+            rb,
+            wb,
+            rc,
+            wc,
+            stat.num_threads as u64,
+        ];
+        if vals != st.last {
+            st.last = vals;
+            self.sink.send(Event::ProcessSample {
+                t: now,
+                pid: Pid(pid),
+                user_ns: stat.utime * ns_per_tick,
+                sys_ns: stat.stime * ns_per_tick,
+                rss_bytes: rss,
+                read_bytes: rb,
+                write_bytes: wb,
+                rchar: rc,
+                wchar: wc,
+                threads: stat.num_threads as u32,
+            });
+        }
+        if !with_threads {
+            return;
+        }
+        let Ok(tasks) = proc_.tasks() else { return };
+        for task in tasks.flatten() {
+            let Ok(ts) = task.stat() else { continue };
+            let tid = task.tid;
+            let th = st.threads.entry(tid).or_insert_with(|| ThreadState {
+                comm: String::new(),
+                user: u64::MAX,
+                sys: 0,
+                state: '?',
+                cpu: -1,
+            });
+            if th.comm != ts.comm {
+                th.comm = ts.comm.clone();
+                self.sink.send_blocking(Event::Thread {
+                    t: now,
+                    pid: Pid(pid),
+                    tid: Tid(tid),
+                    comm: ts.comm.clone(),
+                });
+            }
+            let cpu = ts.processor.unwrap_or(-1);
+            if th.user != ts.utime || th.sys != ts.stime || th.state != ts.state {
+                th.user = ts.utime;
+                th.sys = ts.stime;
+                th.state = ts.state;
+                th.cpu = cpu;
+                self.sink.send(Event::ThreadCpu {
+                    t: now,
+                    pid: Pid(pid),
+                    tid: Tid(tid),
+                    user_ns: ts.utime * ns_per_tick,
+                    sys_ns: ts.stime * ns_per_tick,
+                    state: ts.state,
+                    cpu,
+                });
+            }
+        }
+    }
+}
+
+/// Children of every thread of `pid` (needs CONFIG_PROC_CHILDREN, present
+/// on every mainstream kernel).
+fn children_of(pid: i32) -> Vec<i32> {
+    let mut out = Vec::new();
+    let Ok(rd) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return out;
+    };
+    for ent in rd.flatten() {
+        let mut p = ent.path();
+        p.push("children");
+        if let Ok(s) = std::fs::read_to_string(&p) {
+            out.extend(s.split_whitespace().filter_map(|x| x.parse::<i32>().ok()));
+        }
+    }
+    out
+}

@@ -1,0 +1,151 @@
+//! System-wide figures: CPU (`/proc/stat`), block devices (`/proc/diskstats`),
+//! pressure stall information (`/proc/pressure/*`), memory and swap.
+
+use std::collections::{HashMap, HashSet};
+
+use procfs::{Current, CurrentSI};
+
+use crate::event::{Coverage, CpuTimes, DiskCounters, Event, MonoNs, Psi};
+use crate::record::Sink;
+
+/// On machines with many CPUs the per-CPU breakdown is recorded every Nth
+/// tick only: 128 CPUs × 8 counters at 10 Hz would alone exceed the
+/// recording budget, and the diagnosis works from per-thread CPU anyway.
+const PER_CPU_FULL_RATE_MAX: usize = 32;
+
+pub struct SystemCollector {
+    sink: Sink,
+    ns_per_tick: u64,
+    block_devices: HashSet<String>,
+    last_disk: HashMap<String, DiskCounters>,
+    psi: bool,
+    ticks: u64,
+}
+
+impl SystemCollector {
+    pub fn new(sink: Sink) -> SystemCollector {
+        let tps = procfs::ticks_per_second().max(1);
+        // Whole disks only: partitions would count the same IO twice.
+        let block_devices = std::fs::read_dir("/sys/block")
+            .map(|rd| {
+                rd.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| !n.starts_with("ram"))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let psi = std::path::Path::new("/proc/pressure/io").exists();
+        sink.send_blocking(Event::Coverage(Coverage {
+            source: "psi".into(),
+            available: psi,
+            detail: if psi {
+                "pressure stall information from /proc/pressure".into()
+            } else {
+                "this kernel has no /proc/pressure (needs Linux ≥ 4.20 with CONFIG_PSI=y, or boot with psi=1): CPU/IO/memory pressure not measured".into()
+            },
+        }));
+        SystemCollector {
+            sink,
+            ns_per_tick: 1_000_000_000 / tps,
+            block_devices,
+            last_disk: HashMap::new(),
+            psi,
+            ticks: 0,
+        }
+    }
+
+    pub fn tick(&mut self) {
+        let now = MonoNs::now();
+        self.ticks += 1;
+        if let Ok(ks) = procfs::KernelStats::current() {
+            let conv = |c: &procfs::CpuTime| CpuTimes {
+                user: c.user * self.ns_per_tick,
+                nice: c.nice * self.ns_per_tick,
+                system: c.system * self.ns_per_tick,
+                idle: c.idle * self.ns_per_tick,
+                iowait: c.iowait.unwrap_or(0) * self.ns_per_tick,
+                irq: c.irq.unwrap_or(0) * self.ns_per_tick,
+                softirq: c.softirq.unwrap_or(0) * self.ns_per_tick,
+                steal: c.steal.unwrap_or(0) * self.ns_per_tick,
+            };
+            let per_cpu = if ks.cpu_time.len() <= PER_CPU_FULL_RATE_MAX || self.ticks % 10 == 1 {
+                ks.cpu_time.iter().map(conv).collect()
+            } else {
+                Vec::new()
+            };
+            self.sink.send(Event::SystemCpu {
+                t: now,
+                total: conv(&ks.total),
+                per_cpu,
+                procs_running: ks.procs_running.unwrap_or(0),
+                procs_blocked: ks.procs_blocked.unwrap_or(0),
+            });
+        }
+        if let Ok(ds) = procfs::DiskStats::current() {
+            let mut changed = Vec::new();
+            for d in ds.0 {
+                if !self.block_devices.contains(&d.name) {
+                    continue;
+                }
+                let c = DiskCounters {
+                    name: d.name.clone(),
+                    reads: d.reads,
+                    read_bytes: d.sectors_read * 512,
+                    writes: d.writes,
+                    write_bytes: d.sectors_written * 512,
+                    io_ms: d.time_in_progress,
+                };
+                if self.last_disk.get(&d.name) != Some(&c) {
+                    self.last_disk.insert(d.name, c.clone());
+                    changed.push(c);
+                }
+            }
+            if !changed.is_empty() {
+                self.sink.send(Event::Disks {
+                    t: now,
+                    disks: changed,
+                });
+            }
+        }
+        if self.psi {
+            let rec = |some: &procfs::PressureRecord, full: Option<&procfs::PressureRecord>| Psi {
+                some_us: some.total,
+                full_us: full.map(|f| f.total),
+            };
+            let cpu = procfs::CpuPressure::current()
+                .ok()
+                .map(|p| rec(&p.some, Some(&p.full)));
+            let io = procfs::IoPressure::current()
+                .ok()
+                .map(|p| rec(&p.some, Some(&p.full)));
+            let memory = procfs::MemoryPressure::current()
+                .ok()
+                .map(|p| rec(&p.some, Some(&p.full)));
+            self.sink.send(Event::Pressure {
+                t: now,
+                cpu,
+                io,
+                memory,
+            });
+        }
+        if let Ok(mi) = procfs::Meminfo::current() {
+            let (pswpin, pswpout) = procfs::vmstat()
+                .map(|v| {
+                    (
+                        v.get("pswpin").copied().unwrap_or(0) as u64,
+                        v.get("pswpout").copied().unwrap_or(0) as u64,
+                    )
+                })
+                .unwrap_or((0, 0));
+            self.sink.send(Event::Memory {
+                t: now,
+                total_bytes: mi.mem_total,
+                available_bytes: mi.mem_available.unwrap_or(mi.mem_free),
+                swap_total_bytes: mi.swap_total,
+                swap_free_bytes: mi.swap_free,
+                pswpin,
+                pswpout,
+            });
+        }
+    }
+}

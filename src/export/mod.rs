@@ -1,0 +1,7 @@
+//! Exporters: pure, deterministic functions from an [`Analysis`] to bytes.
+//!
+//! [`Analysis`]: crate::analysis::Analysis
+
+pub mod report;
+pub mod summary;
+pub mod trace;

@@ -1,0 +1,172 @@
+//! The short diagnosis in plain words: `summary.md` (Markdown, to paste
+//! into a pull request) and the same lines on the terminal.
+
+use crate::analysis::{Analysis, Role};
+use crate::event::JobStatus;
+
+fn mb(b: u64) -> String {
+    let v = b as f64 / 1e6;
+    if v >= 100.0 {
+        format!("{v:.0} MB")
+    } else if v >= 1.0 {
+        format!("{v:.1} MB")
+    } else {
+        format!("{:.0} kB", b as f64 / 1e3)
+    }
+}
+
+/// Sections of the summary, each a title and lines; rendered as Markdown
+/// or for the terminal.
+pub fn sections(a: &Analysis) -> Vec<(String, Vec<String>)> {
+    let mut out = Vec::new();
+    let status = match a.job_status() {
+        Some(JobStatus::Exited(c)) => format!("exit code {c}"),
+        Some(JobStatus::Signaled(s)) => format!("killed by signal {s} (exit code {})", 128 + s),
+        Some(JobStatus::StillRunning) => "still running when recording stopped".into(),
+        None => "end not recorded".into(),
+    };
+    let count = |r: Role| a.processes_with_role(r).count();
+    let mut run = vec![
+        format!(
+            "Recorded {:.1} s of `{}`; {status}.",
+            a.duration_s(),
+            a.header.command.join(" ")
+        ),
+        format!(
+            "{} processes: {} main, {} workers, {} other.",
+            a.processes.len(),
+            count(Role::Main),
+            count(Role::Worker),
+            count(Role::Other)
+        ),
+    ];
+    for role in Role::ALL {
+        let ps: Vec<_> = a.processes_with_role(role).collect();
+        if ps.is_empty() {
+            continue;
+        }
+        let cpu: f64 = ps.iter().map(|p| p.cpu_s()).sum();
+        run.push(format!("CPU time of {role} processes: {cpu:.1} s."));
+    }
+    out.push(("Run".to_string(), run));
+
+    // Busiest threads by CPU time.
+    let mut threads: Vec<(f64, String)> = Vec::new();
+    let dur = a.duration_s().max(1e-9);
+    for p in a.processes.values() {
+        for t in p.threads.values() {
+            let cpu = (t.user_ns + t.sys_ns) as f64 / 1e9;
+            if cpu > 0.0 {
+                let life = {
+                    let (f, e) = p.lifetime(a.end);
+                    (e.secs_since(f)).clamp(1e-3, dur)
+                };
+                threads.push((
+                    cpu,
+                    format!(
+                        "`{}` ({}, {} {}): {:.1} s CPU, {:.0}% of a core while alive",
+                        t.comm,
+                        t.tid,
+                        p.role,
+                        p.pid,
+                        cpu,
+                        cpu / life * 100.0
+                    ),
+                ));
+            }
+        }
+    }
+    threads.sort_by(|x, y| y.0.total_cmp(&x.0).then(x.1.cmp(&y.1)));
+    if !threads.is_empty() {
+        out.push((
+            "Busiest threads".to_string(),
+            threads.into_iter().take(5).map(|t| t.1).collect(),
+        ));
+    }
+
+    let s = &a.system;
+    let mut sys = Vec::new();
+    if !s.busy.is_empty() {
+        sys.push(format!(
+            "Machine CPU {:.0}% busy on average ({} CPUs), iowait {:.1}%, steal {:.1}%.",
+            s.busy.mean(),
+            s.cpus,
+            s.iowait.mean(),
+            s.steal.mean()
+        ));
+    }
+    let (rb, wb): (u64, u64) = a.processes.values().fold((0, 0), |acc, p| {
+        (acc.0 + p.read_bytes, acc.1 + p.write_bytes)
+    });
+    sys.push(format!(
+        "The job read {} and wrote {} from/to storage.",
+        mb(rb),
+        mb(wb)
+    ));
+    for d in s
+        .disks
+        .values()
+        .filter(|d| d.read_bytes + d.write_bytes > 0)
+    {
+        sys.push(format!(
+            "Disk {}: busy {:.0}% on average (max {:.0}%), read {}, wrote {}.",
+            d.name,
+            d.busy.mean().max(0.0),
+            d.busy.max().max(0.0),
+            mb(d.read_bytes),
+            mb(d.write_bytes)
+        ));
+    }
+    if !s.psi_cpu.some.is_empty() {
+        sys.push(format!(
+            "Pressure (share of time stalled): CPU {:.1}%, IO {:.1}%, memory {:.1}%.",
+            s.psi_cpu.some.mean(),
+            s.psi_io.some.mean(),
+            s.psi_memory.some.mean()
+        ));
+    }
+    if s.swap_in_bytes + s.swap_out_bytes > 0 {
+        sys.push(format!(
+            "Swapping: {} in, {} out.",
+            mb(s.swap_in_bytes),
+            mb(s.swap_out_bytes)
+        ));
+    }
+    out.push(("System".to_string(), sys));
+
+    let missing: Vec<String> = a
+        .coverage
+        .values()
+        .filter(|c| !c.available)
+        .map(|c| format!("{}: {}", c.source, c.detail))
+        .collect();
+    if !missing.is_empty() {
+        out.push(("Not measured".to_string(), missing));
+    }
+    if !a.warnings.is_empty() {
+        out.push(("Warnings".to_string(), a.warnings.clone()));
+    }
+    out
+}
+
+pub fn markdown(a: &Analysis) -> String {
+    let mut s = String::from("# gpuprof summary\n");
+    for (title, lines) in sections(a) {
+        s.push_str(&format!("\n## {title}\n\n"));
+        for l in lines {
+            s.push_str(&format!("- {l}\n"));
+        }
+    }
+    s
+}
+
+pub fn terminal(a: &Analysis) -> String {
+    let mut s = String::from("\n== gpuprof summary ==\n");
+    for (title, lines) in sections(a) {
+        s.push_str(&format!("{title}:\n"));
+        for l in lines {
+            s.push_str(&format!("  {}\n", l.replace('`', "")));
+        }
+    }
+    s
+}

@@ -1,0 +1,255 @@
+//! Chrome Trace Event Format (JSON object form), as read by Perfetto
+//! (ui.perfetto.dev) and chrome://tracing. Timestamps are µs from the start
+//! of the recording; the monotonic/realtime anchor is in `metadata`.
+//!
+//! Layout: one trace process per job process (real PID) with counters for
+//! CPU, IO and RSS and one CPU counter per thread; each thread's R/D state
+//! runs on a companion track "<thread> state" (kept apart from the thread's
+//! own track so that stack slices there nest cleanly); a synthetic "system"
+//! process with machine-wide counters.
+
+use std::io::{self, Write};
+
+use serde_json::{json, Value};
+
+use crate::analysis::{Analysis, Role, Series};
+use crate::event::MonoNs;
+
+/// Synthetic trace PIDs live above the kernel's PID_MAX_LIMIT (2^22).
+pub const SYSTEM_PID: i64 = 0x7000_0000;
+/// Companion tracks of a thread: `tid + STATE_TID_OFFSET`.
+pub const STATE_TID_OFFSET: i64 = 0x4000_0000;
+
+/// Streams trace events; used by every part of the trace (processes,
+/// system, GPUs, stacks).
+pub struct TraceWriter<W: Write> {
+    w: W,
+    start: MonoNs,
+    first: bool,
+    pub events: u64,
+}
+
+impl<W: Write> TraceWriter<W> {
+    pub fn new(mut w: W, start: MonoNs) -> io::Result<TraceWriter<W>> {
+        w.write_all(b"{\"traceEvents\":[\n")?;
+        Ok(TraceWriter {
+            w,
+            start,
+            first: true,
+            events: 0,
+        })
+    }
+
+    /// µs since the start of the recording (never negative).
+    pub fn ts(&self, t: MonoNs) -> f64 {
+        let ns = t.0.saturating_sub(self.start.0);
+        (ns / 1000) as f64 + ((ns % 1000) / 100) as f64 / 10.0
+    }
+
+    pub fn raw(&mut self, v: &Value) -> io::Result<()> {
+        if !self.first {
+            self.w.write_all(b",\n")?;
+        }
+        self.first = false;
+        serde_json::to_writer(&mut self.w, v)?;
+        self.events += 1;
+        Ok(())
+    }
+
+    pub fn process_name(&mut self, pid: i64, name: &str, sort: i64) -> io::Result<()> {
+        self.raw(&json!({"ph":"M","name":"process_name","pid":pid,"tid":0,"args":{"name":name}}))?;
+        self.raw(&json!({"ph":"M","name":"process_sort_index","pid":pid,"tid":0,"args":{"sort_index":sort}}))
+    }
+
+    pub fn thread_name(&mut self, pid: i64, tid: i64, name: &str, sort: i64) -> io::Result<()> {
+        self.raw(&json!({"ph":"M","name":"thread_name","pid":pid,"tid":tid,"args":{"name":name}}))?;
+        self.raw(&json!({"ph":"M","name":"thread_sort_index","pid":pid,"tid":tid,"args":{"sort_index":sort}}))
+    }
+
+    /// A complete slice (`X`) on one thread track.
+    pub fn slice(
+        &mut self,
+        pid: i64,
+        tid: i64,
+        name: &str,
+        from: MonoNs,
+        to: MonoNs,
+        args: Option<Value>,
+    ) -> io::Result<()> {
+        let ts = self.ts(from);
+        let dur = (self.ts(to) - ts).max(0.0);
+        let mut v = json!({"ph":"X","name":name,"pid":pid,"tid":tid,"ts":ts,"dur":dur});
+        if let Some(a) = args {
+            v["args"] = a;
+        }
+        self.raw(&v)
+    }
+
+    pub fn counter_value(&mut self, pid: i64, name: &str, t: MonoNs, value: f64) -> io::Result<()> {
+        let ts = self.ts(t);
+        let value = (value * 1000.0).round() / 1000.0;
+        self.raw(&json!({"ph":"C","name":name,"pid":pid,"tid":0,"ts":ts,"args":{"value":value}}))
+    }
+
+    /// A counter track from a series, scaled; repeated values are skipped.
+    pub fn counter(&mut self, pid: i64, name: &str, s: &Series, scale: f64) -> io::Result<()> {
+        let mut last: Option<f64> = None;
+        let pts = s.points();
+        for p in pts {
+            let v = (p.v * scale * 1000.0).round() / 1000.0;
+            if last != Some(v) {
+                self.counter_value(pid, name, p.t0, v)?;
+                last = Some(v);
+            }
+        }
+        if let Some(p) = pts.last() {
+            // End the track where the data ends.
+            self.counter_value(pid, name, p.t1, (p.v * scale * 1000.0).round() / 1000.0)?;
+        }
+        Ok(())
+    }
+
+    pub fn finish(mut self, metadata: Value) -> io::Result<W> {
+        self.w
+            .write_all(b"\n],\"displayTimeUnit\":\"ms\",\"metadata\":")?;
+        serde_json::to_writer(&mut self.w, &metadata)?;
+        self.w.write_all(b"}\n")?;
+        self.w.flush()?;
+        Ok(self.w)
+    }
+}
+
+fn role_sort(role: Role) -> i64 {
+    match role {
+        Role::Main => 0,
+        Role::Worker => 1000,
+        Role::Other => 2000,
+    }
+}
+
+/// Short display form of a command line.
+pub fn short_command(cmdline: &[String], comm: &str) -> String {
+    if cmdline.is_empty() {
+        return comm.to_string();
+    }
+    let mut parts: Vec<String> = Vec::new();
+    for (i, a) in cmdline.iter().enumerate() {
+        let a = if i == 0 {
+            a.rsplit('/').next().unwrap_or(a)
+        } else {
+            a.as_str()
+        };
+        parts.push(a.to_string());
+        if parts.iter().map(|p| p.len() + 1).sum::<usize>() > 60 {
+            parts.push("…".into());
+            break;
+        }
+    }
+    parts.join(" ")
+}
+
+/// Write the whole trace.
+pub fn write<W: Write>(a: &Analysis, w: W) -> io::Result<W> {
+    let mut tw = TraceWriter::new(w, a.start)?;
+    write_processes(a, &mut tw)?;
+    write_system(a, &mut tw)?;
+    let h = &a.header;
+    let meta = json!({
+        "gpuprof_version": h.gpuprof_version,
+        "command": h.command,
+        "host": h.host,
+        "rank": h.rank,
+        "clock": "CLOCK_MONOTONIC; ts = µs since start_monotonic_ns",
+        "start_monotonic_ns": a.start.0,
+        "anchor_monotonic_ns": h.anchor_monotonic_ns,
+        "anchor_realtime_ns": h.anchor_realtime_ns,
+        "interval_ns": h.interval_ns,
+    });
+    tw.finish(meta)
+}
+
+fn write_processes<W: Write>(a: &Analysis, tw: &mut TraceWriter<W>) -> io::Result<()> {
+    for (i, p) in a.processes.values().enumerate() {
+        let pid = p.pid.0 as i64;
+        let name = format!("{} [{}]", short_command(&p.cmdline, &p.comm), p.role);
+        tw.process_name(pid, &name, role_sort(p.role) + i as i64)?;
+        tw.counter(pid, "CPU %", &p.cpu, 100.0)?;
+        tw.counter(pid, "IO read MB/s", &p.read_bps, 1e-6)?;
+        tw.counter(pid, "IO write MB/s", &p.write_bps, 1e-6)?;
+        tw.counter(pid, "RSS MB", &p.rss, 1e-6)?;
+        for (j, th) in p.threads.values().enumerate() {
+            let tid = th.tid.0 as i64;
+            let tname = if th.comm.is_empty() {
+                format!("thread {tid}")
+            } else {
+                th.comm.clone()
+            };
+            tw.thread_name(pid, tid, &format!("{tname} ({tid})"), (j * 2) as i64)?;
+            tw.counter(pid, &format!("CPU % {tname} ({tid})"), &th.cpu, 100.0)?;
+            if !th.state_runs.is_empty() {
+                let stid = tid + STATE_TID_OFFSET;
+                tw.thread_name(
+                    pid,
+                    stid,
+                    &format!("{tname} ({tid}) state"),
+                    (j * 2 + 1) as i64,
+                )?;
+                for &(from, to, st) in &th.state_runs {
+                    let label = match st {
+                        'R' => "running",
+                        'D' => "uninterruptible wait (D, usually IO)",
+                        _ => "other",
+                    };
+                    tw.slice(pid, stid, label, from, to, None)?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn write_system<W: Write>(a: &Analysis, tw: &mut TraceWriter<W>) -> io::Result<()> {
+    let s = &a.system;
+    tw.process_name(SYSTEM_PID, &format!("system ({} CPUs)", s.cpus), 5000)?;
+    tw.counter(SYSTEM_PID, "CPU busy %", &s.busy, 1.0)?;
+    tw.counter(SYSTEM_PID, "CPU iowait %", &s.iowait, 1.0)?;
+    tw.counter(SYSTEM_PID, "CPU steal %", &s.steal, 1.0)?;
+    tw.counter(SYSTEM_PID, "runnable tasks", &s.runnable, 1.0)?;
+    tw.counter(SYSTEM_PID, "tasks blocked on IO", &s.blocked, 1.0)?;
+    for (i, c) in s.per_cpu_busy.iter().enumerate() {
+        tw.counter(SYSTEM_PID, &format!("CPU{i} busy %"), c, 1.0)?;
+    }
+    for d in s.disks.values() {
+        if d.read_bytes == 0 && d.write_bytes == 0 && d.busy.max() <= 0.0 {
+            continue;
+        }
+        tw.counter(SYSTEM_PID, &format!("disk {} busy %", d.name), &d.busy, 1.0)?;
+        tw.counter(
+            SYSTEM_PID,
+            &format!("disk {} read MB/s", d.name),
+            &d.read_bps,
+            1e-6,
+        )?;
+        tw.counter(
+            SYSTEM_PID,
+            &format!("disk {} write MB/s", d.name),
+            &d.write_bps,
+            1e-6,
+        )?;
+    }
+    for (name, ps) in [
+        ("cpu", &s.psi_cpu),
+        ("io", &s.psi_io),
+        ("memory", &s.psi_memory),
+    ] {
+        tw.counter(SYSTEM_PID, &format!("PSI {name} some %"), &ps.some, 1.0)?;
+        if name != "cpu" {
+            tw.counter(SYSTEM_PID, &format!("PSI {name} full %"), &ps.full, 1.0)?;
+        }
+    }
+    tw.counter(SYSTEM_PID, "memory available GB", &s.mem_available, 1e-9)?;
+    tw.counter(SYSTEM_PID, "swap used GB", &s.swap_used, 1e-9)?;
+    tw.counter(SYSTEM_PID, "swap in MB/s", &s.swap_in_bps, 1e-6)?;
+    tw.counter(SYSTEM_PID, "swap out MB/s", &s.swap_out_bps, 1e-6)?;
+    Ok(())
+}

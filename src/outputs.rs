@@ -1,0 +1,77 @@
+//! Build every output of a recording folder from `recording/` alone: used
+//! at the end of `gpuprof -- CMD` and by `gpuprof report`.
+
+use std::fs::File;
+use std::io::BufWriter;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+
+use crate::analysis::{self, Analysis};
+use crate::export;
+
+pub struct Outcome {
+    pub analysis: Analysis,
+    pub written: Vec<PathBuf>,
+    pub terminal_summary: String,
+}
+
+/// Write `path` through a temporary file, so that a reader never sees a
+/// half-written output.
+fn write_atomic(
+    path: &Path,
+    f: impl FnOnce(BufWriter<File>) -> std::io::Result<BufWriter<File>>,
+) -> Result<()> {
+    let tmp = path.with_extension("tmp");
+    let file = File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
+    let w = f(BufWriter::with_capacity(1 << 16, file))
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    let file = w.into_inner().map_err(|e| e.into_error())?;
+    file.sync_all().ok();
+    std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(())
+}
+
+/// Analyze the recording in `rec_dir` and write the outputs into `out_dir`.
+pub fn generate(rec_dir: &Path, out_dir: &Path) -> Result<Outcome> {
+    let a = analysis::analyze_dir(rec_dir)?;
+    std::fs::create_dir_all(out_dir)
+        .with_context(|| format!("cannot create {}", out_dir.display()))?;
+    let mut written = Vec::new();
+
+    let trace = out_dir.join("trace.json");
+    write_atomic(&trace, |w| export::trace::write(&a, w))?;
+    written.push(trace);
+
+    let mut report = export::report::build(&a);
+    if let Ok(p) = crate::record::events_path(rec_dir) {
+        if let (Ok(md), Some(prof)) = (
+            std::fs::metadata(p),
+            report.get_mut("profiler").and_then(|v| v.as_object_mut()),
+        ) {
+            prof.insert("recording_bytes".into(), md.len().into());
+        }
+    }
+    let report_path = out_dir.join("report.json");
+    write_atomic(&report_path, |mut w| {
+        serde_json::to_writer_pretty(&mut w, &report)?;
+        std::io::Write::write_all(&mut w, b"\n")?;
+        Ok(w)
+    })?;
+    written.push(report_path);
+
+    let summary = out_dir.join("summary.md");
+    let md = export::summary::markdown(&a);
+    write_atomic(&summary, |mut w| {
+        std::io::Write::write_all(&mut w, md.as_bytes())?;
+        Ok(w)
+    })?;
+    written.push(summary);
+
+    let terminal_summary = export::summary::terminal(&a);
+    Ok(Outcome {
+        analysis: a,
+        written,
+        terminal_summary,
+    })
+}

@@ -1,0 +1,438 @@
+//! A recording session: launch the job, run the collectors, pass signals
+//! and the exit status through, then build the outputs from the recording
+//! with the same code as `gpuprof report`.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use nix::sys::signal::{kill, Signal};
+use nix::sys::wait::{waitid, waitpid, Id, WaitPidFlag, WaitStatus};
+use tokio::signal::unix::{signal, SignalKind};
+
+use crate::cli::RecordConfig;
+use crate::collect::procfs::TreeCollector;
+use crate::collect::system::SystemCollector;
+use crate::event::{Event, Footer, Header, JobStatus, MonoNs, Pid, RECORDING_VERSION};
+use crate::launch;
+use crate::record::{self, Sink};
+
+/// Collectors sampled together on one thread at `--interval`.
+struct Samplers {
+    tree: TreeCollector,
+    system: SystemCollector,
+}
+
+struct SamplerThread {
+    shared: Arc<Mutex<Option<Samplers>>>,
+    stop: Arc<AtomicBool>,
+    active: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl SamplerThread {
+    fn start(sink: &Sink, interval: Duration, active: bool) -> Result<SamplerThread> {
+        let shared = Arc::new(Mutex::new(Some(Samplers {
+            tree: TreeCollector::new(sink.clone()),
+            system: SystemCollector::new(sink.clone()),
+        })));
+        let stop = Arc::new(AtomicBool::new(false));
+        let active = Arc::new(AtomicBool::new(active));
+        let (s2, stop2, active2) = (shared.clone(), stop.clone(), active.clone());
+        let thread = std::thread::Builder::new()
+            .name("gpuprof-procfs".into())
+            .spawn(move || {
+                let mut next = Instant::now();
+                while !stop2.load(Ordering::Acquire) {
+                    if active2.load(Ordering::Acquire) {
+                        if let Some(s) = s2.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+                            s.tree.tick();
+                            s.system.tick();
+                        }
+                    }
+                    // Fixed-rate ticks: a slow pass does not shift the grid.
+                    next += interval;
+                    let now = Instant::now();
+                    if next < now {
+                        next = now;
+                    }
+                    std::thread::park_timeout(next - now);
+                }
+            })
+            .context("cannot start the /proc sampling thread")?;
+        Ok(SamplerThread {
+            shared,
+            stop,
+            active,
+            thread: Some(thread),
+        })
+    }
+
+    fn with<R>(&self, f: impl FnOnce(&mut Samplers) -> R) -> Option<R> {
+        if !self.active.load(Ordering::Acquire) {
+            return None;
+        }
+        self.shared
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_mut()
+            .map(f)
+    }
+
+    /// Stop sampling after one last pass, and drop the collectors (and with
+    /// them their sinks).
+    fn finish(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            t.thread().unpark();
+            let _ = t.join();
+        }
+        let last = self.shared.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(mut s) = last {
+            if self.active.load(Ordering::Acquire) {
+                s.tree.tick();
+                s.system.tick();
+            }
+        }
+        self.active.store(false, Ordering::Release);
+    }
+}
+
+/// Choose and create the output folder, and prove it is writable, before
+/// the job starts: a bad `-o` must never cost a training run.
+fn prepare_output(requested: Option<&Path>) -> Result<(PathBuf, bool)> {
+    let dir = match requested {
+        Some(p) => p.to_path_buf(),
+        None => default_output_name(),
+    };
+    let existed = dir.exists();
+    if existed {
+        if !dir.is_dir() {
+            anyhow::bail!(
+                "output path {} exists and is not a folder: choose another with -o DIR",
+                dir.display()
+            );
+        }
+        if dir.join(record::RECORDING_DIR).exists() {
+            anyhow::bail!(
+                "output folder {} already holds a recording: choose another with -o DIR, or remove it",
+                dir.display()
+            );
+        }
+    }
+    std::fs::create_dir_all(&dir).with_context(|| {
+        format!(
+            "cannot create output folder {} (choose another with -o DIR)",
+            dir.display()
+        )
+    })?;
+    let probe = dir.join(".gpuprof-write-test");
+    std::fs::write(&probe, b"ok").with_context(|| {
+        format!(
+            "output folder {} is not writable (choose another with -o DIR)",
+            dir.display()
+        )
+    })?;
+    let _ = std::fs::remove_file(&probe);
+    Ok((dir, !existed))
+}
+
+/// `gpuprof-<host>-<YYYYmmdd-HHMMSS>[-rank<N>]`, made unique in the
+/// current directory.
+fn default_output_name() -> PathBuf {
+    let host = hostname();
+    let stamp = chrono::Local::now().format("%Y%m%d-%H%M%S");
+    let rank = rank_id().map(|r| format!("-rank{r}")).unwrap_or_default();
+    let base = format!("gpuprof-{host}-{stamp}{rank}");
+    let mut p = PathBuf::from(&base);
+    let mut n = 2;
+    while p.exists() {
+        p = PathBuf::from(format!("{base}-{n}"));
+        n += 1;
+    }
+    p
+}
+
+fn hostname() -> String {
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .map(|h| h.split('.').next().unwrap_or("").to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "host".into())
+}
+
+/// The rank of this process under torchrun/Slurm/MPI, for per-rank folders.
+fn rank_id() -> Option<String> {
+    ["RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"]
+        .iter()
+        .find_map(|k| std::env::var(k).ok().filter(|v| !v.is_empty()))
+}
+
+fn realtime_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+fn make_header(cfg: &RecordConfig, job_pid: Pid) -> Header {
+    let start = MonoNs::now();
+    let anchor_realtime_ns = realtime_ns();
+    Header {
+        format: record::FORMAT_NAME.into(),
+        version: RECORDING_VERSION,
+        gpuprof_version: env!("CARGO_PKG_VERSION").into(),
+        command: cfg
+            .command
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect(),
+        host: hostname(),
+        start,
+        anchor_realtime_ns,
+        anchor_monotonic_ns: start.0,
+        interval_ns: cfg.interval.as_nanos() as u64,
+        cpus: std::thread::available_parallelism()
+            .map(|n| n.get() as u32)
+            .unwrap_or(1),
+        page_size: procfs::page_size(),
+        clock_ticks_per_s: procfs::ticks_per_second(),
+        rank: rank_id(),
+        job_pid,
+    }
+}
+
+/// Record `cfg.command`; returns the exit code gpuprof should exit with (the
+/// job's).
+pub fn record(cfg: RecordConfig) -> Result<i32> {
+    let (out, created) = prepare_output(cfg.output.as_deref())?;
+    let suspended = match launch::spawn_suspended(&cfg.command) {
+        Ok(s) => s,
+        Err(e) => {
+            if created {
+                let _ = std::fs::remove_dir_all(&out);
+            }
+            eprintln!("gpuprof: {e}");
+            return Ok(e.exit_code());
+        }
+    };
+    // Descendants whose parent exits are reparented to us instead of init,
+    // so the whole tree stays visible and their exit is observed.
+    unsafe {
+        libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(run(cfg, out, created, suspended))
+}
+
+fn say(quiet: bool, msg: &str) {
+    if !quiet {
+        eprintln!("gpuprof: {msg}");
+    }
+}
+
+async fn run(
+    cfg: RecordConfig,
+    out: PathBuf,
+    created: bool,
+    suspended: launch::Suspended,
+) -> Result<i32> {
+    // Handlers are installed only now, after the fork: the job must inherit
+    // the dispositions gpuprof was started with (e.g. SIGHUP ignored under
+    // nohup), not gpuprof's own.
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let mut sigquit = signal(SignalKind::quit())?;
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let mut sighup = signal(SignalKind::hangup())?;
+    let mut sigusr1 = signal(SignalKind::user_defined1())?;
+    let mut sigusr2 = signal(SignalKind::user_defined2())?;
+    let mut sigchld = signal(SignalKind::child())?;
+
+    let header = make_header(&cfg, suspended.pid);
+    let (sink, writer) = match record::start_writer(&out) {
+        Ok(x) => x,
+        Err(e) => {
+            suspended.abort();
+            if created {
+                let _ = std::fs::remove_dir_all(&out);
+            }
+            return Err(e);
+        }
+    };
+    sink.send_blocking(Event::Header(header.clone()));
+    let delayed = cfg.delay.is_some_and(|d| !d.is_zero());
+    let mut samplers = SamplerThread::start(&sink, cfg.interval, !delayed)?;
+    if !delayed {
+        sink.send_blocking(Event::WindowStart { t: MonoNs::now() });
+    }
+
+    let job = match suspended.resume() {
+        Ok(pid) => pid,
+        Err(e) => {
+            samplers.finish();
+            drop(sink);
+            let _ = writer.finish();
+            if created {
+                let _ = std::fs::remove_dir_all(&out);
+            }
+            eprintln!("gpuprof: {e}");
+            return Ok(e.exit_code());
+        }
+    };
+    let started = tokio::time::Instant::now();
+    let window_start = started + cfg.delay.unwrap_or_default();
+    let window_end = cfg.duration.map(|d| window_start + d);
+    let mut recording = Some((samplers, sink, writer));
+    let mut interrupts = 0u32;
+    let mut job_status: Option<JobStatus> = None;
+    let mut stop_reason: Option<&str> = None;
+    let mut tick = tokio::time::interval(Duration::from_millis(200));
+    let far = started + Duration::from_secs(100 * 365 * 86400);
+
+    loop {
+        // Reap first: the SIGCHLD that ends the job may have arrived before
+        // the select below was armed.
+        let samplers_ref = recording.as_ref().map(|(s, _, _)| s);
+        if let Some(st) = reap(job, samplers_ref) {
+            job_status = Some(st);
+        }
+        if job_status.is_some() {
+            break;
+        }
+        let delay_pending = delayed
+            && recording
+                .as_ref()
+                .is_some_and(|(s, _, _)| !s.active.load(Ordering::Acquire));
+        tokio::select! {
+            _ = sigchld.recv() => {}
+            _ = tick.tick() => {}
+            _ = sigint.recv() => {
+                interrupts += 1;
+                if interrupts == 1 {
+                    say(cfg.quiet, "Ctrl-C went to the job; recording until it exits (Ctrl-C again stops recording now)");
+                } else if recording.is_some() {
+                    stop_reason = Some("interrupted");
+                }
+            }
+            _ = sigquit.recv() => {}
+            _ = sigterm.recv() => { let _ = kill(nix::unistd::Pid::from_raw(job.0), Signal::SIGTERM); }
+            _ = sighup.recv() => { let _ = kill(nix::unistd::Pid::from_raw(job.0), Signal::SIGHUP); }
+            _ = sigusr1.recv() => { let _ = kill(nix::unistd::Pid::from_raw(job.0), Signal::SIGUSR1); }
+            _ = sigusr2.recv() => { let _ = kill(nix::unistd::Pid::from_raw(job.0), Signal::SIGUSR2); }
+            _ = tokio::time::sleep_until(window_start), if delay_pending => {
+                if let Some((s, sink, _)) = recording.as_ref() {
+                    sink.send_blocking(Event::WindowStart { t: MonoNs::now() });
+                    s.active.store(true, Ordering::Release);
+                    say(cfg.quiet, "--delay elapsed: recording started");
+                }
+            }
+            _ = tokio::time::sleep_until(window_end.unwrap_or(far)), if window_end.is_some() && recording.is_some() => {
+                stop_reason = Some("duration elapsed");
+            }
+        }
+        if let Some(reason) = stop_reason.take() {
+            if let Some(rec) = recording.take() {
+                finish_recording(rec, &out, JobStatus::StillRunning, reason, cfg.quiet);
+                say(cfg.quiet, "recording stopped; the job keeps running and gpuprof will exit with its status");
+            }
+        }
+    }
+    let status = job_status.expect("loop ends with a status");
+    if let Some(rec) = recording.take() {
+        finish_recording(rec, &out, status, "job exited", cfg.quiet);
+    }
+    Ok(status.exit_code().unwrap_or(0))
+}
+
+/// Reap every exited child (the job and reparented orphans); return the
+/// job's status once it has exited.
+fn reap(job: Pid, samplers: Option<&SamplerThread>) -> Option<JobStatus> {
+    let mut job_status = None;
+    loop {
+        // WNOWAIT first: the zombie's /proc entry still holds its final CPU
+        // and IO totals, which are read before it is reaped.
+        let peek = waitid(
+            Id::All,
+            WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT,
+        );
+        let pid = match peek {
+            Ok(WaitStatus::StillAlive) | Err(_) => break,
+            Ok(ws) => match ws.pid() {
+                Some(p) => p,
+                None => break,
+            },
+        };
+        if let Some(s) = samplers {
+            s.with(|s| s.tree.final_sample(pid.as_raw()));
+        }
+        let status = match waitpid(pid, Some(WaitPidFlag::WNOHANG)) {
+            Ok(ws) => launch::job_status(ws),
+            Err(_) => None,
+        };
+        if let Some(s) = samplers {
+            s.with(|s| s.tree.reaped(pid.as_raw(), status));
+        }
+        if pid.as_raw() == job.0 {
+            job_status = status;
+        }
+    }
+    job_status
+}
+
+fn finish_recording(
+    rec: (SamplerThread, Sink, record::Writer),
+    out: &Path,
+    status: JobStatus,
+    reason: &str,
+    quiet: bool,
+) {
+    let (mut samplers, sink, writer) = rec;
+    samplers.finish();
+    let (cpu_ns, max_rss) = self_usage();
+    sink.send_blocking(Event::Footer(Footer {
+        t: MonoNs::now(),
+        status,
+        reason: reason.into(),
+        dropped_events: sink.dropped(),
+        profiler_cpu_ns: cpu_ns,
+        profiler_max_rss_bytes: max_rss,
+    }));
+    drop(sink);
+    drop(samplers);
+    if let Err(e) = writer.finish() {
+        eprintln!("gpuprof: error: the recording could not be completed: {e:#}");
+    }
+    match crate::outputs::generate(out, out) {
+        Ok(outcome) => {
+            if !quiet {
+                eprint!("{}", outcome.terminal_summary);
+                eprintln!("gpuprof: outputs in {}", out.display());
+            }
+        }
+        Err(e) => eprintln!(
+            "gpuprof: error: could not build the outputs from {}: {e:#}",
+            out.display()
+        ),
+    }
+}
+
+/// gpuprof's own CPU time and peak RSS so far, to report its overhead.
+fn self_usage() -> (u64, u64) {
+    match nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF) {
+        Ok(u) => {
+            let tv = |t: nix::sys::time::TimeVal| {
+                t.tv_sec() as u64 * 1_000_000_000 + t.tv_usec() as u64 * 1000
+            };
+            (
+                tv(u.user_time()) + tv(u.system_time()),
+                u.max_rss() as u64 * 1024,
+            )
+        }
+        Err(_) => (0, 0),
+    }
+}
