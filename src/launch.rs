@@ -126,6 +126,10 @@ pub fn spawn_suspended(argv: &[OsString]) -> Result<Suspended, LaunchError> {
                 // The profiler gave up before releasing the job.
                 libc::_exit(127);
             }
+            // Rust ignores SIGPIPE in its own processes; the job must get
+            // the default (as std::process::Command also restores), or a
+            // `job | head` pipeline would behave differently under gpuprof.
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
             libc::execv(prog_c.as_ptr(), arg_ptrs.as_ptr());
             let errno = *libc::__errno_location();
             let bytes = errno.to_ne_bytes();

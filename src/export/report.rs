@@ -14,7 +14,8 @@ pub fn r(v: f64, d: i32) -> Value {
         return Value::Null;
     }
     let m = 10f64.powi(d);
-    json!((v * m).round() / m)
+    // `+ 0.0` turns -0.0 into 0.0.
+    json!((v * m).round() / m + 0.0)
 }
 
 fn series_stats(s: &Series, scale: f64) -> Value {

@@ -1,0 +1,114 @@
+//! Helpers shared by the integration tests: they run the real gpuprof
+//! binary on real processes and check the files it leaves.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use serde_json::Value;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_gpuprof");
+
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub fn sample(name: &str) -> PathBuf {
+    repo().join("samples").join(name)
+}
+
+pub fn gpuprof() -> Command {
+    let mut c = Command::new(BIN);
+    c.stdin(Stdio::null());
+    c
+}
+
+/// Run `gpuprof -q -o DIR -- args...`; returns the output folder and the
+/// process output.
+pub fn record(tmp: &Path, name: &str, extra: &[&str], job: &[&str]) -> (PathBuf, Output) {
+    let out = tmp.join(name);
+    let mut c = gpuprof();
+    c.arg("-q")
+        .arg("-o")
+        .arg(&out)
+        .args(extra)
+        .arg("--")
+        .args(job);
+    let o = c.output().expect("run gpuprof");
+    (out, o)
+}
+
+pub fn read_json(p: &Path) -> Value {
+    let s = std::fs::read_to_string(p).unwrap_or_else(|e| panic!("read {}: {e}", p.display()));
+    serde_json::from_str(&s).unwrap_or_else(|e| panic!("parse {}: {e}", p.display()))
+}
+
+pub fn report(dir: &Path) -> Value {
+    read_json(&dir.join("report.json"))
+}
+
+pub fn job_process(report: &Value) -> &Value {
+    report["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["is_job"] == true)
+        .expect("job process in report")
+}
+
+/// Check a Chrome trace: parses, has metadata, and every `X` slice nests
+/// properly within its thread. Returns the trace.
+pub fn check_trace(path: &Path) -> Value {
+    let t = read_json(path);
+    let evs = t["traceEvents"].as_array().expect("traceEvents array");
+    assert!(
+        evs.iter()
+            .any(|e| e["ph"] == "M" && e["name"] == "process_name"),
+        "no process_name metadata"
+    );
+    assert!(
+        evs.iter()
+            .any(|e| e["ph"] == "M" && e["name"] == "thread_name"),
+        "no thread_name metadata"
+    );
+    assert!(
+        evs.iter()
+            .any(|e| e["ph"] == "M" && e["name"] == "process_sort_index"),
+        "no sort index metadata"
+    );
+    assert!(
+        t["metadata"]["anchor_realtime_ns"].as_u64().is_some(),
+        "no clock anchor in metadata"
+    );
+    let mut by_thread: HashMap<(i64, i64), Vec<(f64, f64)>> = HashMap::new();
+    for e in evs {
+        if e["ph"] == "X" {
+            let ts = e["ts"].as_f64().expect("X has ts");
+            let dur = e["dur"].as_f64().expect("X has dur");
+            assert!(dur >= 0.0 && ts >= 0.0, "negative time in {e}");
+            by_thread
+                .entry((e["pid"].as_i64().unwrap(), e["tid"].as_i64().unwrap()))
+                .or_default()
+                .push((ts, ts + dur));
+        }
+    }
+    for (k, mut v) in by_thread {
+        // Sort by start, longer first, then check stack discipline.
+        v.sort_by(|a, b| a.0.total_cmp(&b.0).then(b.1.total_cmp(&a.1)));
+        let mut stack: Vec<f64> = Vec::new();
+        for (s, e) in v {
+            while stack.last().is_some_and(|&end| end <= s + 1e-6) {
+                stack.pop();
+            }
+            if let Some(&end) = stack.last() {
+                assert!(
+                    e <= end + 1e-6,
+                    "slice [{s}, {e}] overlaps its parent ending at {end} on {k:?}"
+                );
+            }
+            stack.push(e);
+        }
+    }
+    t
+}
