@@ -13,6 +13,10 @@ use crate::record::Sink;
 /// recording budget, and the diagnosis works from per-thread CPU anyway.
 const PER_CPU_FULL_RATE_MAX: usize = 32;
 
+/// Memory and swap figures change slowly and `/proc/vmstat` is long
+/// (~170 lines): they are read once a second, not every tick.
+const MEMORY_PERIOD: std::time::Duration = std::time::Duration::from_secs(1);
+
 pub struct SystemCollector {
     sink: Sink,
     ns_per_tick: u64,
@@ -20,6 +24,7 @@ pub struct SystemCollector {
     last_disk: HashMap<String, DiskCounters>,
     psi: bool,
     ticks: u64,
+    last_memory: Option<std::time::Instant>,
 }
 
 impl SystemCollector {
@@ -51,6 +56,7 @@ impl SystemCollector {
             last_disk: HashMap::new(),
             psi,
             ticks: 0,
+            last_memory: None,
         }
     }
 
@@ -128,6 +134,13 @@ impl SystemCollector {
                 memory,
             });
         }
+        if self
+            .last_memory
+            .is_some_and(|t| t.elapsed() < MEMORY_PERIOD)
+        {
+            return;
+        }
+        self.last_memory = Some(std::time::Instant::now());
         if let Ok(mi) = procfs::Meminfo::current() {
             let (pswpin, pswpout) = procfs::vmstat()
                 .map(|v| {

@@ -1,0 +1,68 @@
+#!/usr/bin/env python3
+"""Overhead of gpuprof on a job, measured side by side in one run.
+
+Runs `samples/train_sim.py` bare and under `gpuprof` (release build) at
+default settings, interleaved, N times each, and prints:
+- median wall time bare vs profiled and their ratio (target <= 1.02),
+- gpuprof's own CPU time as % of one core (from report.json; target <= 2%),
+- gpuprof's peak RSS,
+- recording size per minute of run.
+
+Usage: scripts/bench_overhead.py [--runs 5] [--steps 300] [--workers 4] [-- extra gpuprof flags]
+Machines here are noisy: compare the ratio within one run, not absolute times.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--augment-ms", type=float, default=8.0)
+    ap.add_argument("--gpu-ms", type=float, default=10.0)
+    ap.add_argument("--bin", default=os.path.join(os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target")), "release", "gpuprof"))
+    ap.add_argument("gpuprof_flags", nargs="*")
+    a = ap.parse_args()
+    if not os.path.exists(a.bin):
+        subprocess.run(["cargo", "build", "--release"], cwd=ROOT, check=True)
+    job = [sys.executable, os.path.join(ROOT, "samples", "train_sim.py"), "--workers", str(a.workers),
+           "--steps", str(a.steps), "--augment-ms", str(a.augment_ms), "--gpu-ms", str(a.gpu_ms)]
+    bare, prof, cpu_pct, rss, rec_per_min = [], [], [], [], []
+    with tempfile.TemporaryDirectory(prefix="gpuprof-bench-") as tmp:
+        for i in range(a.runs):
+            t = time.perf_counter()
+            subprocess.run(job, check=True, stdout=subprocess.DEVNULL)
+            bare.append(time.perf_counter() - t)
+            out = os.path.join(tmp, f"run{i}")
+            t = time.perf_counter()
+            subprocess.run([a.bin, "-q", "-o", out, *a.gpuprof_flags, "--", *job], check=True, stdout=subprocess.DEVNULL)
+            prof.append(time.perf_counter() - t)
+            r = json.load(open(os.path.join(out, "report.json")))
+            p = r["profiler"]
+            cpu_pct.append(p["cpu_pct_of_one_core"])
+            rss.append(p["max_rss_bytes"])
+            rec_per_min.append(p.get("recording_bytes", 0) / max(r["duration_s"], 1e-9) * 60)
+    mb, mp = statistics.median(bare), statistics.median(prof)
+    print(f"job: {' '.join(job[1:])}")
+    print(f"runs: {a.runs} each, interleaved")
+    print(f"wall bare     median {mb:.3f} s  (all: {', '.join(f'{x:.2f}' for x in bare)})")
+    print(f"wall gpuprof  median {mp:.3f} s  (all: {', '.join(f'{x:.2f}' for x in prof)})")
+    print(f"slowdown ratio {mp / mb:.4f}  (target <= 1.02; includes gpuprof's own start/analysis/export time)")
+    print(f"gpuprof CPU   median {statistics.median(cpu_pct):.2f}% of one core while recording (target <= 2%)")
+    print(f"gpuprof RSS   max {max(rss) / 1e6:.1f} MB")
+    print(f"recording     {statistics.median(rec_per_min) / 1e3:.1f} kB per minute of run")
+
+
+if __name__ == "__main__":
+    main()
