@@ -25,6 +25,16 @@ impl MonoNs {
             .expect("CLOCK_MONOTONIC is always available on Linux");
         MonoNs(ts.tv_sec() as u64 * 1_000_000_000 + ts.tv_nsec() as u64)
     }
+    /// `CLOCK_BOOTTIME - CLOCK_MONOTONIC` now.
+    pub fn boottime_offset() -> u64 {
+        let ns = |id| {
+            nix::time::clock_gettime(id)
+                .map(|ts| ts.tv_sec() as u64 * 1_000_000_000 + ts.tv_nsec() as u64)
+                .unwrap_or(0)
+        };
+        let mono = ns(nix::time::ClockId::CLOCK_MONOTONIC);
+        ns(nix::time::ClockId::CLOCK_BOOTTIME).saturating_sub(mono)
+    }
     pub fn secs_since(self, earlier: MonoNs) -> f64 {
         self.0.saturating_sub(earlier.0) as f64 / 1e9
     }
@@ -82,6 +92,11 @@ pub struct Header {
     pub rank: Option<String>,
     /// PID of the job's root process.
     pub job_pid: Pid,
+    /// `CLOCK_BOOTTIME - CLOCK_MONOTONIC` at the start (time spent in
+    /// suspend), to turn process start times from /proc (since boot) into
+    /// monotonic time.
+    #[serde(default)]
+    pub boottime_offset_ns: u64,
 }
 
 /// How the job ended.

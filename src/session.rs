@@ -202,6 +202,7 @@ fn make_header(cfg: &RecordConfig, job_pid: Pid) -> Header {
         clock_ticks_per_s: procfs::ticks_per_second(),
         rank: rank_id(),
         job_pid,
+        boottime_offset_ns: MonoNs::boottime_offset(),
     }
 }
 

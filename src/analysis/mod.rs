@@ -681,3 +681,158 @@ pub struct ThreadSummary {
     pub name: String,
     pub cpu_s: f64,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::{Event, Header, MonoNs, Pid, Tid};
+
+    const MS: u64 = 1_000_000;
+
+    fn header() -> Header {
+        Header {
+            format: "gpuprof-recording".into(),
+            version: 1,
+            gpuprof_version: "test".into(),
+            command: vec!["python3".into(), "train.py".into()],
+            host: "h".into(),
+            start: MonoNs(1_000 * MS),
+            anchor_realtime_ns: 0,
+            anchor_monotonic_ns: 1_000 * MS,
+            interval_ns: 100 * MS,
+            cpus: 4,
+            page_size: 4096,
+            clock_ticks_per_s: 100,
+            rank: None,
+            job_pid: Pid(10),
+            boottime_offset_ns: 0,
+        }
+    }
+
+    fn proc_ev(t: u64, pid: i32, ppid: i32, comm: &str, cmd: &[&str]) -> Event {
+        Event::Process {
+            t: MonoNs(t * MS),
+            pid: Pid(pid),
+            ppid: Pid(ppid),
+            start_boot_ns: 0,
+            comm: comm.into(),
+            cmdline: cmd.iter().map(|s| s.to_string()).collect(),
+            exe: None,
+        }
+    }
+
+    fn cpu_ev(t: u64, pid: i32, tid: i32, cpu_ms: u64, state: char) -> Event {
+        Event::ThreadCpu {
+            t: MonoNs(t * MS),
+            pid: Pid(pid),
+            tid: Tid(tid),
+            user_ns: cpu_ms * MS,
+            sys_ns: 0,
+            state,
+            cpu: 0,
+        }
+    }
+
+    #[test]
+    fn thread_cpu_is_placed_in_the_interval_it_happened() {
+        let h = header();
+        let evs = vec![
+            Event::WindowStart {
+                t: MonoNs(1_000 * MS),
+            },
+            proc_ev(1_100, 10, 1, "python3", &["python3", "train.py"]),
+            cpu_ev(1_100, 10, 10, 0, 'S'),
+            // Idle for 2 s (no events), then busy for one interval.
+            cpu_ev(3_100, 10, 10, 100, 'R'),
+            cpu_ev(3_200, 10, 10, 200, 'R'),
+            Event::ProcessExit {
+                t: MonoNs(3_300 * MS),
+                pid: Pid(10),
+                status: None,
+            },
+        ];
+        let a = analyze_events(h, evs.into_iter());
+        let th = &a.processes[&Pid(10)].threads[&Tid(10)];
+        assert_eq!(th.user_ns, 200 * MS);
+        // Busy 100% over [3.0, 3.2) s, idle before.
+        assert_eq!(
+            th.cpu.mean_in(MonoNs(3_000 * MS), MonoNs(3_200 * MS)),
+            Some(1.0)
+        );
+        assert_eq!(
+            th.cpu.mean_in(MonoNs(1_100 * MS), MonoNs(3_000 * MS)),
+            Some(0.0)
+        );
+        assert_eq!(th.state_ns[&'S'], 2_000 * MS);
+        assert_eq!(th.state_ns[&'R'], 200 * MS);
+        // No footer: flagged as cut short.
+        assert!(a.warnings.iter().any(|w| w.contains("end marker")));
+    }
+
+    #[test]
+    fn delayed_window_measures_from_the_first_sample() {
+        let h = header();
+        let evs = vec![
+            Event::WindowStart {
+                t: MonoNs(61_000 * MS),
+            },
+            proc_ev(61_050, 10, 1, "python3", &["python3", "train.py"]),
+            cpu_ev(61_050, 10, 10, 50_000, 'R'),
+            cpu_ev(61_150, 10, 10, 50_100, 'R'),
+        ];
+        let a = analyze_events(h, evs.into_iter());
+        assert_eq!(
+            a.processes[&Pid(10)].threads[&Tid(10)].user_ns,
+            100 * MS,
+            "CPU before the window is not counted"
+        );
+    }
+
+    #[test]
+    fn roles_follow_the_documented_rules() {
+        let h = header();
+        let py = ["python3", "train.py"];
+        let evs = vec![
+            proc_ev(1_100, 10, 1, "python3", &py),
+            // Forked DataLoader-style worker, same command line.
+            proc_ev(1_200, 11, 10, "python3", &py),
+            // Named like PyTorch's workers.
+            proc_ev(1_200, 12, 10, "pt_data_worker", &py),
+            // multiprocessing spawn child and its resource tracker.
+            proc_ev(
+                1_200,
+                13,
+                10,
+                "python3",
+                &[
+                    "python3",
+                    "-c",
+                    "from multiprocessing.spawn import spawn_main; spawn_main()",
+                ],
+            ),
+            proc_ev(
+                1_200,
+                14,
+                10,
+                "python3",
+                &[
+                    "python3",
+                    "-c",
+                    "from multiprocessing.resource_tracker import main;main(5)",
+                ],
+            ),
+            // A shell helper and a Python program it runs.
+            proc_ev(1_200, 15, 10, "sh", &["sh", "-c", "python3 eval.py"]),
+            proc_ev(1_300, 16, 15, "python3", &["python3", "eval.py"]),
+        ];
+        let a = analyze_events(h, evs.into_iter());
+        let role = |p: i32| a.processes[&Pid(p)].role;
+        assert_eq!(role(10), Role::Main);
+        assert_eq!(role(11), Role::Worker);
+        assert_eq!(role(12), Role::Worker);
+        assert_eq!(role(13), Role::Worker);
+        assert_eq!(role(14), Role::Other);
+        assert_eq!(role(15), Role::Other);
+        assert_eq!(role(16), Role::Main);
+    }
+}
