@@ -64,7 +64,7 @@ pub fn sections(a: &Analysis) -> Vec<(String, Vec<String>)> {
                 threads.push((
                     cpu,
                     format!(
-                        "`{}` ({}, {} {}): {:.1} s CPU, {:.0}% of a core while alive",
+                        "`{}` (thread {} of {} process {}): {:.1} s CPU, {:.0}% of a core while alive",
                         t.comm,
                         t.tid,
                         p.role,
