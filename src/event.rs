@@ -201,6 +201,66 @@ pub struct Psi {
     pub full_us: Option<u64>,
 }
 
+/// Which sampler produced a stack: the perf sampler's native (DWARF-unwound)
+/// stacks or py-spy's Python stacks. Each has its own frame and stack ids.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StackKind {
+    Native,
+    Python,
+}
+
+/// A run of stack samples of one thread, compacted for the recording: times
+/// are microsecond deltas and stacks are ids of interned [`Event::StackNode`]s,
+/// so that after gzip a sample costs a few bytes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SampleBatch {
+    pub kind: StackKind,
+    pub pid: Pid,
+    pub tid: Tid,
+    /// Time of the first sample, truncated to whole microseconds.
+    pub t0: MonoNs,
+    /// Microseconds from the previous sample (the first is 0).
+    pub dt_us: Vec<u32>,
+    /// Leaf node of each sample's stack (`StackNode::id`).
+    pub stacks: Vec<u32>,
+}
+
+impl SampleBatch {
+    /// Sample times, reconstructed from `t0` and the deltas.
+    pub fn times(&self) -> impl Iterator<Item = MonoNs> + '_ {
+        let mut us = self.t0.0 / 1000;
+        self.dt_us.iter().map(move |d| {
+            us += *d as u64;
+            MonoNs(us * 1000)
+        })
+    }
+}
+
+/// Counters of the stack samplers, emitted once at the end of recording.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StackStats {
+    pub kind: Option<StackKind>,
+    /// Samples taken (native: perf samples of the job's tasks; python:
+    /// thread stacks read by py-spy).
+    pub samples: u64,
+    /// Records the kernel dropped because a ring buffer was full.
+    pub lost_records: u64,
+    /// Samples whose unwinding stopped before the thread's root.
+    pub truncated: u64,
+    /// Samples with no usable user registers (e.g. in kernel threads).
+    pub no_user_regs: u64,
+    /// Attempts that failed (python: process unreadable at that moment).
+    pub errors: u64,
+    /// Wall time the sampler thread spent working, in ns.
+    pub busy_ns: u64,
+    /// Sampling period in ns (native: 1 s / frequency).
+    #[serde(default)]
+    pub interval_ns: u64,
+    /// Ring buffer size per CPU in bytes (native) / sampling rate (python).
+    pub detail: String,
+}
+
 /// Every event of a recording. The serialized tag is `k`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(tag = "k", rename_all = "snake_case")]
@@ -288,6 +348,69 @@ pub enum Event {
         io: Option<Psi>,
         memory: Option<Psi>,
     },
+    /// A file whose code was sampled (an executable mapping), or a pseudo
+    /// file such as `[vdso]` or `[anon]`.
+    StackFile {
+        id: u32,
+        path: String,
+    },
+    /// A native frame: an instruction in a file, by file offset, so that it
+    /// can be symbolized after the process has exited. Return addresses are
+    /// recorded minus one (inside the call instruction).
+    NativeFrame {
+        id: u32,
+        file: u32,
+        offset: u64,
+    },
+    /// A Python function read by py-spy (line numbers are not kept: they
+    /// would split one function into many frames).
+    PyFrame {
+        id: u32,
+        name: String,
+        file: String,
+        /// The frame is the first of a run executed by one C call of the
+        /// interpreter loop (`_PyEval_EvalFrameDefault`), as py-spy reports.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        entry: bool,
+    },
+    /// An interned stack: `frame` called from the stack `parent` (None: the
+    /// outermost frame). Ids are per `kind`.
+    StackNode {
+        kind: StackKind,
+        id: u32,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        parent: Option<u32>,
+        frame: u32,
+    },
+    Samples(SampleBatch),
+    /// Names of native frames, written when recording ends.
+    Symbols {
+        /// (NativeFrame id, demangled function name)
+        names: Vec<(u32, String)>,
+    },
+    StackStats(StackStats),
+    /// From perf: a task was created (`pid == tid`: a new process).
+    TaskFork {
+        t: MonoNs,
+        pid: Pid,
+        tid: Tid,
+        ppid: Pid,
+        ptid: Tid,
+    },
+    /// From perf: a task ended (`pid == tid`: the process's main thread).
+    TaskExit {
+        t: MonoNs,
+        pid: Pid,
+        tid: Tid,
+    },
+    /// From perf: a task got a name, by `exec` or `prctl(PR_SET_NAME)`.
+    TaskComm {
+        t: MonoNs,
+        pid: Pid,
+        tid: Tid,
+        comm: String,
+        exec: bool,
+    },
     /// `/proc/meminfo` and `/proc/vmstat`.
     Memory {
         t: MonoNs,
@@ -308,7 +431,14 @@ impl Event {
         match self {
             Header(h) => Some(h.start),
             Footer(f) => Some(f.t),
-            Coverage(_) => None,
+            Coverage(_)
+            | StackFile { .. }
+            | NativeFrame { .. }
+            | PyFrame { .. }
+            | StackNode { .. }
+            | Symbols { .. }
+            | StackStats(_) => None,
+            Samples(b) => Some(b.t0),
             WindowStart { t }
             | WindowStop { t }
             | Process { t, .. }
@@ -319,7 +449,10 @@ impl Event {
             | SystemCpu { t, .. }
             | Disks { t, .. }
             | Pressure { t, .. }
-            | Memory { t, .. } => Some(*t),
+            | Memory { t, .. }
+            | TaskFork { t, .. }
+            | TaskExit { t, .. }
+            | TaskComm { t, .. } => Some(*t),
         }
     }
 }

@@ -4,6 +4,7 @@
 
 pub mod roles;
 pub mod series;
+pub mod stacks;
 
 use std::collections::BTreeMap;
 

@@ -4,5 +4,8 @@
 //! [`Event`]: crate::event::Event
 //! [`Sink`]: crate::record::Sink
 
+pub mod intern;
+pub mod perf;
 pub mod procfs;
+pub mod python;
 pub mod system;

@@ -1,0 +1,1031 @@
+//! Stack analysis: pure functions over the recorded stack events.
+//!
+//! Inputs are the events of the perf sampler (native stacks as (file,
+//! offset) frames, symbol names written at the end of recording) and of the
+//! py-spy sampler (Python stacks). This module
+//! - merges each native sample with the nearest Python stack of the same
+//!   thread (see `docs/stacks.md`),
+//! - folds stacks per role under a "name (pid)" root frame,
+//! - measures unwinding coverage (samples whose outermost native frame is a
+//!   thread root: `_start`, `clone`, `clone3`),
+//! - lists top functions per role, and
+//! - turns each thread's samples into nested slices for the trace.
+//!
+//! Everything is deterministic: sorted maps, stable sorts, no hashing order
+//! leaks into outputs.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::Serialize;
+
+use crate::event::{Event, MonoNs, Pid, StackKind, StackStats, Tid};
+
+/// Outermost frames that mean "the unwinder reached the thread's root".
+pub const ROOT_FRAMES: &[&str] = &["_start", "clone", "clone3", "__clone", "__clone3"];
+/// Native frames of the CPython interpreter loop: each one runs one or more
+/// Python frames (3.11+: a run starting at an "entry" frame).
+pub const EVAL_FRAMES: &[&str] = &["_PyEval_EvalFrameDefault", "PyEval_EvalFrameEx"];
+/// Deepest frame kept in trace slices.
+pub const TRACE_MAX_DEPTH: usize = 64;
+/// Most stack slices put into the trace (about 100 bytes each: ~40 MB).
+pub const TRACE_MAX_SLICES: usize = 400_000;
+/// Top functions listed per role.
+pub const TOP_FUNCTIONS: usize = 15;
+
+/// The three roles of the job's processes, as the folded file names spell
+/// them.
+pub const ROLES: &[&str] = &["main", "worker", "other"];
+
+/// Process name and role, as the process-tree analysis determined them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProcMeta {
+    pub name: String,
+    /// "main", "worker" or "other".
+    pub role: &'static str,
+}
+
+#[derive(Clone, Debug)]
+enum Frame {
+    Native {
+        file: u32,
+        offset: u64,
+    },
+    Python {
+        name: String,
+        file: String,
+        entry: bool,
+    },
+}
+
+#[derive(Clone, Copy, Debug)]
+struct RawSample {
+    t: MonoNs,
+    pid: Pid,
+    tid: Tid,
+    stack: u32,
+}
+
+/// The stack events of a recording, collected in one pass.
+#[derive(Default)]
+pub struct StackData {
+    files: HashMap<u32, String>,
+    native_frames: HashMap<u32, Frame>,
+    py_frames: HashMap<u32, Frame>,
+    symbols: HashMap<u32, String>,
+    native_nodes: HashMap<u32, (Option<u32>, u32)>,
+    py_nodes: HashMap<u32, (Option<u32>, u32)>,
+    native: Vec<RawSample>,
+    python: Vec<RawSample>,
+    stats: Vec<StackStats>,
+    /// From perf task records: (time, comm, exec) per pid, and parents.
+    comms: BTreeMap<Pid, Vec<(MonoNs, String, bool)>>,
+    parents: BTreeMap<Pid, Pid>,
+    first_exec: Option<(MonoNs, Pid)>,
+}
+
+impl StackData {
+    pub fn new() -> StackData {
+        StackData::default()
+    }
+
+    /// Take what this module needs from one event.
+    pub fn add(&mut self, ev: &Event) {
+        match ev {
+            Event::StackFile { id, path } => {
+                self.files.insert(*id, path.clone());
+            }
+            Event::NativeFrame { id, file, offset } => {
+                self.native_frames.insert(
+                    *id,
+                    Frame::Native {
+                        file: *file,
+                        offset: *offset,
+                    },
+                );
+            }
+            Event::PyFrame {
+                id,
+                name,
+                file,
+                entry,
+            } => {
+                self.py_frames.insert(
+                    *id,
+                    Frame::Python {
+                        name: name.clone(),
+                        file: file.clone(),
+                        entry: *entry,
+                    },
+                );
+            }
+            Event::StackNode {
+                kind,
+                id,
+                parent,
+                frame,
+            } => {
+                let nodes = match kind {
+                    StackKind::Native => &mut self.native_nodes,
+                    StackKind::Python => &mut self.py_nodes,
+                };
+                nodes.insert(*id, (*parent, *frame));
+            }
+            Event::Samples(b) => {
+                let out = match b.kind {
+                    StackKind::Native => &mut self.native,
+                    StackKind::Python => &mut self.python,
+                };
+                for (t, s) in b.times().zip(&b.stacks) {
+                    out.push(RawSample {
+                        t,
+                        pid: b.pid,
+                        tid: b.tid,
+                        stack: *s,
+                    });
+                }
+            }
+            Event::Symbols { names } => {
+                for (id, name) in names {
+                    self.symbols.insert(*id, name.clone());
+                }
+            }
+            Event::StackStats(s) => self.stats.push(s.clone()),
+            Event::TaskComm {
+                t,
+                pid,
+                comm,
+                exec,
+                tid,
+            } if pid.0 == tid.0 => {
+                self.comms
+                    .entry(*pid)
+                    .or_default()
+                    .push((*t, comm.clone(), *exec));
+                if *exec && self.first_exec.is_none_or(|(ft, _)| *t < ft) {
+                    self.first_exec = Some((*t, *pid));
+                }
+            }
+            Event::TaskFork { pid, tid, ppid, .. } if pid.0 == tid.0 && pid != ppid => {
+                self.parents.insert(*pid, *ppid);
+            }
+            _ => {}
+        }
+    }
+
+    /// Whether the recording holds any stack sample.
+    pub fn is_empty(&self) -> bool {
+        self.native.is_empty() && self.python.is_empty()
+    }
+
+    /// Process names and roles from perf's task records alone, for
+    /// processes the process-tree analysis did not see (or when it is not
+    /// available): the first program exec'd is the main process; a process
+    /// named `pt_data_worker`, or forked (without exec) from the main
+    /// process, is a worker; anything else is "other".
+    pub fn fallback_meta(&self, pid: Pid) -> ProcMeta {
+        let comms = self.comms.get(&pid);
+        let name = comms
+            .and_then(|c| c.last())
+            .map(|c| c.1.clone())
+            .or_else(|| {
+                // A forked child keeps its parent's name until it renames.
+                let mut p = pid;
+                for _ in 0..64 {
+                    p = *self.parents.get(&p)?;
+                    if let Some(c) = self.comms.get(&p).and_then(|c| c.last()) {
+                        return Some(c.1.clone());
+                    }
+                }
+                None
+            })
+            .unwrap_or_else(|| "?".to_string());
+        let main = self.first_exec.map(|f| f.1);
+        let execd = comms.is_some_and(|c| c.iter().any(|c| c.2));
+        let role = if Some(pid) == main {
+            "main"
+        } else if name == "pt_data_worker"
+            || (!execd && main.is_some() && self.parents.get(&pid) == main.as_ref())
+        {
+            "worker"
+        } else {
+            "other"
+        };
+        ProcMeta { name, role }
+    }
+}
+
+/// How a native sample was combined with Python frames.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum MergeKind {
+    /// Not a Python thread, or no interpreter frame in the native stack.
+    NativeOnly,
+    /// The Python stack's entry runs matched the interpreter frames one to
+    /// one and were interleaved with the native frames between them.
+    Exact,
+    /// Counts differed: all Python frames replace the interpreter frames.
+    Approximate,
+    /// A Python thread with interpreter frames but no Python stack close
+    /// enough in time.
+    NoPython,
+}
+
+/// A sample of the merged view: `stack` indexes [`Stacks::stack`].
+#[derive(Clone, Copy, Debug)]
+pub struct Sample {
+    pub t: MonoNs,
+    pub pid: Pid,
+    pub tid: Tid,
+    pub stack: u32,
+}
+
+/// One function's share of a role's samples.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct TopFunction {
+    pub function: String,
+    /// % of samples where it is the leaf.
+    pub self_pct: f64,
+    /// % of samples where it is anywhere on the stack.
+    pub total_pct: f64,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct RoleStacks {
+    pub samples: u64,
+    pub processes: u64,
+    pub top_functions: Vec<TopFunction>,
+}
+
+/// The `stacks` section of report.json.
+#[derive(Clone, Debug, Serialize, PartialEq, Default)]
+pub struct StacksReport {
+    /// Native samples recorded (all roles).
+    pub samples: u64,
+    pub samples_per_role: BTreeMap<String, u64>,
+    /// Records the kernel dropped (ring buffers full).
+    pub lost_records: u64,
+    /// Share of native samples whose outermost frame is the thread's root
+    /// (`_start`, `clone`, `clone3`).
+    pub unwind_coverage: f64,
+    /// Samples where the unwinder stopped early (its own count).
+    pub unwind_truncated: u64,
+    pub frequency_hz: f64,
+    pub python_stacks: u64,
+    pub python_errors: u64,
+    /// Native samples of Python threads, by how Python frames were attached.
+    pub merged_exact: u64,
+    pub merged_approximate: u64,
+    pub merged_missing_python: u64,
+    /// CPU time of the samplers (perf reader + py-spy), in seconds.
+    pub sampler_cpu_s: f64,
+    pub roles: BTreeMap<String, RoleStacks>,
+}
+
+/// The merged stacks of a recording.
+pub struct Stacks {
+    names: Vec<String>,
+    stacks: Vec<Vec<u32>>,
+    /// Samples sorted by (pid, tid, t).
+    pub samples: Vec<Sample>,
+    pub procs: BTreeMap<Pid, ProcMeta>,
+    /// Native sampling period in ns (0 when unknown).
+    pub period_ns: u64,
+    pub report: StacksReport,
+}
+
+struct Resolver<'a> {
+    d: &'a StackData,
+    native_cache: HashMap<u32, Vec<u32>>,
+    py_cache: HashMap<u32, Vec<(u32, bool)>>,
+    names: Vec<String>,
+    name_ids: HashMap<String, u32>,
+    native_name: HashMap<u32, u32>,
+    py_name: HashMap<u32, u32>,
+    eval_names: Vec<u32>,
+    root_names: Vec<u32>,
+}
+
+impl<'a> Resolver<'a> {
+    fn intern(&mut self, s: String) -> u32 {
+        if let Some(id) = self.name_ids.get(&s) {
+            return *id;
+        }
+        let id = self.names.len() as u32;
+        self.names.push(s.clone());
+        self.name_ids.insert(s, id);
+        id
+    }
+
+    fn native_frame_name(&mut self, frame: u32) -> u32 {
+        if let Some(n) = self.native_name.get(&frame) {
+            return *n;
+        }
+        let s = match (self.d.symbols.get(&frame), self.d.native_frames.get(&frame)) {
+            (Some(sym), _) => clean(sym),
+            (None, Some(Frame::Native { file, offset })) => {
+                let path = self.d.files.get(file).map_or("?", |p| p.as_str());
+                let base = path.rsplit('/').next().unwrap_or(path);
+                format!("[{}+{:#x}]", clean(base), offset)
+            }
+            _ => "[unknown]".to_string(),
+        };
+        let id = self.intern(s);
+        self.native_name.insert(frame, id);
+        id
+    }
+
+    fn py_frame_name(&mut self, frame: u32) -> (u32, bool) {
+        let entry = matches!(
+            self.d.py_frames.get(&frame),
+            Some(Frame::Python { entry: true, .. })
+        );
+        if let Some(n) = self.py_name.get(&frame) {
+            return (*n, entry);
+        }
+        let s = match self.d.py_frames.get(&frame) {
+            Some(Frame::Python { name, file, .. }) => {
+                let base = file.rsplit('/').next().unwrap_or(file);
+                format!("{} ({})", clean(name), clean(base))
+            }
+            _ => "[unknown python]".to_string(),
+        };
+        let id = self.intern(s);
+        self.py_name.insert(frame, id);
+        (id, entry)
+    }
+
+    /// Native names, outermost first.
+    fn native(&mut self, stack: u32) -> Vec<u32> {
+        if let Some(v) = self.native_cache.get(&stack) {
+            return v.clone();
+        }
+        let mut frames = Vec::new();
+        let mut cur = Some(stack);
+        while let Some(id) = cur {
+            let Some(&(parent, frame)) = self.d.native_nodes.get(&id) else {
+                break;
+            };
+            frames.push(frame);
+            cur = parent;
+            if frames.len() > 4096 {
+                break;
+            }
+        }
+        frames.reverse();
+        let v: Vec<u32> = frames
+            .into_iter()
+            .map(|f| self.native_frame_name(f))
+            .collect();
+        self.native_cache.insert(stack, v.clone());
+        v
+    }
+
+    /// Python (name, entry) frames, outermost first.
+    fn python(&mut self, stack: u32) -> Vec<(u32, bool)> {
+        if let Some(v) = self.py_cache.get(&stack) {
+            return v.clone();
+        }
+        let mut frames = Vec::new();
+        let mut cur = Some(stack);
+        while let Some(id) = cur {
+            let Some(&(parent, frame)) = self.d.py_nodes.get(&id) else {
+                break;
+            };
+            frames.push(frame);
+            cur = parent;
+            if frames.len() > 4096 {
+                break;
+            }
+        }
+        frames.reverse();
+        let v: Vec<(u32, bool)> = frames.into_iter().map(|f| self.py_frame_name(f)).collect();
+        self.py_cache.insert(stack, v.clone());
+        v
+    }
+}
+
+/// Combine a native stack with a Python stack (both outermost first).
+fn merge(
+    native: &[u32],
+    python: &[(u32, bool)],
+    is_eval: impl Fn(u32) -> bool,
+) -> (Vec<u32>, MergeKind) {
+    let evals: Vec<usize> = native
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| is_eval(**n))
+        .map(|(i, _)| i)
+        .collect();
+    if evals.is_empty() {
+        return (native.to_vec(), MergeKind::NativeOnly);
+    }
+    if python.is_empty() {
+        return (native.to_vec(), MergeKind::NoPython);
+    }
+    // Split the Python frames into runs, each starting at an entry frame.
+    let mut runs: Vec<&[(u32, bool)]> = Vec::new();
+    let mut start = 0;
+    for i in 1..python.len() {
+        if python[i].1 {
+            runs.push(&python[start..i]);
+            start = i;
+        }
+    }
+    runs.push(&python[start..]);
+    let mut out = Vec::with_capacity(native.len() + python.len());
+    out.extend_from_slice(&native[..evals[0]]);
+    if runs.len() == evals.len() {
+        for (k, run) in runs.iter().enumerate() {
+            out.extend(run.iter().map(|f| f.0));
+            let next = evals.get(k + 1).copied().unwrap_or(native.len());
+            out.extend_from_slice(&native[evals[k] + 1..next]);
+        }
+        (out, MergeKind::Exact)
+    } else {
+        out.extend(python.iter().map(|f| f.0));
+        out.extend_from_slice(&native[evals[evals.len() - 1] + 1..]);
+        (out, MergeKind::Approximate)
+    }
+}
+
+/// Make a name safe for the folded format (`;` separates frames, the last
+/// space separates the count).
+fn clean(s: &str) -> String {
+    s.chars()
+        .map(|c| match c {
+            ';' => ':',
+            '\n' | '\r' | '\t' => ' ',
+            c => c,
+        })
+        .collect()
+}
+
+/// Merge and summarize. `meta` gives each process's name and role (the
+/// process-tree analysis; fall back to [`StackData::fallback_meta`]).
+pub fn analyze(d: &StackData, meta: &dyn Fn(Pid) -> ProcMeta) -> Stacks {
+    let mut r = Resolver {
+        d,
+        native_cache: HashMap::new(),
+        py_cache: HashMap::new(),
+        names: Vec::new(),
+        name_ids: HashMap::new(),
+        native_name: HashMap::new(),
+        py_name: HashMap::new(),
+        eval_names: Vec::new(),
+        root_names: Vec::new(),
+    };
+    for n in EVAL_FRAMES {
+        let id = r.intern(n.to_string());
+        r.eval_names.push(id);
+    }
+    for n in ROOT_FRAMES {
+        let id = r.intern(n.to_string());
+        r.root_names.push(id);
+    }
+
+    // Python stacks per thread, sorted by time.
+    let mut py: BTreeMap<(Pid, Tid), Vec<(MonoNs, u32)>> = BTreeMap::new();
+    for s in &d.python {
+        py.entry((s.pid, s.tid)).or_default().push((s.t, s.stack));
+    }
+    let mut py_window: BTreeMap<(Pid, Tid), u64> = BTreeMap::new();
+    for (k, v) in py.iter_mut() {
+        v.sort_by_key(|x| x.0);
+        let mut gaps: Vec<u64> = v.windows(2).map(|w| w[1].0 .0 - w[0].0 .0).collect();
+        gaps.sort_unstable();
+        let median = gaps.get(gaps.len() / 2).copied().unwrap_or(100_000_000);
+        // Half the usual gap either side, plus slack for scheduling jitter.
+        py_window.insert(*k, median / 2 + 10_000_000);
+    }
+
+    let mut native = d.native.clone();
+    native.sort_by_key(|s| (s.pid, s.tid, s.t));
+
+    let mut stack_ids: HashMap<Vec<u32>, u32> = HashMap::new();
+    let mut stacks: Vec<Vec<u32>> = Vec::new();
+    let mut samples = Vec::with_capacity(native.len());
+    let mut rep = StacksReport::default();
+    let mut merged_cache: HashMap<(u32, Option<u32>), (u32, MergeKind, bool)> = HashMap::new();
+    let mut rooted = 0u64;
+    for s in &native {
+        let near = py.get(&(s.pid, s.tid)).and_then(|v| {
+            let w = py_window[&(s.pid, s.tid)];
+            let i = v.partition_point(|x| x.0 < s.t);
+            let mut best: Option<(u64, u32)> = None;
+            for j in [i.wrapping_sub(1), i] {
+                if let Some(&(t, st)) = v.get(j) {
+                    let dist = t.0.abs_diff(s.t.0);
+                    if dist <= w && best.is_none_or(|b| dist < b.0) {
+                        best = Some((dist, st));
+                    }
+                }
+            }
+            best.map(|b| b.1)
+        });
+        let is_py_thread = py.contains_key(&(s.pid, s.tid));
+        let key = (s.stack, near);
+        let (id, kind, root) = if let Some(c) = merged_cache.get(&key) {
+            *c
+        } else {
+            let nat = r.native(s.stack);
+            let root = nat.first().is_some_and(|f| r.root_names.contains(f));
+            let pyf = near.map(|p| r.python(p)).unwrap_or_default();
+            let evals = r.eval_names.clone();
+            let (m, kind) = merge(&nat, &pyf, |n| evals.contains(&n));
+            let next = stacks.len() as u32;
+            let id = *stack_ids.entry(m.clone()).or_insert_with(|| {
+                stacks.push(m);
+                next
+            });
+            merged_cache.insert(key, (id, kind, root));
+            (id, kind, root)
+        };
+        if root {
+            rooted += 1;
+        }
+        match kind {
+            MergeKind::Exact => rep.merged_exact += 1,
+            MergeKind::Approximate => rep.merged_approximate += 1,
+            MergeKind::NoPython if is_py_thread => rep.merged_missing_python += 1,
+            MergeKind::NoPython => rep.merged_missing_python += 1,
+            MergeKind::NativeOnly => {}
+        }
+        samples.push(Sample {
+            t: s.t,
+            pid: s.pid,
+            tid: s.tid,
+            stack: id,
+        });
+    }
+
+    let mut procs = BTreeMap::new();
+    for s in &samples {
+        procs.entry(s.pid).or_insert_with(|| meta(s.pid));
+    }
+
+    rep.samples = samples.len() as u64;
+    rep.unwind_coverage = if samples.is_empty() {
+        0.0
+    } else {
+        round4(rooted as f64 / samples.len() as f64)
+    };
+    let mut period_ns = 0;
+    for st in &d.stats {
+        match st.kind {
+            Some(StackKind::Native) => {
+                rep.lost_records += st.lost_records;
+                rep.unwind_truncated += st.truncated;
+                if st.interval_ns > 0 {
+                    period_ns = st.interval_ns;
+                }
+            }
+            Some(StackKind::Python) => {
+                rep.python_stacks += st.samples;
+                rep.python_errors += st.errors;
+            }
+            None => {}
+        }
+        rep.sampler_cpu_s += st.busy_ns as f64 / 1e9;
+    }
+    rep.sampler_cpu_s = round4(rep.sampler_cpu_s);
+    rep.frequency_hz = if period_ns > 0 {
+        round4(1e9 / period_ns as f64)
+    } else {
+        0.0
+    };
+    if period_ns == 0 {
+        // Older or partial recordings: infer from the samples.
+        let mut gaps: Vec<u64> = samples
+            .windows(2)
+            .filter(|w| w[0].tid == w[1].tid && w[0].pid == w[1].pid)
+            .map(|w| w[1].t.0.saturating_sub(w[0].t.0))
+            .filter(|g| *g > 0)
+            .collect();
+        gaps.sort_unstable();
+        period_ns = gaps.get(gaps.len() / 2).copied().unwrap_or(0);
+    }
+
+    let mut st = Stacks {
+        names: r.names,
+        stacks,
+        samples,
+        procs,
+        period_ns,
+        report: rep,
+    };
+    let mut roles = BTreeMap::new();
+    for role in ROLES {
+        let n = st.role_samples(role).count() as u64;
+        st.report.samples_per_role.insert(role.to_string(), n);
+        if n == 0 {
+            continue;
+        }
+        let processes = st.procs.values().filter(|m| m.role == *role).count() as u64;
+        roles.insert(
+            role.to_string(),
+            RoleStacks {
+                samples: n,
+                processes,
+                top_functions: st.top_functions(role, TOP_FUNCTIONS),
+            },
+        );
+    }
+    st.report.roles = roles;
+    st
+}
+
+fn round4(x: f64) -> f64 {
+    (x * 10000.0).round() / 10000.0
+}
+
+impl Stacks {
+    /// Frame names of a merged stack, outermost first.
+    pub fn stack(&self, id: u32) -> impl Iterator<Item = &str> {
+        self.stacks[id as usize]
+            .iter()
+            .map(|n| self.names[*n as usize].as_str())
+    }
+
+    fn role_of(&self, pid: Pid) -> &'static str {
+        self.procs.get(&pid).map_or("other", |m| m.role)
+    }
+
+    /// Samples of processes with `role` ("all" for every process).
+    pub fn role_samples<'a>(&'a self, role: &'a str) -> impl Iterator<Item = &'a Sample> + 'a {
+        self.samples
+            .iter()
+            .filter(move |s| role == "all" || self.role_of(s.pid) == role)
+    }
+
+    /// The root frame of a process: "name (pid)".
+    pub fn root_frame(&self, pid: Pid) -> String {
+        let name = self.procs.get(&pid).map_or("?", |m| m.name.as_str());
+        format!("{} ({})", clean(name), pid)
+    }
+
+    /// Folded stacks ("root;f1;f2 count" lines, sorted) of the samples that
+    /// `keep` selects.
+    pub fn folded<'a>(&self, samples: impl Iterator<Item = &'a Sample>) -> String {
+        let mut counts: BTreeMap<(Pid, u32), u64> = BTreeMap::new();
+        for s in samples {
+            *counts.entry((s.pid, s.stack)).or_default() += 1;
+        }
+        let mut lines: BTreeMap<String, u64> = BTreeMap::new();
+        for ((pid, stack), n) in counts {
+            let mut line = self.root_frame(pid);
+            for f in self.stack(stack) {
+                line.push(';');
+                line.push_str(f);
+            }
+            *lines.entry(line).or_default() += n;
+        }
+        let mut out = String::new();
+        for (l, n) in lines {
+            out.push_str(&l);
+            out.push(' ');
+            out.push_str(&n.to_string());
+            out.push('\n');
+        }
+        out
+    }
+
+    /// Folded stacks of one role ("main", "worker", "other" or "all").
+    pub fn folded_role(&self, role: &str) -> String {
+        self.folded(self.role_samples(role))
+    }
+
+    /// Folded stacks of the samples taken inside any of `intervals`
+    /// (e.g. the GPU's idle intervals), all processes.
+    pub fn folded_during(&self, intervals: &[(MonoNs, MonoNs)]) -> String {
+        let mut sorted: Vec<(MonoNs, MonoNs)> =
+            intervals.iter().copied().filter(|i| i.1 > i.0).collect();
+        sorted.sort();
+        // Merge overlaps so that one binary search answers "inside?".
+        let mut iv: Vec<(MonoNs, MonoNs)> = Vec::with_capacity(sorted.len());
+        for i in sorted {
+            match iv.last_mut() {
+                Some(last) if i.0 <= last.1 => last.1 = last.1.max(i.1),
+                _ => iv.push(i),
+            }
+        }
+        self.folded(self.samples.iter().filter(|s| {
+            let i = iv.partition_point(|x| x.0 <= s.t);
+            i > 0 && s.t < iv[i - 1].1
+        }))
+    }
+
+    /// The `n` functions with the most samples (total) in a role.
+    pub fn top_functions(&self, role: &str, n: usize) -> Vec<TopFunction> {
+        let mut self_n: HashMap<u32, u64> = HashMap::new();
+        let mut total_n: HashMap<u32, u64> = HashMap::new();
+        let mut count = 0u64;
+        let mut seen: Vec<u32> = Vec::new();
+        for s in self.role_samples(role) {
+            count += 1;
+            let frames = &self.stacks[s.stack as usize];
+            if let Some(leaf) = frames.last() {
+                *self_n.entry(*leaf).or_default() += 1;
+            }
+            seen.clear();
+            for f in frames {
+                if !seen.contains(f) {
+                    seen.push(*f);
+                    *total_n.entry(*f).or_default() += 1;
+                }
+            }
+        }
+        if count == 0 {
+            return Vec::new();
+        }
+        let mut v: Vec<(u64, u64, &str)> = total_n
+            .iter()
+            .map(|(f, t)| {
+                (
+                    *t,
+                    self_n.get(f).copied().unwrap_or(0),
+                    self.names[*f as usize].as_str(),
+                )
+            })
+            .collect();
+        // Most self time first (the hot spots), then most total, then name.
+        v.sort_by(|a, b| b.1.cmp(&a.1).then(b.0.cmp(&a.0)).then(a.2.cmp(b.2)));
+        v.into_iter()
+            .take(n)
+            .map(|(t, s, name)| TopFunction {
+                function: name.to_string(),
+                self_pct: round4(100.0 * s as f64 / count as f64),
+                total_pct: round4(100.0 * t as f64 / count as f64),
+            })
+            .collect()
+    }
+
+    /// Nested slices per thread for the trace, within [`TRACE_MAX_SLICES`]:
+    /// when the full-resolution slices would exceed it, every k-th sample of
+    /// each thread is kept (k returned) and each counts for k periods.
+    pub fn trace_slices(&self) -> (Vec<TraceSlice>, u64) {
+        let mut k = 1u64;
+        loop {
+            let (slices, complete) = self.slices_with_stride(k, TRACE_MAX_SLICES);
+            if complete {
+                return (slices, k);
+            }
+            k *= 2;
+        }
+    }
+
+    fn slices_with_stride(&self, k: u64, limit: usize) -> (Vec<TraceSlice>, bool) {
+        let period = self.period_ns.max(1) * k;
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < self.samples.len() {
+            let (pid, tid) = (self.samples[i].pid, self.samples[i].tid);
+            let mut j = i;
+            while j < self.samples.len() && self.samples[j].pid == pid && self.samples[j].tid == tid
+            {
+                j += 1;
+            }
+            let thread: Vec<&Sample> = self.samples[i..j].iter().step_by(k as usize).collect();
+            // Open slices: (name id, start).
+            let mut open: Vec<(u32, MonoNs)> = Vec::new();
+            let mut prev_t: Option<MonoNs> = None;
+            let close = |open: &mut Vec<(u32, MonoNs)>,
+                         keep: usize,
+                         end: MonoNs,
+                         out: &mut Vec<TraceSlice>| {
+                while open.len() > keep {
+                    let (name, start) = open.pop().expect("non-empty");
+                    out.push(TraceSlice {
+                        pid,
+                        tid,
+                        depth: open.len() as u32,
+                        name,
+                        start,
+                        end,
+                    });
+                }
+            };
+            for s in thread {
+                if let Some(p) = prev_t {
+                    if s.t.0.saturating_sub(p.0) > 2 * period {
+                        // The thread did not run (or was not sampled) in
+                        // between: end everything one period after the
+                        // last sample rather than bridging the gap.
+                        close(&mut open, 0, MonoNs(p.0 + period), &mut out);
+                    }
+                }
+                let frames: Vec<u32> = self.stacks[s.stack as usize]
+                    .iter()
+                    .take(TRACE_MAX_DEPTH)
+                    .copied()
+                    .collect();
+                let common = open
+                    .iter()
+                    .zip(&frames)
+                    .take_while(|(o, f)| o.0 == **f)
+                    .count();
+                close(&mut open, common, s.t, &mut out);
+                for f in &frames[common..] {
+                    open.push((*f, s.t));
+                }
+                prev_t = Some(s.t);
+                if out.len() > limit {
+                    return (out, false);
+                }
+            }
+            if let Some(p) = prev_t {
+                close(&mut open, 0, MonoNs(p.0 + period), &mut out);
+            }
+            i = j;
+        }
+        if out.len() > limit {
+            return (out, false);
+        }
+        out.sort_by_key(|s| (s.pid, s.tid, s.start, s.depth));
+        (out, true)
+    }
+
+    /// Name of a slice.
+    pub fn name(&self, id: u32) -> &str {
+        &self.names[id as usize]
+    }
+}
+
+/// A stack frame that was on a thread's stack from `start` to `end`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TraceSlice {
+    pub pid: Pid,
+    pub tid: Tid,
+    pub depth: u32,
+    pub name: u32,
+    pub start: MonoNs,
+    pub end: MonoNs,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::SampleBatch;
+
+    fn node(kind: StackKind, id: u32, parent: Option<u32>, frame: u32) -> Event {
+        Event::StackNode {
+            kind,
+            id,
+            parent,
+            frame,
+        }
+    }
+
+    /// A hand-built recording: one Python thread whose native stack is
+    /// _start → main → _PyEval_EvalFrameDefault → zlib_compress → deflate,
+    /// and whose Python stack is <module> → augment.
+    fn data() -> StackData {
+        let mut d = StackData::new();
+        let evs = vec![
+            Event::StackFile {
+                id: 0,
+                path: "/usr/bin/python3".into(),
+            },
+            Event::StackFile {
+                id: 1,
+                path: "/lib/libz.so.1".into(),
+            },
+            Event::NativeFrame {
+                id: 0,
+                file: 0,
+                offset: 0x10,
+            },
+            Event::NativeFrame {
+                id: 1,
+                file: 0,
+                offset: 0x20,
+            },
+            Event::NativeFrame {
+                id: 2,
+                file: 0,
+                offset: 0x30,
+            },
+            Event::NativeFrame {
+                id: 3,
+                file: 0,
+                offset: 0x40,
+            },
+            Event::NativeFrame {
+                id: 4,
+                file: 1,
+                offset: 0x50,
+            },
+            Event::Symbols {
+                names: vec![
+                    (0, "_start".into()),
+                    (1, "main".into()),
+                    (2, "_PyEval_EvalFrameDefault".into()),
+                    (3, "zlib_compress".into()),
+                ],
+            },
+            node(StackKind::Native, 0, None, 0),
+            node(StackKind::Native, 1, Some(0), 1),
+            node(StackKind::Native, 2, Some(1), 2),
+            node(StackKind::Native, 3, Some(2), 3),
+            node(StackKind::Native, 4, Some(3), 4),
+            Event::PyFrame {
+                id: 0,
+                name: "<module>".into(),
+                file: "/x/job.py".into(),
+                entry: true,
+            },
+            Event::PyFrame {
+                id: 1,
+                name: "augment".into(),
+                file: "/x/job.py".into(),
+                entry: false,
+            },
+            node(StackKind::Python, 0, None, 0),
+            node(StackKind::Python, 1, Some(0), 1),
+            Event::TaskComm {
+                t: MonoNs(0),
+                pid: Pid(10),
+                tid: Tid(10),
+                comm: "python3".into(),
+                exec: true,
+            },
+            Event::Samples(SampleBatch {
+                kind: StackKind::Native,
+                pid: Pid(10),
+                tid: Tid(10),
+                t0: MonoNs(1_000_000_000),
+                dt_us: vec![0, 10_000, 10_000, 50_000],
+                stacks: vec![4, 4, 2, 4],
+            }),
+            Event::Samples(SampleBatch {
+                kind: StackKind::Python,
+                pid: Pid(10),
+                tid: Tid(10),
+                t0: MonoNs(1_005_000_000),
+                dt_us: vec![0],
+                stacks: vec![1],
+            }),
+        ];
+        for e in &evs {
+            d.add(e);
+        }
+        d
+    }
+
+    #[test]
+    fn python_frames_sit_between_interpreter_and_native_leaf() {
+        let d = data();
+        let st = analyze(&d, &|p| d.fallback_meta(p));
+        let folded = st.folded_role("main");
+        assert!(
+            folded.contains("python3 (10);_start;main;<module> (job.py);augment (job.py);zlib_compress;[libz.so.1+0x50] 2"),
+            "{folded}"
+        );
+        assert_eq!(st.report.merged_exact, 3);
+        // The last sample is 75 ms away from the only Python stack.
+        assert_eq!(st.report.merged_missing_python, 1);
+        assert_eq!(st.report.unwind_coverage, 1.0);
+        let top = &st.report.roles["main"].top_functions[0];
+        assert_eq!(top.function, "[libz.so.1+0x50]");
+        assert_eq!(top.self_pct, 75.0);
+    }
+
+    #[test]
+    fn mismatched_runs_are_approximate() {
+        let n = [1, 9, 2, 3, 9, 4];
+        let py = [(7, true), (8, false)];
+        let (m, k) = merge(&n, &py, |x| x == 9);
+        assert_eq!(k, MergeKind::Approximate);
+        assert_eq!(m, vec![1, 7, 8, 4]);
+        let py2 = [(7, true), (8, true)];
+        let (m, k) = merge(&n, &py2, |x| x == 9);
+        assert_eq!(k, MergeKind::Exact);
+        assert_eq!(m, vec![1, 7, 2, 3, 8, 4]);
+    }
+
+    #[test]
+    fn slices_nest_and_do_not_bridge_gaps() {
+        let d = data();
+        let mut st = analyze(&d, &|p| d.fallback_meta(p));
+        st.period_ns = 10_000_000;
+        let (slices, k) = st.trace_slices();
+        assert_eq!(k, 1);
+        // Samples at 0, 10, 20 ms (deep, deep, shallow) then at 70 ms.
+        let root: Vec<_> = slices.iter().filter(|s| s.depth == 0).collect();
+        assert_eq!(root.len(), 2, "{slices:?}");
+        assert_eq!(root[0].start, MonoNs(1_000_000_000));
+        assert_eq!(root[0].end, MonoNs(1_030_000_000));
+        assert_eq!(root[1].start, MonoNs(1_070_000_000));
+        assert_eq!(root[1].end, MonoNs(1_080_000_000));
+        // No slice is shorter than one period.
+        assert!(slices.iter().all(|s| s.end.0 - s.start.0 >= 10_000_000));
+    }
+
+    #[test]
+    fn gpu_idle_filter_selects_samples_inside_intervals() {
+        let d = data();
+        let st = analyze(&d, &|p| d.fallback_meta(p));
+        let f = st.folded_during(&[(MonoNs(1_015_000_000), MonoNs(1_025_000_000))]);
+        assert_eq!(f.lines().count(), 1, "{f}");
+        assert!(f.ends_with(" 1\n"));
+        assert!(st.folded_during(&[]).is_empty());
+    }
+}

@@ -1,0 +1,423 @@
+//! Native stack sampling of the whole job with perf events.
+//!
+//! [`open`] is called between fork and exec of the job (see
+//! [`crate::launch`]): one disabled `cpu-clock` event per CPU on the job's
+//! pid, inherited by everything it forks, enabled by the kernel at exec.
+//! [`PerfSampler::start`] then runs a reader thread that drains the rings,
+//! orders records by time across CPUs, unwinds each sample with framehop,
+//! interns the stacks and sends compact events to the recording.
+//! [`PerfSampler::stop`] (after the job ended) drains what is left, names
+//! every sampled frame with blazesym and writes the names into the
+//! recording, so `gpuprof report` needs nothing else.
+
+mod ring;
+mod symbolize;
+mod unwind;
+
+use std::collections::{BTreeMap, HashMap};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub use ring::{online_cpus, parse_cpu_list, perf_event_paranoid, ring_bytes_for, OpenError};
+
+use crate::collect::intern::Interner;
+use crate::event::{Coverage, Event, MonoNs, Pid, StackKind, StackStats};
+use crate::record::Sink;
+use ring::{Record, Rings};
+use unwind::{Files, ProcessMaps, UnwindCache};
+
+/// Coverage source name of native stacks.
+pub const COVERAGE_SOURCE: &str = "native-stacks";
+
+/// Default and limits of the sampling settings.
+pub const DEFAULT_FREQUENCY: u64 = 99;
+pub const MAX_FREQUENCY: u64 = 1000;
+pub const DEFAULT_STACK_SIZE: u32 = 32 * 1024;
+
+/// Records younger than this are held back so that records of other CPUs
+/// with earlier times can still arrive and be ordered before them.
+const REORDER_WINDOW_NS: u64 = 10_000_000;
+const POLL_TIMEOUT_MS: i32 = 50;
+
+#[derive(Clone, Debug)]
+pub struct PerfOptions {
+    /// Samples per second per thread (1..=1000).
+    pub frequency: u64,
+    /// Bytes of user stack copied per sample (8..=65528, a multiple of 8).
+    pub stack_size: u32,
+}
+
+impl Default for PerfOptions {
+    fn default() -> Self {
+        PerfOptions {
+            frequency: DEFAULT_FREQUENCY,
+            stack_size: DEFAULT_STACK_SIZE,
+        }
+    }
+}
+
+impl PerfOptions {
+    /// Check the settings; the message says what is allowed.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.frequency == 0 || self.frequency > MAX_FREQUENCY {
+            return Err(format!(
+                "--frequency {} is out of range: use 1 to {MAX_FREQUENCY} samples per second (default {DEFAULT_FREQUENCY})",
+                self.frequency
+            ));
+        }
+        if self.stack_size < 1024 || self.stack_size > 65528 || self.stack_size % 8 != 0 {
+            return Err(format!(
+                "--stack-size {} is out of range: use a multiple of 8 bytes from 1024 to 65528 (default {DEFAULT_STACK_SIZE})",
+                self.stack_size
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Events opened on the (not yet exec'd) job.
+pub struct Opened {
+    rings: Rings,
+    job: Pid,
+    opts: PerfOptions,
+}
+
+/// Open the sampling events on `job`, which must be forked but not yet
+/// exec'd. On refusal the error's message is one line with the fix.
+pub fn open(job: Pid, opts: &PerfOptions) -> Result<Opened, OpenError> {
+    opts.validate().map_err(|m| OpenError {
+        message: m,
+        errno: None,
+    })?;
+    let cpus = online_cpus();
+    let ring_bytes = ring_bytes_for(opts.frequency, opts.stack_size);
+    let rings = ring::open(
+        job,
+        &cpus,
+        &ring::OpenOptions {
+            frequency: opts.frequency,
+            stack_size: opts.stack_size,
+            ring_bytes,
+        },
+    )?;
+    Ok(Opened {
+        rings,
+        job,
+        opts: opts.clone(),
+    })
+}
+
+/// The coverage entry for a refused or failed `open`.
+pub fn refused_coverage(err: &OpenError) -> Coverage {
+    Coverage {
+        source: COVERAGE_SOURCE.into(),
+        available: false,
+        detail: err.message.clone(),
+    }
+}
+
+/// The running reader thread.
+pub struct PerfSampler {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<StackStats>,
+}
+
+impl PerfSampler {
+    /// Start reading the rings. Call before releasing the job.
+    pub fn start(opened: Opened, sink: Sink) -> std::io::Result<PerfSampler> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop2 = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("gpuprof-perf".into())
+            .spawn(move || {
+                let mut r = Reader::new(opened, sink);
+                r.run(&stop2);
+                r.finish()
+            })?;
+        Ok(PerfSampler { stop, thread })
+    }
+
+    /// The job ended: drain the rings, symbolize, write the names and the
+    /// counters into the recording, and return the counters.
+    pub fn stop(self) -> StackStats {
+        self.stop.store(true, Ordering::Release);
+        self.thread.join().unwrap_or_else(|_| StackStats {
+            kind: Some(StackKind::Native),
+            detail: "the perf reader thread panicked; native stacks are incomplete".into(),
+            ..Default::default()
+        })
+    }
+}
+
+struct Reader {
+    rings: Rings,
+    job: Pid,
+    opts: PerfOptions,
+    sink: Sink,
+    procs: HashMap<Pid, ProcessMaps>,
+    files: Files,
+    paths: Vec<String>,
+    cache: UnwindCache,
+    interner: Interner<(u32, u64)>,
+    unknown_file: u32,
+    pending: Vec<Record>,
+    stats: StackStats,
+    busy: Duration,
+    frames_buf: Vec<u32>,
+}
+
+impl Reader {
+    fn new(opened: Opened, sink: Sink) -> Reader {
+        let mut files = Files::default();
+        let unknown_file = files.id_of("[unknown]");
+        let mut r = Reader {
+            rings: opened.rings,
+            job: opened.job,
+            opts: opened.opts,
+            sink,
+            procs: HashMap::new(),
+            files,
+            paths: Vec::new(),
+            cache: UnwindCache::default(),
+            interner: Interner::new(StackKind::Native),
+            unknown_file,
+            pending: Vec::new(),
+            stats: StackStats {
+                kind: Some(StackKind::Native),
+                ..Default::default()
+            },
+            busy: Duration::ZERO,
+            frames_buf: Vec::with_capacity(64),
+        };
+        r.announce_files();
+        r
+    }
+
+    fn announce_files(&mut self) {
+        for (id, path) in self.files.new.drain(..) {
+            debug_assert_eq!(id as usize, self.paths.len());
+            self.paths.push(path.clone());
+            self.sink.send_blocking(Event::StackFile { id, path });
+        }
+    }
+
+    fn run(&mut self, stop: &AtomicBool) {
+        let n = self.rings.samplers.len();
+        let mut hung_up = vec![false; n];
+        loop {
+            let stopping = stop.load(Ordering::Acquire);
+            let drain_start = MonoNs::now();
+            let work = Instant::now();
+            self.drain();
+            let horizon = if stopping {
+                MonoNs(u64::MAX)
+            } else {
+                MonoNs(drain_start.0.saturating_sub(REORDER_WINDOW_NS))
+            };
+            self.process_until(horizon);
+            self.interner
+                .flush(if stopping { None } else { Some(drain_start) }, &self.sink);
+            self.busy += work.elapsed();
+            if stopping {
+                break;
+            }
+            // Wait for data on the rings that can still get some. A ring
+            // whose task has exited signals POLLHUP forever: leave it out of
+            // the poll set (it is still drained), or this would spin.
+            let mut fds: Vec<libc::pollfd> = Vec::with_capacity(n);
+            let mut idx = Vec::with_capacity(n);
+            for (i, s) in self.rings.samplers.iter().enumerate() {
+                if !hung_up[i] {
+                    fds.push(libc::pollfd {
+                        fd: s.as_raw_fd(),
+                        events: libc::POLLIN,
+                        revents: 0,
+                    });
+                    idx.push(i);
+                }
+            }
+            if fds.is_empty() {
+                std::thread::sleep(Duration::from_millis(POLL_TIMEOUT_MS as u64));
+                continue;
+            }
+            // SAFETY: fds is a valid array of pollfd of the given length.
+            let rc =
+                unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, POLL_TIMEOUT_MS) };
+            if rc > 0 {
+                for (f, i) in fds.iter().zip(&idx) {
+                    if f.revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0 {
+                        hung_up[*i] = true;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Move every available record out of the rings.
+    fn drain(&mut self) {
+        let nregs = ring::REGS_MASK.count_ones() as usize;
+        for s in self.rings.samplers.iter_mut() {
+            while let Some(rec) = s.next_record() {
+                let body = rec.to_contiguous();
+                if let Some(r) = ring::parse(rec.ty(), rec.misc(), &body, nregs) {
+                    self.pending.push(r);
+                }
+            }
+        }
+    }
+
+    fn process_until(&mut self, horizon: MonoNs) {
+        if self.pending.is_empty() {
+            return;
+        }
+        // Stable: records of one ring keep their order at equal times.
+        self.pending.sort_by_key(|r| r.time());
+        let cut = self.pending.partition_point(|r| r.time() < horizon);
+        let ready: Vec<Record> = self.pending.drain(..cut).collect();
+        for r in ready {
+            self.process(r);
+        }
+    }
+
+    fn process(&mut self, r: Record) {
+        match r {
+            Record::Sample(s) => self.sample(s),
+            Record::Mmap2(m) => {
+                let pm = self.procs.entry(m.pid).or_default();
+                pm.add(&mut self.files, &m);
+                self.announce_files();
+            }
+            Record::Comm {
+                pid,
+                tid,
+                t,
+                comm,
+                exec,
+            } => {
+                if exec {
+                    // A new program: its mappings follow this record.
+                    self.procs.insert(pid, ProcessMaps::default());
+                }
+                self.sink.send_blocking(Event::TaskComm {
+                    t,
+                    pid,
+                    tid,
+                    comm,
+                    exec,
+                });
+            }
+            Record::Fork {
+                pid,
+                ppid,
+                tid,
+                ptid,
+                t,
+            } => {
+                if pid.0 == tid.0 && pid != ppid {
+                    if let Some(parent) = self.procs.get(&ppid) {
+                        let copy = parent.clone();
+                        self.procs.insert(pid, copy);
+                    }
+                }
+                self.sink.send_blocking(Event::TaskFork {
+                    t,
+                    pid,
+                    tid,
+                    ppid,
+                    ptid,
+                });
+            }
+            Record::Exit { pid, tid, t } => {
+                if pid.0 == tid.0 {
+                    self.procs.remove(&pid);
+                }
+                self.sink.send_blocking(Event::TaskExit { t, pid, tid });
+            }
+            Record::Lost { lost, .. } => {
+                self.stats.lost_records += lost;
+            }
+        }
+    }
+
+    fn sample(&mut self, s: ring::Sample) {
+        self.stats.samples += 1;
+        let pm = self.procs.entry(s.pid).or_default();
+        if pm.is_empty() && !pm.seeded {
+            // Mappings made before the events were enabled (or records
+            // lost): read them from /proc while the process lives.
+            pm.seeded = true;
+            for m in unwind::proc_maps(s.pid) {
+                pm.add(&mut self.files, &m);
+            }
+        }
+        let Some(u) = unwind::unwind(pm, &mut self.cache, &s, self.unknown_file) else {
+            self.stats.no_user_regs += 1;
+            return;
+        };
+        self.announce_files();
+        if !u.complete {
+            self.stats.truncated += 1;
+        }
+        self.frames_buf.clear();
+        for key in u.frames.iter().rev() {
+            let id =
+                self.interner
+                    .frame(key, &self.sink, |id, &(file, offset)| Event::NativeFrame {
+                        id,
+                        file,
+                        offset,
+                    });
+            self.frames_buf.push(id);
+        }
+        if let Some(stack) = self.interner.stack(&self.frames_buf, &self.sink) {
+            self.interner.sample(s.pid, s.tid, s.t, stack, &self.sink);
+        }
+    }
+
+    fn finish(mut self) -> StackStats {
+        let work = Instant::now();
+        // Group the sampled frames by file and name them.
+        let mut by_file: BTreeMap<String, Vec<(u32, u64)>> = BTreeMap::new();
+        for (&(file, offset), id) in self.interner.frames() {
+            if let Some(path) = self.paths.get(file as usize) {
+                by_file.entry(path.clone()).or_default().push((id, offset));
+            }
+        }
+        let names = symbolize::symbolize(&by_file);
+        for chunk in names.chunks(2048) {
+            self.sink.send_blocking(Event::Symbols {
+                names: chunk.to_vec(),
+            });
+        }
+        self.busy += work.elapsed();
+        let s = &mut self.stats;
+        s.busy_ns = self.busy.as_nanos() as u64;
+        s.interval_ns = 1_000_000_000 / self.opts.frequency.max(1);
+        s.detail = format!(
+            "perf cpu-clock at {} Hz on {} CPUs, {} KiB user stack copies, {} KiB ring per CPU, job pid {}",
+            self.opts.frequency,
+            self.rings.samplers.len(),
+            self.opts.stack_size / 1024,
+            self.rings.ring_bytes / 1024,
+            self.job
+        );
+        let cov_detail = if s.lost_records > 0 {
+            format!(
+                "{}; the kernel dropped {} records (rings full): lower --frequency or --stack-size",
+                s.detail, s.lost_records
+            )
+        } else {
+            s.detail.clone()
+        };
+        self.sink
+            .send_blocking(Event::StackStats(self.stats.clone()));
+        self.sink.send_blocking(Event::Coverage(Coverage {
+            source: COVERAGE_SOURCE.into(),
+            available: true,
+            detail: cov_detail,
+        }));
+        self.stats
+    }
+}

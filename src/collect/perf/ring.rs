@@ -1,0 +1,407 @@
+//! Opening the per-CPU sampling events and decoding their raw records.
+//!
+//! Why per CPU: an event opened on one task with `inherit` cannot be mmapped
+//! (EINVAL); one event per CPU with `pid = job, inherit = true` can, and the
+//! kernel then follows every fork of the job (this is what `perf record --
+//! cmd` does). Inherited events write into their parent event's ring.
+//!
+//! Records are decoded here by hand rather than with `perf-event-data`,
+//! because that crate does not expose the `sample_id_all` trailer (the
+//! timestamp of MMAP2/COMM/FORK records), which the time ordering needs.
+
+use std::io;
+
+use perf_event::events::Software;
+use perf_event::{Builder, Clock, SampleFlag, Sampler};
+
+use crate::event::{MonoNs, Pid, Tid};
+
+/// x86_64 `perf_regs` indices: BP = 6, SP = 7, IP = 8. Registers are dumped
+/// in index order, so a sample carries [bp, sp, ip].
+#[cfg(target_arch = "x86_64")]
+pub const REGS_MASK: u64 = (1 << 6) | (1 << 7) | (1 << 8);
+/// aarch64: x29 (fp) = 29, lr = 30, sp = 31, pc = 32.
+#[cfg(target_arch = "aarch64")]
+pub const REGS_MASK: u64 = (1 << 29) | (1 << 30) | (1 << 31) | (1 << 32);
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+pub const REGS_MASK: u64 = 0;
+
+const RECORD_MMAP2: u32 = 10;
+const RECORD_LOST: u32 = 2;
+const RECORD_COMM: u32 = 3;
+const RECORD_EXIT: u32 = 4;
+const RECORD_FORK: u32 = 7;
+const RECORD_SAMPLE: u32 = 9;
+const MISC_COMM_EXEC: u16 = 1 << 13;
+const MISC_MMAP_BUILD_ID: u16 = 1 << 14;
+/// `sample_id_all` trailer with TID | TIME | CPU: pid, tid, time, cpu, res.
+const TRAILER: usize = 24;
+
+/// How the sampling events are opened.
+#[derive(Clone, Debug)]
+pub struct OpenOptions {
+    pub frequency: u64,
+    /// Bytes of user stack copied with each sample.
+    pub stack_size: u32,
+    /// Ring buffer data bytes per CPU (a power of two, in pages).
+    pub ring_bytes: usize,
+}
+
+/// One opened ring per online CPU.
+pub struct Rings {
+    pub samplers: Vec<Sampler>,
+    pub ring_bytes: usize,
+}
+
+/// `perf_event_open` failed; carries what the user can do about it.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct OpenError {
+    pub message: String,
+    pub errno: Option<i32>,
+}
+
+/// The online CPUs, from `/sys/devices/system/cpu/online` (e.g. "0-3,6").
+pub fn online_cpus() -> Vec<usize> {
+    let text = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap_or_default();
+    let mut cpus = parse_cpu_list(text.trim());
+    if cpus.is_empty() {
+        let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+        cpus = (0..n).collect();
+    }
+    cpus
+}
+
+pub fn parse_cpu_list(s: &str) -> Vec<usize> {
+    let mut out = Vec::new();
+    for part in s.split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                if let (Ok(a), Ok(b)) = (a.trim().parse::<usize>(), b.trim().parse::<usize>()) {
+                    if b >= a && b - a < 65536 {
+                        out.extend(a..=b);
+                    }
+                }
+            }
+            None => {
+                if let Ok(a) = part.trim().parse() {
+                    out.push(a);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The sysctl value, if readable.
+pub fn perf_event_paranoid() -> Option<i32> {
+    std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// One line saying why perf was refused and exactly how to allow it.
+pub fn refusal_advice(err: &io::Error) -> String {
+    let errno = err.raw_os_error();
+    let paranoid = perf_event_paranoid();
+    match errno {
+        Some(libc::EACCES) | Some(libc::EPERM) => {
+            let fix = match paranoid {
+                Some(p) if p > 2 => {
+                    "run `sudo sysctl kernel.perf_event_paranoid=2` (or give gpuprof CAP_PERFMON: `sudo setcap cap_perfmon+ep $(which gpuprof)`)".to_string()
+                }
+                _ => "give gpuprof CAP_PERFMON (`sudo setcap cap_perfmon+ep $(which gpuprof)`), or run `sudo sysctl kernel.perf_event_paranoid=2`; in a container also allow the perf_event_open syscall (seccomp) and CAP_PERFMON".to_string(),
+            };
+            format!(
+                "perf_event_open was refused ({err}; kernel.perf_event_paranoid = {}): no native stacks; to allow it, {fix}",
+                paranoid.map_or("unknown".into(), |p| p.to_string())
+            )
+        }
+        Some(libc::ENOSYS) => format!(
+            "perf_event_open is not available ({err}): this kernel has no perf events (CONFIG_PERF_EVENTS); no native stacks"
+        ),
+        Some(libc::ENOMEM) | Some(libc::EINVAL) => format!(
+            "perf_event_open failed ({err}): the ring buffers could not be set up; try a smaller `--stack-size`, or raise `kernel.perf_event_mlock_kb`; no native stacks"
+        ),
+        _ => format!("perf_event_open failed ({err}): no native stacks"),
+    }
+}
+
+/// Open one disabled `cpu-clock` event per CPU on `pid` (inherited by every
+/// task it creates), enabled by the kernel when `pid` execs.
+pub fn open(pid: Pid, cpus: &[usize], opts: &OpenOptions) -> Result<Rings, OpenError> {
+    let mut samplers = Vec::with_capacity(cpus.len());
+    let watermark = (opts.ring_bytes / 4).max(4096);
+    for &cpu in cpus {
+        let mut b = Builder::new(Software::CPU_CLOCK);
+        b.observe_pid(pid.0)
+            .one_cpu(cpu)
+            .inherit(true)
+            .enabled(false)
+            .enable_on_exec(true)
+            .exclude_kernel(true)
+            .exclude_hv(true)
+            .sample_frequency(opts.frequency)
+            .sample(
+                SampleFlag::IP
+                    | SampleFlag::TID
+                    | SampleFlag::TIME
+                    | SampleFlag::CPU
+                    | SampleFlag::REGS_USER
+                    | SampleFlag::STACK_USER,
+            )
+            .sample_regs_user(REGS_MASK)
+            .sample_stack_user(opts.stack_size)
+            .mmap(true)
+            .mmap2(true)
+            .comm(true)
+            .comm_exec(true)
+            .task(true)
+            .sample_id_all(true)
+            .clockid(Clock::MONOTONIC)
+            .wakeup_watermark(watermark);
+        let counter = b.build().map_err(|e| OpenError {
+            message: refusal_advice(&e),
+            errno: e.raw_os_error(),
+        })?;
+        let sampler = counter.sampled(opts.ring_bytes).map_err(|e| OpenError {
+            message: format!(
+                "cannot map the perf ring buffer ({} KiB on CPU {cpu}): {e}; raise `kernel.perf_event_mlock_kb` or lower `--frequency`/`--stack-size`; no native stacks",
+                opts.ring_bytes / 1024
+            ),
+            errno: e.raw_os_error(),
+        })?;
+        samplers.push(sampler);
+    }
+    Ok(Rings {
+        samplers,
+        ring_bytes: opts.ring_bytes,
+    })
+}
+
+/// Ring size for a rate: room for ~250 ms of samples at full stack copies on
+/// one CPU, between 512 KiB and 8 MiB. At 99 Hz with 32 KiB stacks this is
+/// 1 MiB; at 1 kHz, 8 MiB (the reader drains every 20 ms at most).
+pub fn ring_bytes_for(frequency: u64, stack_size: u32) -> usize {
+    let per_sample = stack_size as usize + 256;
+    let want = (frequency as usize).saturating_mul(per_sample) / 4;
+    want.clamp(512 << 10, 8 << 20).next_power_of_two()
+}
+
+/// A decoded record. Samples borrow nothing: the stack copy is trimmed to
+/// the bytes the kernel actually filled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Record {
+    Sample(Sample),
+    Mmap2(Mmap2),
+    Comm {
+        pid: Pid,
+        tid: Tid,
+        t: MonoNs,
+        comm: String,
+        exec: bool,
+    },
+    Fork {
+        pid: Pid,
+        ppid: Pid,
+        tid: Tid,
+        ptid: Tid,
+        t: MonoNs,
+    },
+    Exit {
+        pid: Pid,
+        tid: Tid,
+        t: MonoNs,
+    },
+    Lost {
+        lost: u64,
+        t: MonoNs,
+    },
+}
+
+impl Record {
+    pub fn time(&self) -> MonoNs {
+        match self {
+            Record::Sample(s) => s.t,
+            Record::Mmap2(m) => m.t,
+            Record::Comm { t, .. }
+            | Record::Fork { t, .. }
+            | Record::Exit { t, .. }
+            | Record::Lost { t, .. } => *t,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sample {
+    pub pid: Pid,
+    pub tid: Tid,
+    pub t: MonoNs,
+    /// The user registers of [`REGS_MASK`] in index order ([bp, sp, ip] on
+    /// x86_64); `None` when the sample has none (ABI "none").
+    pub regs: Option<[u64; 4]>,
+    pub ip: u64,
+    pub stack: Vec<u8>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mmap2 {
+    pub pid: Pid,
+    pub tid: Tid,
+    pub t: MonoNs,
+    pub addr: u64,
+    pub len: u64,
+    pub pgoff: u64,
+    pub prot: u32,
+    pub path: String,
+}
+
+struct Cursor<'a> {
+    b: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn u32(&mut self) -> Option<u32> {
+        let v = self.b.get(self.pos..self.pos + 4)?;
+        self.pos += 4;
+        Some(u32::from_ne_bytes(v.try_into().ok()?))
+    }
+    fn u64(&mut self) -> Option<u64> {
+        let v = self.b.get(self.pos..self.pos + 8)?;
+        self.pos += 8;
+        Some(u64::from_ne_bytes(v.try_into().ok()?))
+    }
+    fn bytes(&mut self, n: usize) -> Option<&'a [u8]> {
+        let v = self.b.get(self.pos..self.pos.checked_add(n)?)?;
+        self.pos += n;
+        Some(v)
+    }
+}
+
+fn trailer_time(body: &[u8]) -> Option<MonoNs> {
+    let start = body.len().checked_sub(TRAILER)?;
+    let mut c = Cursor {
+        b: &body[start..],
+        pos: 8,
+    };
+    c.u64().map(MonoNs)
+}
+
+fn cstr(b: &[u8]) -> String {
+    let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
+    String::from_utf8_lossy(&b[..end]).into_owned()
+}
+
+/// Decode one record body (without its 8-byte header) of the layout that
+/// [`open`] configures. Unknown record types and malformed bodies → `None`.
+pub fn parse(ty: u32, misc: u16, body: &[u8], nregs: usize) -> Option<Record> {
+    let mut c = Cursor { b: body, pos: 0 };
+    match ty {
+        RECORD_SAMPLE => {
+            let ip = c.u64()?;
+            let pid = c.u32()? as i32;
+            let tid = c.u32()? as i32;
+            let t = c.u64()?;
+            let _cpu = c.u64()?;
+            let abi = c.u64()?;
+            let regs = if abi != 0 {
+                let mut r = [0u64; 4];
+                for i in 0..nregs {
+                    let v = c.u64()?;
+                    if let Some(slot) = r.get_mut(i) {
+                        *slot = v;
+                    }
+                }
+                Some(r)
+            } else {
+                None
+            };
+            let size = c.u64()? as usize;
+            let mut stack = Vec::new();
+            if size > 0 {
+                let data = c.bytes(size)?;
+                let dyn_size = (c.u64()? as usize).min(size);
+                stack.extend_from_slice(&data[..dyn_size]);
+            }
+            Some(Record::Sample(Sample {
+                pid: Pid(pid),
+                tid: Tid(tid),
+                t: MonoNs(t),
+                regs,
+                ip,
+                stack,
+            }))
+        }
+        RECORD_MMAP2 => {
+            let pid = c.u32()? as i32;
+            let tid = c.u32()? as i32;
+            let addr = c.u64()?;
+            let len = c.u64()?;
+            let pgoff = c.u64()?;
+            // maj/min/ino/ino_generation, or build id: 24 bytes either way.
+            let _ = misc & MISC_MMAP_BUILD_ID;
+            c.bytes(24)?;
+            let prot = c.u32()?;
+            let _flags = c.u32()?;
+            let end = body.len().checked_sub(TRAILER)?;
+            let name = body.get(c.pos..end)?;
+            Some(Record::Mmap2(Mmap2 {
+                pid: Pid(pid),
+                tid: Tid(tid),
+                t: trailer_time(body)?,
+                addr,
+                len,
+                pgoff,
+                prot,
+                path: cstr(name),
+            }))
+        }
+        RECORD_COMM => {
+            let pid = c.u32()? as i32;
+            let tid = c.u32()? as i32;
+            let end = body.len().checked_sub(TRAILER)?;
+            let name = body.get(c.pos..end)?;
+            Some(Record::Comm {
+                pid: Pid(pid),
+                tid: Tid(tid),
+                t: trailer_time(body)?,
+                comm: cstr(name),
+                exec: misc & MISC_COMM_EXEC != 0,
+            })
+        }
+        RECORD_FORK | RECORD_EXIT => {
+            let pid = c.u32()? as i32;
+            let ppid = c.u32()? as i32;
+            let tid = c.u32()? as i32;
+            let ptid = c.u32()? as i32;
+            let t = MonoNs(c.u64()?);
+            Some(if ty == RECORD_FORK {
+                Record::Fork {
+                    pid: Pid(pid),
+                    ppid: Pid(ppid),
+                    tid: Tid(tid),
+                    ptid: Tid(ptid),
+                    t,
+                }
+            } else {
+                Record::Exit {
+                    pid: Pid(pid),
+                    tid: Tid(tid),
+                    t,
+                }
+            })
+        }
+        RECORD_LOST => {
+            let _id = c.u64()?;
+            let lost = c.u64()?;
+            Some(Record::Lost {
+                lost,
+                t: trailer_time(body).unwrap_or_default(),
+            })
+        }
+        _ => None,
+    }
+}

@@ -1,0 +1,322 @@
+//! Python-level stacks of the job's Python processes, read with the
+//! `py-spy` crate used as a library, in non-blocking mode (the job is never
+//! stopped: py-spy reads the interpreter's frame lists from
+//! `/proc/PID/mem` while it runs).
+//!
+//! Reading one process costs a fraction of a millisecond to a few
+//! milliseconds, so Python stacks are taken at a lower rate than perf's
+//! native samples: the loop keeps its own CPU under [`CPU_BUDGET`] of one
+//! core and never exceeds the native frequency. The analysis attaches each
+//! native sample to the nearest Python stack of the same thread (see
+//! `docs/stacks.md` for how, and where that is wrong).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use py_spy::config::{LineNo, LockingStrategy};
+use py_spy::{Config, PythonSpy};
+
+use crate::collect::intern::Interner;
+use crate::event::{Coverage, Event, MonoNs, Pid, StackKind, StackStats, Tid};
+use crate::record::Sink;
+
+pub const COVERAGE_SOURCE: &str = "python-stacks";
+/// Share of one core the Python sampler may use.
+pub const CPU_BUDGET: f64 = 0.015;
+const DISCOVER_EVERY: Duration = Duration::from_millis(100);
+/// Attaching a process that just forked can fail transiently.
+const ATTACH_ATTEMPTS: u32 = 3;
+
+pub struct PySampler {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<StackStats>,
+}
+
+impl PySampler {
+    /// Start following the Python processes among gpuprof's descendants.
+    pub fn start(frequency: u64, sink: Sink) -> std::io::Result<PySampler> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop2 = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("gpuprof-python".into())
+            .spawn(move || {
+                let mut s = Sampler::new(frequency, sink);
+                s.run(&stop2);
+                s.finish()
+            })?;
+        Ok(PySampler { stop, thread })
+    }
+
+    pub fn stop(self) -> StackStats {
+        self.stop.store(true, Ordering::Release);
+        self.thread.join().unwrap_or_else(|_| StackStats {
+            kind: Some(StackKind::Python),
+            detail: "the Python sampler thread panicked".into(),
+            ..Default::default()
+        })
+    }
+}
+
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct PyKey {
+    name: String,
+    file: String,
+    entry: bool,
+}
+
+struct Sampler {
+    sink: Sink,
+    frequency: u64,
+    config: Config,
+    spies: HashMap<Pid, PythonSpy>,
+    /// Processes that are not Python (by executable) or could not be read.
+    rejected: HashMap<Pid, (String, u32)>,
+    unreadable: Vec<(Pid, String)>,
+    attached: HashSet<Pid>,
+    interner: Interner<PyKey>,
+    stats: StackStats,
+    busy: Duration,
+    rounds: u64,
+    frames_buf: Vec<u32>,
+}
+
+impl Sampler {
+    fn new(frequency: u64, sink: Sink) -> Sampler {
+        let config = Config {
+            blocking: LockingStrategy::NonBlocking,
+            native: false,
+            collect_thread_names: false,
+            lineno: LineNo::NoLine,
+            ..Config::default()
+        };
+        Sampler {
+            sink,
+            frequency: frequency.max(1),
+            config,
+            spies: HashMap::new(),
+            rejected: HashMap::new(),
+            unreadable: Vec::new(),
+            attached: HashSet::new(),
+            interner: Interner::new(StackKind::Python),
+            stats: StackStats {
+                kind: Some(StackKind::Python),
+                ..Default::default()
+            },
+            busy: Duration::ZERO,
+            rounds: 0,
+            frames_buf: Vec::new(),
+        }
+    }
+
+    fn run(&mut self, stop: &AtomicBool) {
+        let min_interval = Duration::from_secs_f64(1.0 / self.frequency as f64);
+        let mut last_discover: Option<Instant> = None;
+        while !stop.load(Ordering::Acquire) {
+            let round = Instant::now();
+            if last_discover.is_none_or(|l| l.elapsed() >= DISCOVER_EVERY) {
+                self.discover();
+                last_discover = Some(Instant::now());
+            }
+            self.sample_all();
+            self.interner.flush(Some(MonoNs::now()), &self.sink);
+            let work = round.elapsed();
+            self.busy += work;
+            self.rounds += 1;
+            // Sleep long enough to stay within the CPU budget.
+            let budget_sleep = work.mul_f64((1.0 - CPU_BUDGET) / CPU_BUDGET);
+            let sleep = budget_sleep.max(min_interval.saturating_sub(work));
+            let until = Instant::now() + sleep;
+            while !stop.load(Ordering::Acquire) {
+                let now = Instant::now();
+                if now >= until {
+                    break;
+                }
+                std::thread::sleep((until - now).min(Duration::from_millis(20)));
+            }
+        }
+        self.interner.flush(None, &self.sink);
+    }
+
+    fn discover(&mut self) {
+        let live: HashSet<Pid> = descendants(std::process::id() as i32)
+            .into_iter()
+            .map(Pid)
+            .collect();
+        self.spies.retain(|p, _| live.contains(p));
+        for pid in live {
+            if self.spies.contains_key(&pid) {
+                continue;
+            }
+            let exe = std::fs::read_link(format!("/proc/{}/exe", pid.0))
+                .map(|p| p.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            if let Some((seen_exe, attempts)) = self.rejected.get(&pid) {
+                // Retry only after an exec or for a transient failure.
+                if *seen_exe == exe && *attempts >= ATTACH_ATTEMPTS {
+                    continue;
+                }
+            }
+            if !looks_like_python(pid, &exe) {
+                self.rejected.insert(pid, (exe, ATTACH_ATTEMPTS));
+                continue;
+            }
+            match PythonSpy::new(pid.0, &self.config) {
+                Ok(spy) => {
+                    self.rejected.remove(&pid);
+                    self.attached.insert(pid);
+                    self.spies.insert(pid, spy);
+                }
+                Err(e) => {
+                    let entry = self.rejected.entry(pid).or_insert((exe.clone(), 0));
+                    if entry.0 != exe {
+                        *entry = (exe, 0);
+                    }
+                    entry.1 += 1;
+                    if entry.1 >= ATTACH_ATTEMPTS {
+                        self.unreadable.push((pid, explain(&e)));
+                    }
+                }
+            }
+        }
+    }
+
+    fn sample_all(&mut self) {
+        let mut pids: Vec<Pid> = self.spies.keys().copied().collect();
+        pids.sort();
+        for pid in pids {
+            let Some(spy) = self.spies.get_mut(&pid) else {
+                continue;
+            };
+            let before = MonoNs::now();
+            let traces = spy.get_stack_traces();
+            let after = MonoNs::now();
+            let t = MonoNs(before.0 + (after.0 - before.0) / 2);
+            let traces = match traces {
+                Ok(t) => t,
+                Err(_) => {
+                    // A process that exited is dropped at the next discovery;
+                    // a torn read of a running interpreter is just counted.
+                    self.stats.errors += 1;
+                    continue;
+                }
+            };
+            let single = traces.len() == 1;
+            for tr in traces {
+                // Python ≥ 3.11 stores the OS thread id; for older versions
+                // a single-threaded process is its main thread.
+                let tid = match tr.os_thread_id {
+                    Some(id) => Tid(id as i32),
+                    None if single => Tid(pid.0),
+                    None => continue,
+                };
+                self.frames_buf.clear();
+                // py-spy lists frames innermost first.
+                for f in tr.frames.iter().rev() {
+                    let key = PyKey {
+                        name: f.name.clone(),
+                        file: f.filename.clone(),
+                        entry: f.is_entry || f.is_shim_entry,
+                    };
+                    let id = self
+                        .interner
+                        .frame(&key, &self.sink, |id, k| Event::PyFrame {
+                            id,
+                            name: k.name.clone(),
+                            file: k.file.clone(),
+                            entry: k.entry,
+                        });
+                    self.frames_buf.push(id);
+                }
+                if let Some(stack) = self.interner.stack(&self.frames_buf, &self.sink) {
+                    self.interner.sample(pid, tid, t, stack, &self.sink);
+                    self.stats.samples += 1;
+                }
+            }
+        }
+    }
+
+    fn finish(mut self) -> StackStats {
+        self.stats.busy_ns = self.busy.as_nanos() as u64;
+        self.stats.detail = format!(
+            "py-spy (non-blocking) read {} Python process(es) in {} rounds, at most {} Hz, within {:.1}% of a core",
+            self.attached.len(),
+            self.rounds,
+            self.frequency,
+            CPU_BUDGET * 100.0
+        );
+        self.sink
+            .send_blocking(Event::StackStats(self.stats.clone()));
+        let mut detail = self.stats.detail.clone();
+        let mut unreadable = self.unreadable.clone();
+        unreadable.sort();
+        unreadable.dedup_by_key(|u| u.0);
+        for (pid, why) in &unreadable {
+            detail.push_str(&format!("; pid {pid}: native stacks only: {why}"));
+        }
+        self.sink.send_blocking(Event::Coverage(Coverage {
+            source: COVERAGE_SOURCE.into(),
+            available: !self.attached.is_empty() || unreadable.is_empty(),
+            detail,
+        }));
+        self.stats
+    }
+}
+
+/// One line for a process py-spy could not read, with the fix when it is a
+/// permission problem.
+fn explain(e: &anyhow::Error) -> String {
+    let chain = format!("{e:#}");
+    let perm = e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::PermissionDenied)
+    }) || chain.contains("Permission denied")
+        || chain.contains("Operation not permitted");
+    if perm {
+        format!(
+            "reading its memory was refused ({chain}); run gpuprof as the job's user with `sudo sysctl kernel.yama.ptrace_scope=0`, or give it CAP_SYS_PTRACE (in Docker: --cap-add SYS_PTRACE)"
+        )
+    } else {
+        format!("py-spy could not read it ({chain})")
+    }
+}
+
+/// A cheap pre-check before asking py-spy (which scans the binary).
+fn looks_like_python(pid: Pid, exe: &str) -> bool {
+    let base = exe.rsplit('/').next().unwrap_or("");
+    if base.starts_with("python") || base.starts_with("pypy") {
+        return true;
+    }
+    std::fs::read_to_string(format!("/proc/{}/maps", pid.0))
+        .map(|m| m.contains("libpython"))
+        .unwrap_or(false)
+}
+
+/// Every process below `root` (children of all its threads, recursively).
+pub fn descendants(root: i32) -> Vec<i32> {
+    let mut out = Vec::new();
+    let mut stack = vec![root];
+    let mut seen = HashSet::new();
+    while let Some(p) = stack.pop() {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) else {
+            continue;
+        };
+        for t in tasks.flatten() {
+            let path = t.path().join("children");
+            let Ok(text) = std::fs::read_to_string(path) else {
+                continue;
+            };
+            for c in text
+                .split_ascii_whitespace()
+                .filter_map(|c| c.parse::<i32>().ok())
+            {
+                if seen.insert(c) {
+                    out.push(c);
+                    stack.push(c);
+                }
+            }
+        }
+    }
+    out
+}
