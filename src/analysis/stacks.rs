@@ -80,7 +80,22 @@ pub struct StackData {
     /// From perf task records: (time, comm, exec) per pid, and parents.
     comms: BTreeMap<Pid, Vec<(MonoNs, String, bool)>>,
     parents: BTreeMap<Pid, Pid>,
+    forks: BTreeMap<Pid, MonoNs>,
+    exits: BTreeMap<Pid, MonoNs>,
     first_exec: Option<(MonoNs, Pid)>,
+}
+
+/// A process as perf's task records saw it: exact fork and exit times,
+/// also for processes too short-lived for /proc polling.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PerfProcess {
+    pub pid: Pid,
+    pub ppid: Option<Pid>,
+    pub forked: Option<MonoNs>,
+    pub exited: Option<MonoNs>,
+    pub comm: Option<String>,
+    /// It exec'd a program of its own (otherwise it runs its parent's).
+    pub execd: bool,
 }
 
 impl StackData {
@@ -161,15 +176,48 @@ impl StackData {
                     .entry(*pid)
                     .or_default()
                     .push((*t, comm.clone(), *exec));
-                if *exec && self.first_exec.is_none_or(|(ft, _)| *t < ft) {
+                if *exec && self.first_exec.map_or(true, |(ft, _)| *t < ft) {
                     self.first_exec = Some((*t, *pid));
                 }
             }
-            Event::TaskFork { pid, tid, ppid, .. } if pid.0 == tid.0 && pid != ppid => {
+            Event::TaskFork {
+                t, pid, tid, ppid, ..
+            } if pid.0 == tid.0 && pid != ppid => {
                 self.parents.insert(*pid, *ppid);
+                self.forks.insert(*pid, *t);
+            }
+            Event::TaskExit { t, pid, tid } if pid.0 == tid.0 => {
+                self.exits.insert(*pid, *t);
             }
             _ => {}
         }
+    }
+
+    /// Every process perf saw start, exec or exit (sorted by pid). A reused
+    /// pid shows as one process (its latest fork and exit).
+    pub fn perf_processes(&self) -> Vec<PerfProcess> {
+        let mut pids: Vec<Pid> = self
+            .forks
+            .keys()
+            .chain(self.exits.keys())
+            .chain(self.comms.keys())
+            .copied()
+            .collect();
+        pids.sort();
+        pids.dedup();
+        pids.into_iter()
+            .map(|pid| {
+                let comms = self.comms.get(&pid);
+                PerfProcess {
+                    pid,
+                    ppid: self.parents.get(&pid).copied(),
+                    forked: self.forks.get(&pid).copied(),
+                    exited: self.exits.get(&pid).copied(),
+                    comm: comms.and_then(|c| c.last()).map(|c| c.1.clone()),
+                    execd: comms.is_some_and(|c| c.iter().any(|c| c.2)),
+                }
+            })
+            .collect()
     }
 
     /// Whether the recording holds any stack sample.
@@ -281,6 +329,7 @@ pub struct StacksReport {
 }
 
 /// The merged stacks of a recording.
+#[derive(Clone, Default)]
 pub struct Stacks {
     names: Vec<String>,
     stacks: Vec<Vec<u32>>,
@@ -290,6 +339,16 @@ pub struct Stacks {
     /// Native sampling period in ns (0 when unknown).
     pub period_ns: u64,
     pub report: StacksReport,
+}
+
+impl std::fmt::Debug for Stacks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stacks")
+            .field("samples", &self.samples.len())
+            .field("stacks", &self.stacks.len())
+            .field("report", &self.report)
+            .finish()
+    }
 }
 
 struct Resolver<'a> {
@@ -403,6 +462,49 @@ impl<'a> Resolver<'a> {
     }
 }
 
+/// (native stack, Python candidates) → (merged stack, how, reaches root).
+type MergeKey = (u32, Vec<(u32, bool)>);
+
+/// Largest gap between two Python stacks of a thread across which a native
+/// sample may take one of them.
+const MAX_INTERPOLATION_GAP_NS: u64 = 1_000_000_000;
+
+/// Candidate Python stacks (of one thread, sorted by time) for a native
+/// sample at `t`, best first, each with whether it may be used even when it
+/// does not fit the native stack structurally:
+/// - between two Python stacks at most [`MAX_INTERPOLATION_GAP_NS`] apart:
+///   the nearer, then the other (the thread ran one of them, or passed
+///   from one to the other);
+/// - before the first or after the last one: that one, within half the
+///   usual gap (plus 10 ms) only.
+///
+/// The nearer candidate may be used unconditionally if it is within half
+/// the usual gap plus 10 ms.
+fn python_candidates(v: &[(MonoNs, u32)], t: MonoNs, median_gap: u64) -> Vec<(u32, bool)> {
+    let close = median_gap / 2 + 10_000_000;
+    let i = v.partition_point(|x| x.0 < t);
+    match (i.checked_sub(1).and_then(|j| v.get(j)), v.get(i)) {
+        (Some(a), Some(b)) => {
+            if b.0 .0 - a.0 .0 > MAX_INTERPOLATION_GAP_NS {
+                let near = if t.0 - a.0 .0 <= b.0 .0 - t.0 { a } else { b };
+                return if near.0 .0.abs_diff(t.0) <= close {
+                    vec![(near.1, true)]
+                } else {
+                    Vec::new()
+                };
+            }
+            let (near, far) = if t.0 - a.0 .0 <= b.0 .0 - t.0 {
+                (a, b)
+            } else {
+                (b, a)
+            };
+            vec![(near.1, near.0 .0.abs_diff(t.0) <= close), (far.1, false)]
+        }
+        (Some(x), None) | (None, Some(x)) if x.0 .0.abs_diff(t.0) <= close => vec![(x.1, true)],
+        _ => Vec::new(),
+    }
+}
+
 /// Combine a native stack with a Python stack (both outermost first).
 fn merge(
     native: &[u32],
@@ -461,7 +563,8 @@ fn clean(s: &str) -> String {
 
 /// Merge and summarize. `meta` gives each process's name and role (the
 /// process-tree analysis; fall back to [`StackData::fallback_meta`]).
-pub fn analyze(d: &StackData, meta: &dyn Fn(Pid) -> ProcMeta) -> Stacks {
+/// Only native samples inside `window` (the recorded window) are used.
+pub fn analyze(d: &StackData, window: (MonoNs, MonoNs), meta: &dyn Fn(Pid) -> ProcMeta) -> Stacks {
     let mut r = Resolver {
         d,
         native_cache: HashMap::new(),
@@ -487,50 +590,59 @@ pub fn analyze(d: &StackData, meta: &dyn Fn(Pid) -> ProcMeta) -> Stacks {
     for s in &d.python {
         py.entry((s.pid, s.tid)).or_default().push((s.t, s.stack));
     }
-    let mut py_window: BTreeMap<(Pid, Tid), u64> = BTreeMap::new();
+    let mut py_gap: BTreeMap<(Pid, Tid), u64> = BTreeMap::new();
     for (k, v) in py.iter_mut() {
         v.sort_by_key(|x| x.0);
         let mut gaps: Vec<u64> = v.windows(2).map(|w| w[1].0 .0 - w[0].0 .0).collect();
         gaps.sort_unstable();
-        let median = gaps.get(gaps.len() / 2).copied().unwrap_or(100_000_000);
-        // Half the usual gap either side, plus slack for scheduling jitter.
-        py_window.insert(*k, median / 2 + 10_000_000);
+        py_gap.insert(*k, gaps.get(gaps.len() / 2).copied().unwrap_or(100_000_000));
     }
 
-    let mut native = d.native.clone();
+    let mut native: Vec<RawSample> = d
+        .native
+        .iter()
+        .filter(|s| s.t >= window.0 && s.t <= window.1)
+        .copied()
+        .collect();
     native.sort_by_key(|s| (s.pid, s.tid, s.t));
 
     let mut stack_ids: HashMap<Vec<u32>, u32> = HashMap::new();
     let mut stacks: Vec<Vec<u32>> = Vec::new();
     let mut samples = Vec::with_capacity(native.len());
     let mut rep = StacksReport::default();
-    let mut merged_cache: HashMap<(u32, Option<u32>), (u32, MergeKind, bool)> = HashMap::new();
+    let mut merged_cache: HashMap<MergeKey, (u32, MergeKind, bool)> = HashMap::new();
     let mut rooted = 0u64;
     for s in &native {
-        let near = py.get(&(s.pid, s.tid)).and_then(|v| {
-            let w = py_window[&(s.pid, s.tid)];
-            let i = v.partition_point(|x| x.0 < s.t);
-            let mut best: Option<(u64, u32)> = None;
-            for j in [i.wrapping_sub(1), i] {
-                if let Some(&(t, st)) = v.get(j) {
-                    let dist = t.0.abs_diff(s.t.0);
-                    if dist <= w && best.is_none_or(|b| dist < b.0) {
-                        best = Some((dist, st));
-                    }
-                }
-            }
-            best.map(|b| b.1)
-        });
-        let is_py_thread = py.contains_key(&(s.pid, s.tid));
-        let key = (s.stack, near);
+        let cands = py
+            .get(&(s.pid, s.tid))
+            .map(|v| python_candidates(v, s.t, py_gap[&(s.pid, s.tid)]))
+            .unwrap_or_default();
+        let key = (s.stack, cands.clone());
         let (id, kind, root) = if let Some(c) = merged_cache.get(&key) {
             *c
         } else {
             let nat = r.native(s.stack);
             let root = nat.first().is_some_and(|f| r.root_names.contains(f));
-            let pyf = near.map(|p| r.python(p)).unwrap_or_default();
             let evals = r.eval_names.clone();
-            let (m, kind) = merge(&nat, &pyf, |n| evals.contains(&n));
+            let is_eval = |n: u32| evals.contains(&n);
+            // The first candidate that fits exactly; else the nearest one if
+            // it is close enough in time; else native frames only.
+            let mut chosen = None;
+            for (p, _) in &cands {
+                let pyf = r.python(*p);
+                let (m, kind) = merge(&nat, &pyf, is_eval);
+                if kind == MergeKind::Exact || kind == MergeKind::NativeOnly {
+                    chosen = Some((m, kind));
+                    break;
+                }
+            }
+            if chosen.is_none() {
+                if let Some((p, true)) = cands.first() {
+                    let pyf = r.python(*p);
+                    chosen = Some(merge(&nat, &pyf, is_eval));
+                }
+            }
+            let (m, kind) = chosen.unwrap_or_else(|| merge(&nat, &[], is_eval));
             let next = stacks.len() as u32;
             let id = *stack_ids.entry(m.clone()).or_insert_with(|| {
                 stacks.push(m);
@@ -545,7 +657,6 @@ pub fn analyze(d: &StackData, meta: &dyn Fn(Pid) -> ProcMeta) -> Stacks {
         match kind {
             MergeKind::Exact => rep.merged_exact += 1,
             MergeKind::Approximate => rep.merged_approximate += 1,
-            MergeKind::NoPython if is_py_thread => rep.merged_missing_python += 1,
             MergeKind::NoPython => rep.merged_missing_python += 1,
             MergeKind::NativeOnly => {}
         }
@@ -860,6 +971,80 @@ pub struct TraceSlice {
     pub end: MonoNs,
 }
 
+/// Complete the process table with what perf saw: exact exit times, fork
+/// times earlier than the first /proc sighting, and processes that lived
+/// too briefly for /proc polling (a forked child inherits its parent's
+/// command line; one that exec'd keeps only its name).
+pub fn merge_perf_processes(
+    d: &StackData,
+    processes: &mut BTreeMap<Pid, super::Process>,
+    end: MonoNs,
+) {
+    for pp in d.perf_processes() {
+        if let Some(p) = processes.get_mut(&pp.pid) {
+            if let Some(x) = pp.exited {
+                p.exited = Some(x);
+            }
+            if let Some(f) = pp.forked {
+                if f < p.first_seen {
+                    p.first_seen = f;
+                }
+            }
+            continue;
+        }
+        let Some(forked) = pp.forked else {
+            // The job itself (forked before perf was enabled) is always in
+            // the table; anything else without a fork record is not ours.
+            continue;
+        };
+        if forked > end {
+            continue;
+        }
+        let parent = pp.ppid.and_then(|pp| processes.get(&pp));
+        let (cmdline, exe, parent_comm) = match parent {
+            Some(par) if !pp.execd => {
+                (par.cmdline.clone(), par.exe.clone(), Some(par.comm.clone()))
+            }
+            Some(par) => (Vec::new(), None, Some(par.comm.clone())),
+            None => (Vec::new(), None, None),
+        };
+        let comm = pp
+            .comm
+            .clone()
+            .or(parent_comm)
+            .unwrap_or_else(|| d.fallback_meta(pp.pid).name);
+        processes.insert(
+            pp.pid,
+            super::Process {
+                pid: pp.pid,
+                ppid: pp.ppid.unwrap_or_default(),
+                comm,
+                cmdline,
+                exe,
+                first_seen: forked,
+                exited: pp.exited,
+                status: None,
+                role: super::Role::Other,
+                is_job: false,
+                user_ns: 0,
+                sys_ns: 0,
+                read_bytes: 0,
+                write_bytes: 0,
+                rchar: 0,
+                wchar: 0,
+                max_rss: 0,
+                threads: BTreeMap::new(),
+                cpu: Default::default(),
+                read_bps: Default::default(),
+                write_bps: Default::default(),
+                rss: Default::default(),
+                base: None,
+                last: None,
+            },
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -973,7 +1158,7 @@ mod tests {
     #[test]
     fn python_frames_sit_between_interpreter_and_native_leaf() {
         let d = data();
-        let st = analyze(&d, &|p| d.fallback_meta(p));
+        let st = analyze(&d, (MonoNs(0), MonoNs(u64::MAX)), &|p| d.fallback_meta(p));
         let folded = st.folded_role("main");
         assert!(
             folded.contains("python3 (10);_start;main;<module> (job.py);augment (job.py);zlib_compress;[libz.so.1+0x50] 2"),
@@ -1004,7 +1189,7 @@ mod tests {
     #[test]
     fn slices_nest_and_do_not_bridge_gaps() {
         let d = data();
-        let mut st = analyze(&d, &|p| d.fallback_meta(p));
+        let mut st = analyze(&d, (MonoNs(0), MonoNs(u64::MAX)), &|p| d.fallback_meta(p));
         st.period_ns = 10_000_000;
         let (slices, k) = st.trace_slices();
         assert_eq!(k, 1);
@@ -1022,7 +1207,7 @@ mod tests {
     #[test]
     fn gpu_idle_filter_selects_samples_inside_intervals() {
         let d = data();
-        let st = analyze(&d, &|p| d.fallback_meta(p));
+        let st = analyze(&d, (MonoNs(0), MonoNs(u64::MAX)), &|p| d.fallback_meta(p));
         let f = st.folded_during(&[(MonoNs(1_015_000_000), MonoNs(1_025_000_000))]);
         assert_eq!(f.lines().count(), 1, "{f}");
         assert!(f.ends_with(" 1\n"));

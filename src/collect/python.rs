@@ -25,9 +25,9 @@ use crate::record::Sink;
 pub const COVERAGE_SOURCE: &str = "python-stacks";
 /// Share of one core the Python sampler may use.
 pub const CPU_BUDGET: f64 = 0.015;
-const DISCOVER_EVERY: Duration = Duration::from_millis(100);
+const DISCOVER_EVERY: Duration = Duration::from_millis(25);
 /// Attaching a process that just forked can fail transiently.
-const ATTACH_ATTEMPTS: u32 = 3;
+const ATTACH_ATTEMPTS: u32 = 8;
 
 pub struct PySampler {
     stop: Arc<AtomicBool>,
@@ -78,6 +78,8 @@ struct Sampler {
     interner: Interner<PyKey>,
     stats: StackStats,
     busy: Duration,
+    attach_time: Duration,
+    first_error: Option<String>,
     rounds: u64,
     frames_buf: Vec<u32>,
 }
@@ -105,6 +107,8 @@ impl Sampler {
                 ..Default::default()
             },
             busy: Duration::ZERO,
+            attach_time: Duration::ZERO,
+            first_error: None,
             rounds: 0,
             frames_buf: Vec::new(),
         }
@@ -113,27 +117,35 @@ impl Sampler {
     fn run(&mut self, stop: &AtomicBool) {
         let min_interval = Duration::from_secs_f64(1.0 / self.frequency as f64);
         let mut last_discover: Option<Instant> = None;
+        let mut next_round = Instant::now();
         while !stop.load(Ordering::Acquire) {
-            let round = Instant::now();
-            if last_discover.is_none_or(|l| l.elapsed() >= DISCOVER_EVERY) {
+            // New processes are looked for more often than stacks are read,
+            // so that a fresh worker gets Python frames from its start.
+            if last_discover.map_or(true, |l| l.elapsed() >= DISCOVER_EVERY) {
+                let t = Instant::now();
                 self.discover();
+                self.attach_time += t.elapsed();
                 last_discover = Some(Instant::now());
             }
-            self.sample_all();
-            self.interner.flush(Some(MonoNs::now()), &self.sink);
-            let work = round.elapsed();
-            self.busy += work;
-            self.rounds += 1;
-            // Sleep long enough to stay within the CPU budget.
-            let budget_sleep = work.mul_f64((1.0 - CPU_BUDGET) / CPU_BUDGET);
-            let sleep = budget_sleep.max(min_interval.saturating_sub(work));
-            let until = Instant::now() + sleep;
-            while !stop.load(Ordering::Acquire) {
-                let now = Instant::now();
-                if now >= until {
-                    break;
-                }
-                std::thread::sleep((until - now).min(Duration::from_millis(20)));
+            if Instant::now() >= next_round {
+                let round = Instant::now();
+                self.sample_all();
+                self.interner.flush(Some(MonoNs::now()), &self.sink);
+                let work = round.elapsed();
+                self.busy += work;
+                self.rounds += 1;
+                // Keep sampling within the CPU budget (attaching, once per
+                // process, is not part of it) and below --frequency.
+                let budget_sleep = work.mul_f64((1.0 - CPU_BUDGET) / CPU_BUDGET);
+                let sleep = budget_sleep
+                    .max(min_interval.saturating_sub(work))
+                    .min(Duration::from_secs(1));
+                next_round = Instant::now() + sleep;
+            }
+            let wake = next_round.min(last_discover.map_or(Instant::now(), |l| l + DISCOVER_EVERY));
+            let now = Instant::now();
+            if wake > now {
+                std::thread::sleep((wake - now).min(Duration::from_millis(20)));
             }
         }
         self.interner.flush(None, &self.sink);
@@ -195,10 +207,13 @@ impl Sampler {
             let t = MonoNs(before.0 + (after.0 - before.0) / 2);
             let traces = match traces {
                 Ok(t) => t,
-                Err(_) => {
+                Err(e) => {
                     // A process that exited is dropped at the next discovery;
                     // a torn read of a running interpreter is just counted.
                     self.stats.errors += 1;
+                    if self.first_error.is_none() {
+                        self.first_error = Some(format!("{e:#}"));
+                    }
                     continue;
                 }
             };
@@ -238,16 +253,24 @@ impl Sampler {
     }
 
     fn finish(mut self) -> StackStats {
-        self.stats.busy_ns = self.busy.as_nanos() as u64;
+        self.stats.busy_ns = (self.busy + self.attach_time).as_nanos() as u64;
+        let per_round = self.busy.as_secs_f64() * 1e3 / self.rounds.max(1) as f64;
         self.stats.detail = format!(
-            "py-spy (non-blocking) read {} Python process(es) in {} rounds, at most {} Hz, within {:.1}% of a core",
+            "py-spy (non-blocking) read {} Python process(es) in {} rounds ({per_round:.2} ms per round, {:.0} ms attaching), at most {} Hz, sampling within {:.1}% of a core",
             self.attached.len(),
             self.rounds,
+            self.attach_time.as_secs_f64() * 1e3,
             self.frequency,
             CPU_BUDGET * 100.0
         );
         self.sink
             .send_blocking(Event::StackStats(self.stats.clone()));
+        if let Some(e) = &self.first_error {
+            self.stats.detail.push_str(&format!(
+                "; {} reads failed (processes exiting, or torn non-blocking reads), first: {e}",
+                self.stats.errors
+            ));
+        }
         let mut detail = self.stats.detail.clone();
         let mut unreadable = self.unreadable.clone();
         unreadable.sort();

@@ -36,6 +36,8 @@ const MISC_COMM_EXEC: u16 = 1 << 13;
 const MISC_MMAP_BUILD_ID: u16 = 1 << 14;
 /// `sample_id_all` trailer with TID | TIME | CPU: pid, tid, time, cpu, res.
 const TRAILER: usize = 24;
+/// Smallest ring tried when the preferred size cannot be locked.
+const MIN_RING_BYTES: usize = 64 << 10;
 
 /// How the sampling events are opened.
 #[derive(Clone, Debug)]
@@ -134,6 +136,7 @@ pub fn refusal_advice(err: &io::Error) -> String {
 pub fn open(pid: Pid, cpus: &[usize], opts: &OpenOptions) -> Result<Rings, OpenError> {
     let mut samplers = Vec::with_capacity(cpus.len());
     let watermark = (opts.ring_bytes / 4).max(4096);
+    let mut ring_bytes = opts.ring_bytes;
     for &cpu in cpus {
         let mut b = Builder::new(Software::CPU_CLOCK);
         b.observe_pid(pid.0)
@@ -162,22 +165,43 @@ pub fn open(pid: Pid, cpus: &[usize], opts: &OpenOptions) -> Result<Rings, OpenE
             .sample_id_all(true)
             .clockid(Clock::MONOTONIC)
             .wakeup_watermark(watermark);
-        let counter = b.build().map_err(|e| OpenError {
+        let mut counter = b.build().map_err(|e| OpenError {
             message: refusal_advice(&e),
             errno: e.raw_os_error(),
         })?;
-        let sampler = counter.sampled(opts.ring_bytes).map_err(|e| OpenError {
-            message: format!(
-                "cannot map the perf ring buffer ({} KiB on CPU {cpu}): {e}; raise `kernel.perf_event_mlock_kb` or lower `--frequency`/`--stack-size`; no native stacks",
-                opts.ring_bytes / 1024
-            ),
-            errno: e.raw_os_error(),
-        })?;
+        // Unprivileged users may lock only `perf_event_mlock_kb` (516 KiB
+        // by default) per CPU beyond RLIMIT_MEMLOCK: retry with smaller rings
+        // (lost records are counted and reported if they overflow).
+        let mut size = ring_bytes.max(MIN_RING_BYTES);
+        let sampler = loop {
+            match counter.sampled(size) {
+                Ok(s) => break s,
+                Err(_) if size > MIN_RING_BYTES => {
+                    size /= 2;
+                    b.wakeup_watermark((size / 4).max(4096));
+                    let again = b.build().map_err(|e| OpenError {
+                        message: refusal_advice(&e),
+                        errno: e.raw_os_error(),
+                    })?;
+                    counter = again;
+                }
+                Err(e) => {
+                    return Err(OpenError {
+                        message: format!(
+                            "cannot map the perf ring buffer ({} KiB on CPU {cpu}): {e}; raise `kernel.perf_event_mlock_kb` or the memlock limit (ulimit -l); no native stacks",
+                            size / 1024
+                        ),
+                        errno: e.raw_os_error(),
+                    })
+                }
+            }
+        };
+        ring_bytes = ring_bytes.min(size);
         samplers.push(sampler);
     }
     Ok(Rings {
         samplers,
-        ring_bytes: opts.ring_bytes,
+        ring_bytes,
     })
 }
 
@@ -403,5 +427,87 @@ pub fn parse(ty: u32, misc: u16, body: &[u8], nregs: usize) -> Option<Record> {
             })
         }
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn u64s(v: &[u64]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_ne_bytes()).collect()
+    }
+
+    #[test]
+    fn sample_records_decode_and_trim_the_stack() {
+        let mut body = u64s(&[0x401000]); // ip
+        body.extend(7u32.to_ne_bytes()); // pid
+        body.extend(8u32.to_ne_bytes()); // tid
+        body.extend(u64s(&[123_456, 1, 2])); // time, cpu+res, abi
+        body.extend(u64s(&[0xb0, 0x5000, 0x401000])); // bp, sp, ip
+        body.extend(u64s(&[16])); // stack size
+        body.extend([0xaa; 16]);
+        body.extend(u64s(&[8])); // dyn_size
+        let r = parse(RECORD_SAMPLE, 0, &body, 3).expect("decodes");
+        let Record::Sample(s) = r else {
+            panic!("not a sample")
+        };
+        assert_eq!((s.pid, s.tid, s.t), (Pid(7), Tid(8), MonoNs(123_456)));
+        assert_eq!(s.regs, Some([0xb0, 0x5000, 0x401000, 0]));
+        assert_eq!(s.stack, vec![0xaa; 8]);
+        // Every truncation is rejected, none panics.
+        for n in 0..body.len() {
+            let _ = parse(RECORD_SAMPLE, 0, &body[..n], 3);
+        }
+        assert!(parse(RECORD_SAMPLE, 0, &body[..40], 3).is_none());
+    }
+
+    #[test]
+    fn mmap2_and_comm_take_their_time_from_the_trailer() {
+        let mut body = Vec::new();
+        body.extend(5u32.to_ne_bytes());
+        body.extend(6u32.to_ne_bytes());
+        body.extend(u64s(&[0x1000, 0x2000, 0x3000])); // addr len pgoff
+        body.extend([0u8; 24]); // maj min ino ino_gen
+        body.extend(5u32.to_ne_bytes()); // prot r-x
+        body.extend(2u32.to_ne_bytes()); // flags
+        body.extend(b"/usr/lib/x.so\0\0\0");
+        body.extend(5u32.to_ne_bytes()); // trailer pid, tid
+        body.extend(6u32.to_ne_bytes());
+        body.extend(u64s(&[999, 0])); // time, cpu
+        let Some(Record::Mmap2(m)) = parse(RECORD_MMAP2, 0, &body, 3) else {
+            panic!("not an mmap2")
+        };
+        assert_eq!(m.path, "/usr/lib/x.so");
+        assert_eq!(
+            (m.addr, m.len, m.pgoff, m.t),
+            (0x1000, 0x2000, 0x3000, MonoNs(999))
+        );
+        let mut comm = Vec::new();
+        comm.extend(5u32.to_ne_bytes());
+        comm.extend(6u32.to_ne_bytes());
+        comm.extend(b"pt_data_worker\0\0");
+        comm.extend(u64s(&[0, 777, 0]));
+        let Some(Record::Comm { comm, exec, t, .. }) = parse(RECORD_COMM, MISC_COMM_EXEC, &comm, 3)
+        else {
+            panic!("not a comm")
+        };
+        assert_eq!(
+            (comm.as_str(), exec, t),
+            ("pt_data_worker", true, MonoNs(777))
+        );
+        for n in 0..body.len() {
+            let _ = parse(RECORD_MMAP2, 0, &body[..n], 3);
+        }
+    }
+
+    #[test]
+    fn cpu_lists_and_ring_sizes() {
+        assert_eq!(parse_cpu_list("0-3,6"), vec![0, 1, 2, 3, 6]);
+        assert_eq!(parse_cpu_list("5"), vec![5]);
+        assert!(parse_cpu_list("3-1,x").is_empty());
+        assert_eq!(ring_bytes_for(99, 32 * 1024), 1 << 20);
+        assert_eq!(ring_bytes_for(1000, 32 * 1024), 8 << 20);
+        assert_eq!(ring_bytes_for(1, 1024), 512 << 10);
     }
 }
