@@ -62,6 +62,19 @@ pub struct RecordArgs {
     #[arg(short, long)]
     pub quiet: bool,
 
+    /// CPU stack samples per second per thread (perf, 1 to 1000).
+    #[arg(long, value_name = "HZ", default_value_t = crate::collect::perf::DEFAULT_FREQUENCY)]
+    pub frequency: u64,
+
+    /// Bytes of user stack copied with each sample for DWARF unwinding
+    /// (1024 to 65528, a multiple of 8); deeper stacks are cut.
+    #[arg(long, value_name = "BYTES", default_value_t = crate::collect::perf::DEFAULT_STACK_SIZE)]
+    pub stack_size: u32,
+
+    /// Do not sample CPU stacks (no perf events, no py-spy).
+    #[arg(long)]
+    pub no_stacks: bool,
+
     /// The job to run, after `--`, e.g. `-- python train.py --epochs 1`.
     #[arg(
         value_name = "CMD",
@@ -93,6 +106,8 @@ pub struct RecordConfig {
     pub delay: Option<Duration>,
     pub duration: Option<Duration>,
     pub quiet: bool,
+    /// Stack sampling settings; `None` with `--no-stacks`.
+    pub stacks: Option<crate::collect::perf::PerfOptions>,
 }
 
 impl RecordArgs {
@@ -114,7 +129,18 @@ impl RecordArgs {
                 "--duration 0 would record nothing: give a positive duration such as 60s".into(),
             );
         }
+        let stacks = if self.no_stacks {
+            None
+        } else {
+            let o = crate::collect::perf::PerfOptions {
+                frequency: self.frequency,
+                stack_size: self.stack_size,
+            };
+            o.validate()?;
+            Some(o)
+        };
         Ok(RecordConfig {
+            stacks,
             command: self.command,
             output: self.output,
             interval: self.interval,
@@ -194,5 +220,19 @@ mod tests {
         assert!(cli.record.into_config().unwrap_err().contains("--interval"));
         let cli = Cli::try_parse_from(["gpuprof"]).unwrap();
         assert!(cli.record.into_config().unwrap_err().contains("--"));
+        let cli = Cli::try_parse_from(["gpuprof", "--frequency", "5000", "--", "true"]).unwrap();
+        assert!(cli
+            .record
+            .into_config()
+            .unwrap_err()
+            .contains("--frequency"));
+        let cli = Cli::try_parse_from(["gpuprof", "--stack-size", "100", "--", "true"]).unwrap();
+        assert!(cli
+            .record
+            .into_config()
+            .unwrap_err()
+            .contains("--stack-size"));
+        let cli = Cli::try_parse_from(["gpuprof", "--no-stacks", "--", "true"]).unwrap();
+        assert!(cli.record.into_config().unwrap().stacks.is_none());
     }
 }

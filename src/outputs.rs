@@ -60,6 +60,18 @@ pub fn generate(rec_dir: &Path, out_dir: &Path) -> Result<Outcome> {
     })?;
     written.push(report_path);
 
+    let mut write_bytes = |p: &Path, bytes: &[u8]| {
+        write_atomic(p, |mut w| {
+            std::io::Write::write_all(&mut w, bytes)?;
+            Ok(w)
+        })
+    };
+    written.extend(export::flame::write_role_outputs(
+        &a.stacks,
+        out_dir,
+        &mut write_bytes,
+    )?);
+
     let summary = out_dir.join("summary.md");
     let md = export::summary::markdown(&a);
     write_atomic(&summary, |mut w| {

@@ -14,6 +14,7 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use crate::cli::RecordConfig;
 use crate::collect::procfs::TreeCollector;
+use crate::collect::stacks::StackCollectors;
 use crate::collect::system::SystemCollector;
 use crate::event::{Event, Footer, Header, JobStatus, MonoNs, Pid, RECORDING_VERSION};
 use crate::launch;
@@ -268,6 +269,8 @@ async fn run(
     sink.send_blocking(Event::Header(header.clone()));
     let delayed = cfg.delay.is_some_and(|d| !d.is_zero());
     let mut samplers = SamplerThread::start(&sink, cfg.interval, !delayed)?;
+    // Between fork and exec: perf events enabled by the job's exec.
+    let stacks = StackCollectors::start(cfg.stacks.as_ref(), suspended.pid, &sink, cfg.quiet);
     if !delayed {
         sink.send_blocking(Event::WindowStart { t: MonoNs::now() });
     }
@@ -276,6 +279,7 @@ async fn run(
         Ok(pid) => pid,
         Err(e) => {
             samplers.finish();
+            stacks.stop();
             drop(sink);
             let _ = writer.finish();
             if created {
@@ -288,7 +292,7 @@ async fn run(
     let started = tokio::time::Instant::now();
     let window_start = started + cfg.delay.unwrap_or_default();
     let window_end = cfg.duration.map(|d| window_start + d);
-    let mut recording = Some((samplers, sink, writer));
+    let mut recording = Some((samplers, sink, writer, stacks));
     let mut interrupts = 0u32;
     let mut job_status: Option<JobStatus> = None;
     let mut stop_reason: Option<&str> = None;
@@ -298,7 +302,7 @@ async fn run(
     loop {
         // Reap first: the SIGCHLD that ends the job may have arrived before
         // the select below was armed.
-        let samplers_ref = recording.as_ref().map(|(s, _, _)| s);
+        let samplers_ref = recording.as_ref().map(|(s, _, _, _)| s);
         if let Some(st) = reap(job, samplers_ref) {
             job_status = Some(st);
         }
@@ -308,7 +312,7 @@ async fn run(
         let delay_pending = delayed
             && recording
                 .as_ref()
-                .is_some_and(|(s, _, _)| !s.active.load(Ordering::Acquire));
+                .is_some_and(|(s, _, _, _)| !s.active.load(Ordering::Acquire));
         tokio::select! {
             _ = sigchld.recv() => {}
             _ = tick.tick() => {}
@@ -326,7 +330,7 @@ async fn run(
             _ = sigusr1.recv() => { let _ = kill(nix::unistd::Pid::from_raw(job.0), Signal::SIGUSR1); }
             _ = sigusr2.recv() => { let _ = kill(nix::unistd::Pid::from_raw(job.0), Signal::SIGUSR2); }
             _ = tokio::time::sleep_until(window_start), if delay_pending => {
-                if let Some((s, sink, _)) = recording.as_ref() {
+                if let Some((s, sink, _, _)) = recording.as_ref() {
                     sink.send_blocking(Event::WindowStart { t: MonoNs::now() });
                     s.active.store(true, Ordering::Release);
                     say(cfg.quiet, "--delay elapsed: recording started");
@@ -386,14 +390,15 @@ fn reap(job: Pid, samplers: Option<&SamplerThread>) -> Option<JobStatus> {
 }
 
 fn finish_recording(
-    rec: (SamplerThread, Sink, record::Writer),
+    rec: (SamplerThread, Sink, record::Writer, StackCollectors),
     out: &Path,
     status: JobStatus,
     reason: &str,
     quiet: bool,
 ) {
-    let (mut samplers, sink, writer) = rec;
+    let (mut samplers, sink, writer, stacks) = rec;
     samplers.finish();
+    stacks.stop();
     let (cpu_ns, max_rss) = self_usage();
     sink.send_blocking(Event::Footer(Footer {
         t: MonoNs::now(),

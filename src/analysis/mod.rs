@@ -137,6 +137,8 @@ pub struct Analysis {
     pub end: MonoNs,
     pub processes: BTreeMap<Pid, Process>,
     pub system: System,
+    /// CPU stack samples, merged with Python frames (see `stacks`).
+    pub stacks: stacks::Stacks,
 }
 
 impl Analysis {
@@ -192,6 +194,7 @@ struct Builder {
     delayed: bool,
     last_t: MonoNs,
     last_mem: Option<(MonoNs, f64, f64)>,
+    stack_data: stacks::StackData,
 }
 
 impl Builder {
@@ -212,12 +215,14 @@ impl Builder {
                     cpus,
                     ..Default::default()
                 },
+                stacks: stacks::Stacks::default(),
             },
             interval,
             window_started: None,
             delayed: false,
             last_t: start,
             last_mem: None,
+            stack_data: stacks::StackData::new(),
         }
     }
 
@@ -239,6 +244,16 @@ impl Builder {
         let interval = self.interval;
         match ev {
             Event::Header(_) => {}
+            ev @ (Event::StackFile { .. }
+            | Event::NativeFrame { .. }
+            | Event::PyFrame { .. }
+            | Event::StackNode { .. }
+            | Event::Samples(_)
+            | Event::Symbols { .. }
+            | Event::StackStats(_)
+            | Event::TaskFork { .. }
+            | Event::TaskExit { .. }
+            | Event::TaskComm { .. }) => self.stack_data.add(&ev),
             Event::Footer(f) => {
                 self.a.end = f.t;
                 self.a.footer = Some(f);
@@ -612,7 +627,19 @@ impl Builder {
                 close_thread(th, pe);
             }
         }
+        stacks::merge_perf_processes(&self.stack_data, &mut self.a.processes, end);
         roles::assign(&mut self.a.processes, self.a.header.job_pid);
+        let procs = &self.a.processes;
+        let data = &self.stack_data;
+        self.a.stacks = stacks::analyze(data, (self.a.start, self.a.end), &|pid| match procs
+            .get(&pid)
+        {
+            Some(p) => stacks::ProcMeta {
+                name: p.comm.clone(),
+                role: p.role.as_str(),
+            },
+            None => data.fallback_meta(pid),
+        });
         self.a
     }
 }

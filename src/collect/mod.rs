@@ -8,4 +8,5 @@ pub mod intern;
 pub mod perf;
 pub mod procfs;
 pub mod python;
+pub mod stacks;
 pub mod system;

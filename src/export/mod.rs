@@ -2,6 +2,7 @@
 //!
 //! [`Analysis`]: crate::analysis::Analysis
 
+pub mod flame;
 pub mod report;
 pub mod summary;
 pub mod trace;

@@ -170,6 +170,7 @@ pub fn build(a: &Analysis) -> Value {
         "roles": roles,
         "system": system,
         "coverage": coverage,
+        "stacks": a.stacks.report,
         "profiler": profiler,
         "warnings": a.warnings,
     })

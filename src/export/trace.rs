@@ -153,8 +153,10 @@ pub fn write<W: Write>(a: &Analysis, w: W) -> io::Result<W> {
     let mut tw = TraceWriter::new(w, a.start)?;
     write_processes(a, &mut tw)?;
     write_system(a, &mut tw)?;
+    let stacks = super::flame::write_trace(a, &mut tw)?;
     let h = &a.header;
     let meta = json!({
+        "stack_slices": stacks,
         "gpuprof_version": h.gpuprof_version,
         "command": h.command,
         "host": h.host,
