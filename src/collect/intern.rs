@@ -101,7 +101,7 @@ impl<F: Hash + Eq + Clone> Interner<F> {
         let due: Vec<(Pid, Tid)> = self
             .batches
             .iter()
-            .filter(|(_, b)| now.is_none_or(|n| n.0.saturating_sub(b.t0.0) >= FLUSH_AFTER_NS))
+            .filter(|(_, b)| now.map_or(true, |n| n.0.saturating_sub(b.t0.0) >= FLUSH_AFTER_NS))
             .map(|(k, _)| *k)
             .collect();
         let mut due = due;
