@@ -32,12 +32,11 @@ PYSPY="$WORK/venv/bin/py-spy"
 # run NAME CMD... : runs CMD, appends "job_s wall_s" to $WORK/NAME
 run() {
     local name=$1; shift
-    local t0 t1 out
+    local t0 t1 job_s
     t0=$(date +%s.%N)
-    out=$("$@" 2>&1 >/dev/null | tee -a "$WORK/$name.log" ; true)
+    "$@" > "$WORK/$name.out" 2>&1 || { echo "$name failed:" >&2; tail -5 "$WORK/$name.out" >&2; exit 1; }
     t1=$(date +%s.%N)
-    local job_s
-    job_s=$(grep -o 'steps in [0-9.]* s' "$WORK/$name.log" | tail -1 | awk '{print $3}')
+    job_s=$(grep -o 'steps in [0-9.]* s' "$WORK/$name.out" | tail -1 | awk '{print $3}')
     echo "$job_s $(echo "$t1 - $t0" | bc -l)" >> "$WORK/$name"
 }
 

@@ -220,6 +220,23 @@ impl StackData {
             .collect()
     }
 
+    /// Whether `pid` exec'd a new program in (from, to].
+    pub fn execd_between(&self, pid: Pid, from: MonoNs, to: MonoNs) -> bool {
+        self.comms
+            .get(&pid)
+            .is_some_and(|c| c.iter().any(|c| c.2 && c.0 > from && c.0 <= to))
+    }
+
+    /// The name perf last saw `pid` take at or before `t`.
+    pub fn comm_at(&self, pid: Pid, t: MonoNs) -> Option<String> {
+        self.comms
+            .get(&pid)?
+            .iter()
+            .filter(|c| c.0 <= t)
+            .last()
+            .map(|c| c.1.clone())
+    }
+
     /// Whether the recording holds any stack sample.
     pub fn is_empty(&self) -> bool {
         self.native.is_empty() && self.python.is_empty()
@@ -1000,14 +1017,21 @@ pub fn merge_perf_processes(
         if forked > end {
             continue;
         }
+        // A child forked without exec runs its parent's program as it was
+        // at the fork: inherit the command line only if the parent did not
+        // exec another program since (a shell wrapper that execs python).
         let parent = pp.ppid.and_then(|pp| processes.get(&pp));
-        let (cmdline, exe, parent_comm) = match parent {
-            Some(par) if !pp.execd => {
-                (par.cmdline.clone(), par.exe.clone(), Some(par.comm.clone()))
-            }
-            Some(par) => (Vec::new(), None, Some(par.comm.clone())),
-            None => (Vec::new(), None, None),
+        let parent_same = pp
+            .ppid
+            .is_some_and(|ppid| !d.execd_between(ppid, forked, end));
+        let (cmdline, exe) = match parent {
+            Some(par) if !pp.execd && parent_same => (par.cmdline.clone(), par.exe.clone()),
+            _ => (Vec::new(), None),
         };
+        let parent_comm = pp
+            .ppid
+            .and_then(|ppid| d.comm_at(ppid, forked))
+            .or_else(|| parent.map(|p| p.comm.clone()));
         let comm = pp
             .comm
             .clone()
@@ -1212,5 +1236,86 @@ mod tests {
         assert_eq!(f.lines().count(), 1, "{f}");
         assert!(f.ends_with(" 1\n"));
         assert!(st.folded_during(&[]).is_empty());
+    }
+
+    #[test]
+    fn perf_completes_the_process_table() {
+        let ms = 1_000_000;
+        let h = crate::event::Header {
+            format: "gpuprof-recording".into(),
+            version: 1,
+            gpuprof_version: "test".into(),
+            command: vec!["python3".into()],
+            host: "h".into(),
+            start: MonoNs(1_000 * ms),
+            anchor_realtime_ns: 0,
+            anchor_monotonic_ns: 1_000 * ms,
+            interval_ns: 100 * ms,
+            cpus: 2,
+            page_size: 4096,
+            clock_ticks_per_s: 100,
+            rank: None,
+            job_pid: Pid(10),
+            boottime_offset_ns: 0,
+        };
+        let comm = |t: u64, pid: i32, c: &str| Event::TaskComm {
+            t: MonoNs(t * ms),
+            pid: Pid(pid),
+            tid: Tid(pid),
+            comm: c.into(),
+            exec: true,
+        };
+        let fork = |t: u64, pid: i32, ppid: i32| Event::TaskFork {
+            t: MonoNs(t * ms),
+            pid: Pid(pid),
+            tid: Tid(pid),
+            ppid: Pid(ppid),
+            ptid: Tid(ppid),
+        };
+        let evs = vec![
+            Event::WindowStart {
+                t: MonoNs(1_000 * ms),
+            },
+            comm(1_001, 10, "bash"),
+            // Forked while the job was still a shell wrapper.
+            fork(1_002, 11, 10),
+            comm(1_003, 10, "python3"),
+            Event::Process {
+                t: MonoNs(1_100 * ms),
+                pid: Pid(10),
+                ppid: Pid(1),
+                start_boot_ns: 0,
+                comm: "python3".into(),
+                cmdline: vec!["python3".into(), "train.py".into()],
+                exe: None,
+            },
+            // A worker forked by python that lives 150 ms, unseen by /proc.
+            fork(1_200, 12, 10),
+            Event::TaskExit {
+                t: MonoNs(1_350 * ms),
+                pid: Pid(12),
+                tid: Tid(12),
+            },
+            Event::Footer(crate::event::Footer {
+                t: MonoNs(2_000 * ms),
+                status: crate::event::JobStatus::Exited(0),
+                reason: "job exited".into(),
+                dropped_events: 0,
+                profiler_cpu_ns: 0,
+                profiler_max_rss_bytes: 0,
+            }),
+        ];
+        let a = super::super::analyze_events(h, evs.into_iter());
+        let w = &a.processes[&Pid(12)];
+        assert_eq!(w.cmdline, vec!["python3", "train.py"]);
+        assert_eq!(
+            (w.first_seen, w.exited),
+            (MonoNs(1_200 * ms), Some(MonoNs(1_350 * ms)))
+        );
+        assert_eq!(w.role, super::super::Role::Worker);
+        let shell = &a.processes[&Pid(11)];
+        assert_eq!(shell.comm, "bash");
+        assert!(shell.cmdline.is_empty());
+        assert_eq!(shell.role, super::super::Role::Other);
     }
 }
