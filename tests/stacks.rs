@@ -314,12 +314,13 @@ fn no_stacks_records_nothing_and_says_so() {
     let _ = std::fs::remove_dir_all(&out);
 }
 
-/// A helper that denies perf_event_open with EACCES (seccomp) and execs its
-/// arguments: the refused-permission path, without changing the machine.
-fn deny_perf_helper() -> Option<PathBuf> {
-    let dir = tmp("seccomp");
+/// A helper that makes one syscall fail (seccomp) and execs its arguments:
+/// refused permissions, without changing the machine. `syscall` and `errno`
+/// are C names, e.g. `__NR_perf_event_open`, `EACCES`.
+fn deny_helper(name: &str, syscall: &str, errno: &str) -> Option<PathBuf> {
+    let dir = tmp(name);
     std::fs::create_dir_all(&dir).ok()?;
-    let src = dir.join("deny_perf.c");
+    let src = dir.join("deny.c");
     std::fs::write(
         &src,
         r#"
@@ -334,12 +335,12 @@ fn deny_perf_helper() -> Option<PathBuf> {
 int main(int argc, char **argv) {
     struct sock_filter f[] = {
         BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
-        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_perf_event_open, 0, 1),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EACCES & SECCOMP_RET_DATA)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, DENY_NR, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (DENY_ERRNO & SECCOMP_RET_DATA)),
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
     };
     struct sock_fprog p = { .len = 4, .filter = f };
-    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) || prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &p)) {
+    if (argc < 2 || prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) || prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &p)) {
         perror("seccomp");
         return 125;
     }
@@ -350,15 +351,62 @@ int main(int argc, char **argv) {
 "#,
     )
     .ok()?;
-    let bin = dir.join("deny_perf");
+    let bin = dir.join("deny");
     let st = Command::new("gcc")
         .arg("-O")
+        .arg(format!("-DDENY_NR={syscall}"))
+        .arg(format!("-DDENY_ERRNO={errno}"))
         .arg("-o")
         .arg(&bin)
         .arg(&src)
         .status()
         .ok()?;
     st.success().then_some(bin)
+}
+
+fn deny_perf_helper() -> Option<PathBuf> {
+    deny_helper("seccomp-perf", "__NR_perf_event_open", "EACCES")
+}
+
+#[test]
+fn unreadable_python_falls_back_to_native_stacks_with_a_note() {
+    need_perf!();
+    // py-spy reads the interpreter with process_vm_readv; refuse it with
+    // EACCES (with EPERM py-spy falls back to /proc/PID/mem, which a real
+    // ptrace restriction refuses as well).
+    let Some(helper) = deny_helper("seccomp-vmread", "__NR_process_vm_readv", "EACCES") else {
+        eprintln!("SKIPPED: gcc could not build the seccomp helper");
+        return;
+    };
+    let _one_at_a_time = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let out = tmp("ptrace");
+    let script = scripts().join("pure_python.py");
+    let st = Command::new(&helper)
+        .arg(BIN)
+        .arg("-q")
+        .arg("-o")
+        .arg(&out)
+        .args(["--", python(), script.to_str().unwrap(), "0.8"])
+        .status()
+        .unwrap();
+    assert_eq!(st.code(), Some(0));
+    let r = report(&out);
+    let c = r["coverage"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["source"] == "python-stacks")
+        .expect("python-stacks coverage");
+    let detail = c["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("native stacks only") && detail.contains("CAP_SYS_PTRACE"),
+        "{detail}"
+    );
+    // Native stacks are still there, interpreter frames and all.
+    let all = folded(&out.join("stacks-all.folded"));
+    assert!(share(&all, |s| s.contains(";_PyEval_EvalFrameDefault")) > 0.5);
+    let _ = std::fs::remove_dir_all(&out);
+    let _ = std::fs::remove_dir_all(helper.parent().unwrap());
 }
 
 #[test]

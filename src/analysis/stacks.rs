@@ -232,8 +232,8 @@ impl StackData {
         self.comms
             .get(&pid)?
             .iter()
-            .filter(|c| c.0 <= t)
-            .last()
+            .rev()
+            .find(|c| c.0 <= t)
             .map(|c| c.1.clone())
     }
 

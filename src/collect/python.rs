@@ -24,7 +24,7 @@ use crate::record::Sink;
 
 pub const COVERAGE_SOURCE: &str = "python-stacks";
 /// Share of one core the Python sampler may use.
-pub const CPU_BUDGET: f64 = 0.015;
+pub const CPU_BUDGET: f64 = 0.01;
 const DISCOVER_EVERY: Duration = Duration::from_millis(25);
 /// Attaching a process that just forked can fail transiently.
 const ATTACH_ATTEMPTS: u32 = 8;
