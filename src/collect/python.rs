@@ -11,7 +11,7 @@
 //! `docs/stacks.md` for how, and where that is wrong).
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -25,7 +25,11 @@ use crate::record::Sink;
 pub const COVERAGE_SOURCE: &str = "python-stacks";
 /// Share of one core the Python sampler may use.
 pub const CPU_BUDGET: f64 = 0.01;
+/// How soon after perf reports a fork or exec the process list is read
+/// (and how often without perf: four times this).
 const DISCOVER_EVERY: Duration = Duration::from_millis(25);
+/// Safety net: read the process list this often even without news.
+const REDISCOVER_EVERY: Duration = Duration::from_secs(1);
 /// Attaching a process that just forked can fail transiently.
 const ATTACH_ATTEMPTS: u32 = 8;
 
@@ -36,13 +40,19 @@ pub struct PySampler {
 
 impl PySampler {
     /// Start following the Python processes among gpuprof's descendants.
-    pub fn start(frequency: u64, sink: Sink) -> std::io::Result<PySampler> {
+    /// `tree_changes` is bumped by the perf reader on every new process and
+    /// exec; without it the process list is polled.
+    pub fn start(
+        frequency: u64,
+        sink: Sink,
+        tree_changes: Option<Arc<AtomicU64>>,
+    ) -> std::io::Result<PySampler> {
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
         let thread = std::thread::Builder::new()
             .name("gpuprof-python".into())
             .spawn(move || {
-                let mut s = Sampler::new(frequency, sink);
+                let mut s = Sampler::new(frequency, sink, tree_changes);
                 s.run(&stop2);
                 s.finish()
             })?;
@@ -80,12 +90,13 @@ struct Sampler {
     busy: Duration,
     attach_time: Duration,
     first_error: Option<String>,
+    tree_changes: Option<Arc<AtomicU64>>,
     rounds: u64,
     frames_buf: Vec<u32>,
 }
 
 impl Sampler {
-    fn new(frequency: u64, sink: Sink) -> Sampler {
+    fn new(frequency: u64, sink: Sink, tree_changes: Option<Arc<AtomicU64>>) -> Sampler {
         let config = Config {
             blocking: LockingStrategy::NonBlocking,
             native: false,
@@ -109,6 +120,7 @@ impl Sampler {
             busy: Duration::ZERO,
             attach_time: Duration::ZERO,
             first_error: None,
+            tree_changes,
             rounds: 0,
             frames_buf: Vec::new(),
         }
@@ -117,12 +129,28 @@ impl Sampler {
     fn run(&mut self, stop: &AtomicBool) {
         let min_interval = Duration::from_secs_f64(1.0 / self.frequency as f64);
         let mut last_discover: Option<Instant> = None;
+        let mut seen_changes = u64::MAX;
         let mut next_round = Instant::now();
         while !stop.load(Ordering::Acquire) {
-            // New processes are looked for more often than stacks are read,
-            // so that a fresh worker gets Python frames from its start.
-            if last_discover.map_or(true, |l| l.elapsed() >= DISCOVER_EVERY) {
+            // Look for new Python processes when perf saw a fork or an exec
+            // (or, without perf, periodically), so that a fresh worker gets
+            // Python frames from its start without walking /proc all the time.
+            let since = last_discover.map(|l| l.elapsed());
+            let changes = self
+                .tree_changes
+                .as_ref()
+                .map(|c| c.load(Ordering::Acquire));
+            let retry = self.rejected.values().any(|r| r.1 < ATTACH_ATTEMPTS);
+            let due = match (since, changes) {
+                (None, _) => true,
+                (Some(e), Some(c)) => {
+                    (c != seen_changes || retry) && e >= DISCOVER_EVERY || e >= REDISCOVER_EVERY
+                }
+                (Some(e), None) => e >= DISCOVER_EVERY * 4,
+            };
+            if due {
                 let t = Instant::now();
+                seen_changes = changes.unwrap_or(0);
                 self.discover();
                 self.attach_time += t.elapsed();
                 last_discover = Some(Instant::now());
@@ -142,10 +170,9 @@ impl Sampler {
                     .min(Duration::from_secs(1));
                 next_round = Instant::now() + sleep;
             }
-            let wake = next_round.min(last_discover.map_or(Instant::now(), |l| l + DISCOVER_EVERY));
             let now = Instant::now();
-            if wake > now {
-                std::thread::sleep((wake - now).min(Duration::from_millis(20)));
+            if next_round > now {
+                std::thread::sleep((next_round - now).min(DISCOVER_EVERY));
             }
         }
         self.interner.flush(None, &self.sink);
@@ -157,6 +184,7 @@ impl Sampler {
             .map(Pid)
             .collect();
         self.spies.retain(|p, _| live.contains(p));
+        self.rejected.retain(|p, _| live.contains(p));
         for pid in live {
             if self.spies.contains_key(&pid) {
                 continue;
@@ -256,7 +284,7 @@ impl Sampler {
         self.stats.busy_ns = (self.busy + self.attach_time).as_nanos() as u64;
         let per_round = self.busy.as_secs_f64() * 1e3 / self.rounds.max(1) as f64;
         self.stats.detail = format!(
-            "py-spy (non-blocking) read {} Python process(es) in {} rounds ({per_round:.2} ms per round, {:.0} ms attaching), at most {} Hz, sampling within {:.1}% of a core",
+            "py-spy (non-blocking) read {} Python process(es) in {} rounds ({per_round:.2} ms per round, {:.0} ms finding and attaching processes), at most {} Hz, sampling within {:.1}% of a core",
             self.attached.len(),
             self.rounds,
             self.attach_time.as_secs_f64() * 1e3,

@@ -2,6 +2,9 @@
 //! native stacks with perf (opened between fork and exec of the job) and
 //! Python stacks with py-spy.
 
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
 use crate::collect::perf::{self, PerfOptions, PerfSampler};
 use crate::collect::python::PySampler;
 use crate::event::{Coverage, Event, Pid};
@@ -38,9 +41,14 @@ impl StackCollectors {
             return StackCollectors::default();
         };
         let mut c = StackCollectors::default();
+        let changes = Arc::new(AtomicU64::new(0));
+        let mut tree_changes = None;
         match perf::open(job, opts) {
-            Ok(opened) => match PerfSampler::start(opened, sink.clone()) {
-                Ok(s) => c.perf = Some(s),
+            Ok(opened) => match PerfSampler::start(opened, sink.clone(), changes.clone()) {
+                Ok(s) => {
+                    c.perf = Some(s);
+                    tree_changes = Some(changes);
+                }
                 Err(e) => {
                     let detail =
                         format!("cannot start the perf reader thread: {e}; no native stacks");
@@ -61,7 +69,7 @@ impl StackCollectors {
                 sink.send_blocking(Event::Coverage(perf::refused_coverage(&e)));
             }
         }
-        match PySampler::start(opts.frequency, sink.clone()) {
+        match PySampler::start(opts.frequency, sink.clone(), tree_changes) {
             Ok(p) => c.python = Some(p),
             Err(e) => sink.send_blocking(Event::Coverage(Coverage {
                 source: crate::collect::python::COVERAGE_SOURCE.into(),

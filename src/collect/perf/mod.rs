@@ -16,7 +16,7 @@ mod unwind;
 
 use std::collections::{BTreeMap, HashMap};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -126,13 +126,18 @@ pub struct PerfSampler {
 
 impl PerfSampler {
     /// Start reading the rings. Call before releasing the job.
-    pub fn start(opened: Opened, sink: Sink) -> std::io::Result<PerfSampler> {
+    /// `tree_changes` is bumped on every new process and every exec.
+    pub fn start(
+        opened: Opened,
+        sink: Sink,
+        tree_changes: Arc<AtomicU64>,
+    ) -> std::io::Result<PerfSampler> {
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
         let thread = std::thread::Builder::new()
             .name("gpuprof-perf".into())
             .spawn(move || {
-                let mut r = Reader::new(opened, sink);
+                let mut r = Reader::new(opened, sink, tree_changes);
                 r.run(&stop2);
                 r.finish()
             })?;
@@ -166,10 +171,11 @@ struct Reader {
     stats: StackStats,
     busy: Duration,
     frames_buf: Vec<u32>,
+    tree_changes: Arc<AtomicU64>,
 }
 
 impl Reader {
-    fn new(opened: Opened, sink: Sink) -> Reader {
+    fn new(opened: Opened, sink: Sink, tree_changes: Arc<AtomicU64>) -> Reader {
         let mut files = Files::default();
         let unknown_file = files.id_of("[unknown]");
         let mut r = Reader {
@@ -190,6 +196,7 @@ impl Reader {
             },
             busy: Duration::ZERO,
             frames_buf: Vec::with_capacity(64),
+            tree_changes,
         };
         r.announce_files();
         r
@@ -299,6 +306,7 @@ impl Reader {
                 if exec {
                     // A new program: its mappings follow this record.
                     self.procs.insert(pid, ProcessMaps::default());
+                    self.tree_changes.fetch_add(1, Ordering::Release);
                 }
                 self.sink.send_blocking(Event::TaskComm {
                     t,
@@ -316,6 +324,7 @@ impl Reader {
                 t,
             } => {
                 if pid.0 == tid.0 && pid != ppid {
+                    self.tree_changes.fetch_add(1, Ordering::Release);
                     if let Some(parent) = self.procs.get(&ppid) {
                         let copy = parent.clone();
                         self.procs.insert(pid, copy);
