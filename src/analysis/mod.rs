@@ -630,16 +630,25 @@ impl Builder {
         stacks::merge_perf_processes(&self.stack_data, &mut self.a.processes, end);
         roles::assign(&mut self.a.processes, self.a.header.job_pid);
         let procs = &self.a.processes;
-        let data = &self.stack_data;
-        self.a.stacks = stacks::analyze(data, (self.a.start, self.a.end), &|pid| match procs
-            .get(&pid)
-        {
+        let fallback: BTreeMap<Pid, stacks::ProcMeta> = self
+            .stack_data
+            .sampled_pids()
+            .into_iter()
+            .filter(|p| !procs.contains_key(p))
+            .map(|p| (p, self.stack_data.fallback_meta(p)))
+            .collect();
+        let meta = |pid: Pid| match procs.get(&pid) {
             Some(p) => stacks::ProcMeta {
                 name: p.comm.clone(),
                 role: p.role.as_str(),
             },
-            None => data.fallback_meta(pid),
-        });
+            None => fallback.get(&pid).cloned().unwrap_or(stacks::ProcMeta {
+                name: "?".into(),
+                role: "other",
+            }),
+        };
+        let window = (self.a.start, self.a.end);
+        self.a.stacks = stacks::analyze(&mut self.stack_data, window, &meta);
         self.a
     }
 }

@@ -237,6 +237,11 @@ impl StackData {
             .map(|c| c.1.clone())
     }
 
+    /// Processes with native samples.
+    pub fn sampled_pids(&self) -> std::collections::BTreeSet<Pid> {
+        self.native.iter().map(|s| s.pid).collect()
+    }
+
     /// Whether the recording holds any stack sample.
     pub fn is_empty(&self) -> bool {
         self.native.is_empty() && self.python.is_empty()
@@ -581,7 +586,17 @@ fn clean(s: &str) -> String {
 /// Merge and summarize. `meta` gives each process's name and role (the
 /// process-tree analysis; fall back to [`StackData::fallback_meta`]).
 /// Only native samples inside `window` (the recorded window) are used.
-pub fn analyze(d: &StackData, window: (MonoNs, MonoNs), meta: &dyn Fn(Pid) -> ProcMeta) -> Stacks {
+/// The native samples are moved out of `d` (memory: a long recording holds
+/// millions of them).
+pub fn analyze(
+    d: &mut StackData,
+    window: (MonoNs, MonoNs),
+    meta: &dyn Fn(Pid) -> ProcMeta,
+) -> Stacks {
+    let mut native = std::mem::take(&mut d.native);
+    native.retain(|s| s.t >= window.0 && s.t <= window.1);
+    native.sort_by_key(|s| (s.pid, s.tid, s.t));
+    let d: &StackData = d;
     let mut r = Resolver {
         d,
         native_cache: HashMap::new(),
@@ -614,14 +629,6 @@ pub fn analyze(d: &StackData, window: (MonoNs, MonoNs), meta: &dyn Fn(Pid) -> Pr
         gaps.sort_unstable();
         py_gap.insert(*k, gaps.get(gaps.len() / 2).copied().unwrap_or(100_000_000));
     }
-
-    let mut native: Vec<RawSample> = d
-        .native
-        .iter()
-        .filter(|s| s.t >= window.0 && s.t <= window.1)
-        .copied()
-        .collect();
-    native.sort_by_key(|s| (s.pid, s.tid, s.t));
 
     let mut stack_ids: HashMap<Vec<u32>, u32> = HashMap::new();
     let mut stacks: Vec<Vec<u32>> = Vec::new();
@@ -685,6 +692,7 @@ pub fn analyze(d: &StackData, window: (MonoNs, MonoNs), meta: &dyn Fn(Pid) -> Pr
         });
     }
 
+    drop(native);
     let mut procs = BTreeMap::new();
     for s in &samples {
         procs.entry(s.pid).or_insert_with(|| meta(s.pid));
@@ -1083,6 +1091,15 @@ mod tests {
         }
     }
 
+    fn analyze_all(d: &mut StackData) -> Stacks {
+        let metas: BTreeMap<Pid, ProcMeta> = d
+            .sampled_pids()
+            .into_iter()
+            .map(|p| (p, d.fallback_meta(p)))
+            .collect();
+        analyze(d, (MonoNs(0), MonoNs(u64::MAX)), &|p| metas[&p].clone())
+    }
+
     /// A hand-built recording: one Python thread whose native stack is
     /// _start → main → _PyEval_EvalFrameDefault → zlib_compress → deflate,
     /// and whose Python stack is <module> → augment.
@@ -1181,8 +1198,8 @@ mod tests {
 
     #[test]
     fn python_frames_sit_between_interpreter_and_native_leaf() {
-        let d = data();
-        let st = analyze(&d, (MonoNs(0), MonoNs(u64::MAX)), &|p| d.fallback_meta(p));
+        let mut d = data();
+        let st = analyze_all(&mut d);
         let folded = st.folded_role("main");
         assert!(
             folded.contains("python3 (10);_start;main;<module> (job.py);augment (job.py);zlib_compress;[libz.so.1+0x50] 2"),
@@ -1212,8 +1229,8 @@ mod tests {
 
     #[test]
     fn slices_nest_and_do_not_bridge_gaps() {
-        let d = data();
-        let mut st = analyze(&d, (MonoNs(0), MonoNs(u64::MAX)), &|p| d.fallback_meta(p));
+        let mut d = data();
+        let mut st = analyze_all(&mut d);
         st.period_ns = 10_000_000;
         let (slices, k) = st.trace_slices();
         assert_eq!(k, 1);
@@ -1230,8 +1247,8 @@ mod tests {
 
     #[test]
     fn gpu_idle_filter_selects_samples_inside_intervals() {
-        let d = data();
-        let st = analyze(&d, (MonoNs(0), MonoNs(u64::MAX)), &|p| d.fallback_meta(p));
+        let mut d = data();
+        let st = analyze_all(&mut d);
         let f = st.folded_during(&[(MonoNs(1_015_000_000), MonoNs(1_025_000_000))]);
         assert_eq!(f.lines().count(), 1, "{f}");
         assert!(f.ends_with(" 1\n"));
