@@ -192,6 +192,16 @@ fn worker_and_main_functions_with_native_leaves() {
         .filter(|e| e["ph"] == "X" && e["name"] == "worker (stacks_job.py)")
         .count();
     assert!(slices >= 2, "worker slices in the trace: {slices}");
+    // No stack slice is shorter than one sampling period (99 Hz: 10.1 ms);
+    // thread-state tracks live at tid + 2^30 and are not stack slices.
+    let shortest = trace["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["tid"].as_i64().unwrap() < (1 << 30))
+        .map(|e| e["dur"].as_f64().unwrap())
+        .fold(f64::MAX, f64::min);
+    assert!(shortest >= 10_100.0, "a stack slice of {shortest} µs");
     assert!(
         trace["metadata"]["stack_slices"]["slices"]
             .as_u64()

@@ -920,9 +920,16 @@ impl Stacks {
                 j += 1;
             }
             let thread: Vec<&Sample> = self.samples[i..j].iter().step_by(k as usize).collect();
+            // Sample times are put on a grid of one period from the thread's
+            // first sample: the frequency-driven kernel sometimes samples
+            // twice within a period, and a slice shorter than a period would
+            // claim a precision sampling does not have. A second sample in
+            // the same grid cell is skipped.
+            let base = thread.first().map_or(0, |s| s.t.0);
+            let at = |slot: u64| MonoNs(base + slot * period);
             // Open slices: (name id, start).
             let mut open: Vec<(u32, MonoNs)> = Vec::new();
-            let mut prev_t: Option<MonoNs> = None;
+            let mut prev_slot: Option<u64> = None;
             let close = |open: &mut Vec<(u32, MonoNs)>,
                          keep: usize,
                          end: MonoNs,
@@ -940,12 +947,16 @@ impl Stacks {
                 }
             };
             for s in thread {
-                if let Some(p) = prev_t {
-                    if s.t.0.saturating_sub(p.0) > 2 * period {
+                let slot = (s.t.0 - base) / period;
+                if let Some(p) = prev_slot {
+                    if slot == p {
+                        continue;
+                    }
+                    if slot > p + 2 {
                         // The thread did not run (or was not sampled) in
                         // between: end everything one period after the
                         // last sample rather than bridging the gap.
-                        close(&mut open, 0, MonoNs(p.0 + period), &mut out);
+                        close(&mut open, 0, at(p + 1), &mut out);
                     }
                 }
                 let frames: Vec<u32> = self.stacks[s.stack as usize]
@@ -958,17 +969,17 @@ impl Stacks {
                     .zip(&frames)
                     .take_while(|(o, f)| o.0 == **f)
                     .count();
-                close(&mut open, common, s.t, &mut out);
+                close(&mut open, common, at(slot), &mut out);
                 for f in &frames[common..] {
-                    open.push((*f, s.t));
+                    open.push((*f, at(slot)));
                 }
-                prev_t = Some(s.t);
+                prev_slot = Some(slot);
                 if out.len() > limit {
                     return (out, false);
                 }
             }
-            if let Some(p) = prev_t {
-                close(&mut open, 0, MonoNs(p.0 + period), &mut out);
+            if let Some(p) = prev_slot {
+                close(&mut open, 0, at(p + 1), &mut out);
             }
             i = j;
         }
