@@ -201,6 +201,68 @@ pub struct Psi {
     pub full_us: Option<u64>,
 }
 
+/// A GPU as NVML numbers it (`nvmlDeviceGetHandleByIndex`).
+pub type GpuIndex = u32;
+
+/// Whether a GPU process holds a compute (CUDA) or graphics context.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GpuContext {
+    Compute,
+    Graphics,
+}
+
+/// One process on a GPU, as the driver lists it. PIDs are the driver's:
+/// host PIDs, which do not match the job's inside a PID namespace.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuProc {
+    pub pid: Pid,
+    pub ctx: GpuContext,
+    /// None when the driver does not report it (Windows WDDM, some vGPUs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem: Option<u64>,
+    /// MIG GPU / compute instance.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gi: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ci: Option<u32>,
+}
+
+/// The newest per-process utilization sample of one PID.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuProcSample {
+    pub pid: Pid,
+    /// The driver's timestamp, µs since the Unix epoch.
+    pub ts_us: u64,
+    pub sm: u32,
+    pub mem: u32,
+}
+
+/// The slowly changing state of one GPU. Each field is None when the
+/// metric is unsupported (see `GpuDevice::unsupported`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuState {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem_used: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sm_mhz: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem_mhz: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temp_c: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub power_mw: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub power_limit_mw: Option<u32>,
+    /// Clock-event ("throttle") reasons, the raw NVML bitmask.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub throttle: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pcie_gen: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pcie_width: Option<u32>,
+}
+
 /// Every event of a recording. The serialized tag is `k`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(tag = "k", rename_all = "snake_case")]
@@ -299,6 +361,76 @@ pub enum Event {
         pswpin: u64,
         pswpout: u64,
     },
+    /// NVML opened: driver facts, once.
+    GpuDriver {
+        t: MonoNs,
+        #[serde(default)]
+        driver_version: Option<String>,
+        /// As NVML encodes it: 1000 * major + 10 * minor (12040 = 12.4).
+        #[serde(default)]
+        cuda_driver_version: Option<i32>,
+        devices: u32,
+    },
+    /// One GPU, once, with its fixed figures and what it cannot report.
+    GpuDevice {
+        t: MonoNs,
+        gpu: GpuIndex,
+        name: String,
+        uuid: String,
+        #[serde(default)]
+        pci_bus_id: Option<String>,
+        #[serde(default)]
+        mem_total: Option<u64>,
+        #[serde(default)]
+        max_sm_mhz: Option<u32>,
+        #[serde(default)]
+        max_mem_mhz: Option<u32>,
+        #[serde(default)]
+        pcie_max_gen: Option<u32>,
+        #[serde(default)]
+        pcie_max_width: Option<u32>,
+        #[serde(default)]
+        mig_enabled: Option<bool>,
+        /// Metrics this GPU does not support (probed once), by name.
+        #[serde(default)]
+        unsupported: Vec<String>,
+    },
+    /// Device utilization from the driver's timestamped history:
+    /// `(µs since the Unix epoch, percent of the sample period during which
+    /// a kernel ran)`. Mapped onto the monotonic axis with the header anchor.
+    GpuUtil {
+        t: MonoNs,
+        gpu: GpuIndex,
+        samples: Vec<(u64, u32)>,
+    },
+    /// GPU state; emitted when any field changed.
+    GpuState {
+        t: MonoNs,
+        gpu: GpuIndex,
+        #[serde(flatten)]
+        state: GpuState,
+    },
+    /// PCIe throughput in KB/s (a 20 ms window measured by the driver).
+    GpuPcie {
+        t: MonoNs,
+        gpu: GpuIndex,
+        tx_kbps: u32,
+        rx_kbps: u32,
+    },
+    /// Processes on a GPU (compute and graphics); emitted when the list or
+    /// a process's memory changed.
+    GpuProcesses {
+        t: MonoNs,
+        gpu: GpuIndex,
+        procs: Vec<GpuProc>,
+    },
+    /// Per-process utilization: the newest sample per PID since the last
+    /// poll (pid-0 rows dropped).
+    GpuProcUtil {
+        t: MonoNs,
+        gpu: GpuIndex,
+        samples: Vec<GpuProcSample>,
+    },
 }
 
 impl Event {
@@ -319,7 +451,14 @@ impl Event {
             | SystemCpu { t, .. }
             | Disks { t, .. }
             | Pressure { t, .. }
-            | Memory { t, .. } => Some(*t),
+            | Memory { t, .. }
+            | GpuDriver { t, .. }
+            | GpuDevice { t, .. }
+            | GpuUtil { t, .. }
+            | GpuState { t, .. }
+            | GpuPcie { t, .. }
+            | GpuProcesses { t, .. }
+            | GpuProcUtil { t, .. } => Some(*t),
         }
     }
 }

@@ -2,6 +2,7 @@
 //! NVML or perf happens here, so every figure can be rebuilt by
 //! `gpuprof report` and unit-tested on hand-built event lists.
 
+pub mod gpu;
 pub mod roles;
 pub mod series;
 

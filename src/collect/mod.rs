@@ -6,3 +6,4 @@
 
 pub mod procfs;
 pub mod system;
+pub mod gpu;
