@@ -97,6 +97,10 @@ pub struct Header {
     /// monotonic time.
     #[serde(default)]
     pub boottime_offset_ns: u64,
+    /// GPU idle threshold (`--idle-threshold`, percent): a utilization
+    /// sample at or below it is idle.
+    #[serde(default)]
+    pub gpu_idle_threshold_pct: Option<f64>,
 }
 
 /// How the job ended.

@@ -219,7 +219,8 @@ pub struct GpuInputs<'a> {
     pub header: &'a Header,
     /// Every process of the job's tree ever seen.
     pub job_pids: &'a BTreeSet<Pid>,
-    /// End of the recording (footer time, or the last event's).
+    /// The recorded window (samples outside it are dropped).
+    pub start: MonoNs,
     pub end: MonoNs,
     pub idle_threshold_pct: f64,
 }
@@ -469,7 +470,7 @@ fn device(
         d.unsupported = unsupported;
     }
 
-    let (util, period) = util_windows(&acc.util, map, inp.header.start, inp.end);
+    let (util, period) = util_windows(&acc.util, map, inp.start, inp.end);
     d.resolution_ns = period;
     if !util.is_empty() {
         let mut pcts: Vec<u32> = util.iter().map(|w| w.pct).collect();
@@ -490,13 +491,9 @@ fn device(
     // State: each value holds until the next state event.
     let mut throttle_ns: BTreeMap<u64, u64> = BTreeMap::new();
     for (k, (t, s)) in acc.states.iter().enumerate() {
-        let until = acc
-            .states
-            .get(k + 1)
-            .map(|n| n.0)
-            .unwrap_or(inp.end)
-            .max(*t);
-        let held = until.0 - t.0;
+        // Held until the next state, clipped to the recorded window.
+        let until = acc.states.get(k + 1).map(|n| n.0).unwrap_or(inp.end);
+        let held = until.min(inp.end).0.saturating_sub((*t).max(inp.start).0);
         if let Some(bits) = s.throttle {
             for &(bit, _) in THROTTLE_REASONS {
                 if bits & bit != 0 {
@@ -572,7 +569,7 @@ fn device(
         };
         let mut s: Vec<(MonoNs, u32)> = samples.iter().map(|&(ts, v)| (map(ts), v)).collect();
         s.sort_unstable();
-        s.retain(|x| x.0 >= inp.header.start && x.0 <= inp.end);
+        s.retain(|x| x.0 >= inp.start && x.0 <= inp.end);
         if !s.is_empty() {
             u.sm_mean = Some(s.iter().map(|x| x.1 as f64).sum::<f64>() / s.len() as f64);
         }
@@ -682,6 +679,9 @@ mod tests {
             page_size: 4096,
             clock_ticks_per_s: 100,
             rank: None,
+            job_pid: Pid(41),
+            boottime_offset_ns: 0,
+            gpu_idle_threshold_pct: None,
         }
     }
 
@@ -737,6 +737,7 @@ mod tests {
         let a = b.finish(&GpuInputs {
             header: &h,
             job_pids: &job,
+            start: h.start,
             end: MonoNs(4_500_000_000),
             idle_threshold_pct: 5.0,
         });
@@ -766,6 +767,7 @@ mod tests {
         let a = b.finish(&GpuInputs {
             header: &h,
             job_pids: &nobody,
+            start: h.start,
             end: MonoNs(2_000_000_000),
             idle_threshold_pct: 5.0,
         });

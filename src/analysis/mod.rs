@@ -137,6 +137,8 @@ pub struct Analysis {
     pub end: MonoNs,
     pub processes: BTreeMap<Pid, Process>,
     pub system: System,
+    /// GPUs, their idle gaps and the job's processes on them.
+    pub gpu: gpu::GpuAnalysis,
 }
 
 impl Analysis {
@@ -192,6 +194,7 @@ struct Builder {
     delayed: bool,
     last_t: MonoNs,
     last_mem: Option<(MonoNs, f64, f64)>,
+    gpu: gpu::GpuBuilder,
 }
 
 impl Builder {
@@ -212,12 +215,14 @@ impl Builder {
                     cpus,
                     ..Default::default()
                 },
+                gpu: gpu::GpuAnalysis::default(),
             },
             interval,
             window_started: None,
             delayed: false,
             last_t: start,
             last_mem: None,
+            gpu: gpu::GpuBuilder::default(),
         }
     }
 
@@ -237,8 +242,16 @@ impl Builder {
             }
         }
         let interval = self.interval;
+        self.gpu.push(&ev);
         match ev {
             Event::Header(_) => {}
+            Event::GpuDriver { .. }
+            | Event::GpuDevice { .. }
+            | Event::GpuUtil { .. }
+            | Event::GpuState { .. }
+            | Event::GpuPcie { .. }
+            | Event::GpuProcesses { .. }
+            | Event::GpuProcUtil { .. } => {}
             Event::Footer(f) => {
                 self.a.end = f.t;
                 self.a.footer = Some(f);
@@ -612,7 +625,25 @@ impl Builder {
                 close_thread(th, pe);
             }
         }
-        roles::assign(&mut self.a.processes, self.a.header.job_pid);
+        let job_pids: std::collections::BTreeSet<Pid> = self.a.processes.keys().copied().collect();
+        let gpu = std::mem::take(&mut self.gpu).finish(&gpu::GpuInputs {
+            header: &self.a.header,
+            job_pids: &job_pids,
+            start: self.a.start,
+            end: self.a.end,
+            idle_threshold_pct: self
+                .a
+                .header
+                .gpu_idle_threshold_pct
+                .unwrap_or(gpu::DEFAULT_IDLE_THRESHOLD_PCT),
+        });
+        // Processes that held a GPU context drive the work: role main.
+        roles::assign_with_gpu(
+            &mut self.a.processes,
+            self.a.header.job_pid,
+            &gpu.job_gpu_pids(),
+        );
+        self.a.gpu = gpu;
         self.a
     }
 }
@@ -707,6 +738,7 @@ mod tests {
             rank: None,
             job_pid: Pid(10),
             boottime_offset_ns: 0,
+            gpu_idle_threshold_pct: None,
         }
     }
 

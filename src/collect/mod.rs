@@ -4,6 +4,6 @@
 //! [`Event`]: crate::event::Event
 //! [`Sink`]: crate::record::Sink
 
+pub mod gpu;
 pub mod procfs;
 pub mod system;
-pub mod gpu;

@@ -3,5 +3,7 @@
 //! [`Analysis`]: crate::analysis::Analysis
 
 pub mod report;
+pub mod report_gpu;
 pub mod summary;
 pub mod trace;
+pub mod trace_gpu;
