@@ -270,7 +270,8 @@ async fn run(
     sink.send_blocking(Event::Header(header.clone()));
     let delayed = cfg.delay.is_some_and(|d| !d.is_zero());
     let mut samplers = SamplerThread::start(&sink, cfg.interval, !delayed)?;
-    // NVML is opened before the job runs, so its first kernels are seen.
+    // The GPU thread starts before the job is released; it opens NVML on
+    // its own time and takes the driver's samples from this moment on.
     let gpu = if cfg.no_gpu {
         sink.send_blocking(Event::Coverage(crate::event::Coverage {
             source: "gpu".into(),
@@ -279,13 +280,11 @@ async fn run(
         }));
         None
     } else {
-        match GpuCollector::start(&GpuOptions::from_env(cfg.gpu_interval), sink.clone()) {
-            Ok(c) => Some(c),
-            Err(why) => {
-                say(cfg.quiet, &why.to_string());
-                None
-            }
-        }
+        let opts = GpuOptions::from_env(cfg.gpu_interval);
+        Some(
+            GpuCollector::start(&opts, sink.clone(), cfg.quiet)
+                .context("cannot start the GPU collector thread")?,
+        )
     };
     if !delayed {
         sink.send_blocking(Event::WindowStart { t: MonoNs::now() });

@@ -114,6 +114,18 @@ fn job_pid(r: &Value) -> i64 {
 
 const MIB: u64 = 1024 * 1024;
 
+/// The job's root process is the first job process the GPU lists.
+fn assert_job_on_gpu(r: &Value, g: &Value) {
+    assert_eq!(
+        g["processes"][0]["pid"].as_i64(),
+        Some(job_pid(r)),
+        "GPU processes of the job: {}; others: {}; job: {}",
+        g["processes"],
+        g["other_processes"],
+        job_process(r)
+    );
+}
+
 #[test]
 fn two_gpus_job_attributed_to_gpu0_with_tracks_and_counters() {
     let tmp = tmpdir("two");
@@ -126,7 +138,7 @@ fn two_gpus_job_attributed_to_gpu0_with_tracks_and_counters() {
         "--gpu-ms",
         "20",
         "--steps",
-        "40",
+        "80",
     ]);
     let o = run_with(
         &fake_lib(),
@@ -316,7 +328,7 @@ fn idle_gaps_follow_the_jobs_activity() {
         "{}",
         g["idle_gaps"]
     );
-    assert_eq!(g["processes"][0]["pid"].as_i64(), Some(job_pid(&r)));
+    assert_job_on_gpu(&r, g);
     check_total(g, &log);
 
     // Four workers, light augmentation: the GPU is the bottleneck.
@@ -406,7 +418,7 @@ fn unsupported_metrics_are_listed_and_the_run_succeeds() {
         "--gpu-ms",
         "10",
         "--steps",
-        "30",
+        "120",
     ]);
     let o = run_with(
         &fake_lib(),
@@ -436,7 +448,12 @@ fn unsupported_metrics_are_listed_and_the_run_succeeds() {
     assert!(g["temperature_max_c"].is_null());
     // What is supported is still measured.
     assert!(g["busy_fraction"].as_f64().unwrap() > 0.5);
-    assert_eq!(g["processes"][0]["pid"].as_i64(), Some(job_pid(&r)));
+    assert_eq!(
+        g["processes"][0]["pid"].as_i64(),
+        Some(job_pid(&r)),
+        "{}",
+        g["processes"]
+    );
     assert!(g["processes"][0]["sm_pct_mean"].is_null());
     let _ = std::fs::remove_dir_all(&tmp);
 }
@@ -453,7 +470,7 @@ fn old_driver_without_v2_v3_symbols_falls_back() {
         "--gpu-ms",
         "10",
         "--steps",
-        "30",
+        "120",
     ]);
     let o = run_with(
         &old_fake_lib(),
@@ -472,7 +489,7 @@ fn old_driver_without_v2_v3_symbols_falls_back() {
     let r = report(&out);
     let g = &r["gpus"][0];
     // Process list through the v1 symbol, memory through nvmlDeviceGetMemoryInfo.
-    assert_eq!(g["processes"][0]["pid"].as_i64(), Some(job_pid(&r)));
+    assert_job_on_gpu(&r, g);
     assert_eq!(
         g["processes"][0]["memory_max_bytes"].as_u64(),
         Some(12288 * MIB)
@@ -584,7 +601,7 @@ fn hardware_state_scenarios() {
         "--gpu-ms",
         "10",
         "--steps",
-        "20",
+        "120",
     ]);
     let run = |name: &str| {
         let out = tmp.join(name);
@@ -626,7 +643,7 @@ fn hardware_state_scenarios() {
     let g = &r["gpus"][0];
     assert_eq!(g["mig_enabled"], true);
     assert!(g["utilization"].is_null());
-    assert_eq!(g["processes"][0]["pid"].as_i64(), Some(job_pid(&r)));
+    assert_job_on_gpu(&r, g);
     assert!(coverage(&r, "gpu.utilization").is_some());
     let _ = std::fs::remove_dir_all(&tmp);
 }

@@ -70,47 +70,46 @@ impl std::fmt::Display for GpuUnavailable {
 pub struct GpuCollector {
     stop: Sender<()>,
     thread: JoinHandle<()>,
-    pub devices: u32,
 }
 
 impl GpuCollector {
-    /// Open NVML and start polling. On failure the `gpu` coverage entry is
-    /// already sent; the caller prints the returned line and carries on.
-    pub fn start(opts: &GpuOptions, sink: Sink) -> Result<GpuCollector, GpuUnavailable> {
-        let nvml = match open(opts.lib_path.as_deref()) {
-            Ok(n) => n,
-            Err(why) => {
-                sink.send_blocking(Event::Coverage(Coverage {
-                    source: "gpu".into(),
-                    available: false,
-                    detail: why.clone(),
-                }));
-                return Err(GpuUnavailable(why));
-            }
-        };
-        let devices = match nvml.device_count() {
-            Ok(n) => n,
-            Err(e) => {
-                let why = format!("NVML cannot count the GPUs: {e}");
-                sink.send_blocking(Event::Coverage(Coverage {
-                    source: "gpu".into(),
-                    available: false,
-                    detail: why.clone(),
-                }));
-                return Err(GpuUnavailable(why));
-            }
-        };
+    /// Start the GPU thread: it opens NVML (which can take seconds on a
+    /// node without persistence mode, so the job is not held for it) and
+    /// polls. If NVML cannot be used, the thread sends the `gpu` coverage
+    /// entry, prints the one line saying why (unless `quiet`) and ends; the
+    /// job is profiled without GPU metrics.
+    pub fn start(opts: &GpuOptions, sink: Sink, quiet: bool) -> std::io::Result<GpuCollector> {
         let (stop, stop_rx) = std::sync::mpsc::channel();
         let interval = opts.interval.max(Duration::from_millis(10));
+        let lib = opts.lib_path.clone();
+        // The driver keeps seconds of history: samples from before this
+        // moment are not the job's, those after it are, even if NVML takes
+        // a while to open.
+        let since_us = wall_us();
         let thread = std::thread::Builder::new()
             .name("gpuprof-gpu".into())
-            .spawn(move || poll_thread(nvml, devices, interval, sink, stop_rx))
-            .map_err(|e| GpuUnavailable(format!("cannot start the GPU thread: {e}")))?;
-        Ok(GpuCollector {
-            stop,
-            thread,
-            devices,
-        })
+            .spawn(move || {
+                let unavailable = |why: String| {
+                    sink.send_blocking(Event::Coverage(Coverage {
+                        source: "gpu".into(),
+                        available: false,
+                        detail: why.clone(),
+                    }));
+                    if !quiet {
+                        eprintln!("gpuprof: {}", GpuUnavailable(why));
+                    }
+                };
+                let nvml = match open(lib.as_deref()) {
+                    Ok(n) => n,
+                    Err(why) => return unavailable(why),
+                };
+                let devices = match nvml.device_count() {
+                    Ok(n) => n,
+                    Err(e) => return unavailable(format!("NVML cannot count the GPUs: {e}")),
+                };
+                poll_thread(&nvml, devices, interval, since_us, &sink, stop_rx)
+            })?;
+        Ok(GpuCollector { stop, thread })
     }
 
     /// Take a last sample and stop. NVML is shut down when the thread ends.
@@ -249,10 +248,7 @@ fn sample_u32(v: &SampleValue) -> u32 {
 }
 
 impl<'n> Poller<'n> {
-    fn new(nvml: &'n Nvml, gpu: GpuIndex, dev: Device<'n>) -> Poller<'n> {
-        // The driver keeps seconds of history: start from now, so samples
-        // from before the job are not taken for the job's.
-        let now = wall_us();
+    fn new(nvml: &'n Nvml, gpu: GpuIndex, dev: Device<'n>, since_us: u64) -> Poller<'n> {
         Poller {
             gpu,
             dev,
@@ -261,8 +257,8 @@ impl<'n> Poller<'n> {
             util_instant: false,
             proc_api: Api::Current,
             mem_api: Api::Current,
-            last_util_ts: now,
-            last_proc_ts: now,
+            last_util_ts: since_us,
+            last_proc_ts: since_us,
             state: None,
             procs: None,
         }
@@ -658,7 +654,14 @@ unsafe fn raw_list<T>(
     Ok(buf)
 }
 
-fn poll_thread(nvml: Nvml, devices: u32, interval: Duration, sink: Sink, stop: Receiver<()>) {
+fn poll_thread(
+    nvml: &Nvml,
+    devices: u32,
+    interval: Duration,
+    since_us: u64,
+    sink: &Sink,
+    stop: Receiver<()>,
+) {
     let driver_version = nvml.sys_driver_version().ok();
     let cuda = match nvml.sys_cuda_driver_version() {
         Ok(v) => Some(v),
@@ -688,12 +691,12 @@ fn poll_thread(nvml: Nvml, devices: u32, interval: Duration, sink: Sink, stop: R
     let mut lost = Vec::new();
     for i in 0..devices {
         match nvml.device_by_index(i) {
-            Ok(d) => pollers.push(Poller::new(&nvml, i, d)),
+            Ok(d) => pollers.push(Poller::new(nvml, i, d, since_us)),
             Err(e) => lost.push(format!("GPU {i}: {e}")),
         }
     }
     for p in &mut pollers {
-        p.probe_all(&sink);
+        p.probe_all(sink);
     }
 
     // Coverage: one entry for NVML, one per metric that some GPU lacks.
@@ -746,7 +749,7 @@ fn poll_thread(nvml: Nvml, devices: u32, interval: Duration, sink: Sink, stop: R
     let mut next = Instant::now();
     loop {
         for p in &mut pollers {
-            p.poll(&sink, tick);
+            p.poll(sink, tick);
         }
         tick += 1;
         next += interval;
@@ -760,12 +763,10 @@ fn poll_thread(nvml: Nvml, devices: u32, interval: Duration, sink: Sink, stop: R
             // Stop: one last poll so the samples up to the end are kept.
             Ok(()) | Err(RecvTimeoutError::Disconnected) => {
                 for p in &mut pollers {
-                    p.poll(&sink, tick);
+                    p.poll(sink, tick);
                 }
                 break;
             }
         }
     }
-    drop(pollers);
-    drop(nvml);
 }

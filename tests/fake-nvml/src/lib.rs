@@ -257,8 +257,9 @@ enum Kind {
 #[derive(Debug)]
 struct Rule {
     cmdline_contains: String,
-    /// Count a matching process whose parent also matches (a forked worker
-    /// keeps its parent's command line); off by default.
+    /// Count a matching process forked (without exec) from another matching
+    /// process, i.e. with its parent's command line (a DataLoader-style
+    /// worker); off by default.
     include_children: bool,
     kind: Kind,
     used_memory_mib: Series,
@@ -728,68 +729,154 @@ fn parse_scenario(text: &str) -> PResult<Scenario> {
 #[derive(Clone)]
 struct ProcEntry {
     ppid: u32,
-    comm: String,
     cmdline: String,
+    /// When the PID was first listed (CLOCK_MONOTONIC ns).
+    seen_at: u64,
 }
 
-/// A cached view of `/proc`, rescanned at most every `RESCAN_NS`: a driver
-/// does not scan /proc, and the fake's cost counts against gpuprof's in the
-/// polling benchmark. A command line is re-read only when `comm` changed
-/// (an exec), so a rescan costs one small read per process.
+/// A process this young may still be exec'ing (a shim or launcher that
+/// execs the real program): its command line is re-read at every listing.
+const YOUNG_NS: u64 = 3_000_000_000;
+
+impl ProcEntry {
+    fn settled(&self, now: u64) -> bool {
+        now.saturating_sub(self.seen_at) >= YOUNG_NS
+            // An empty command line is a kernel thread (child of kthreadd,
+            // PID 2) or a process caught mid-exec: read it again.
+            && (!self.cmdline.is_empty() || self.ppid == 2 || self.ppid == 0)
+    }
+}
+
+/// A cached view of `/proc`. A driver does not scan /proc, and the fake's
+/// cost counts against gpuprof's in the polling benchmark, so: the PID list
+/// (one `getdents`) is refreshed at most every `LIST_NS`; a new PID is read
+/// at once (and its parent again, which may have exec'd since); young PIDs
+/// (`YOUNG_NS`) at every listing, since they may still exec; every PID at
+/// most every `REREAD_NS`.
 struct ProcTable {
-    scanned_at: u64,
+    listed_at: u64,
+    reread_at: u64,
     procs: HashMap<u32, ProcEntry>,
+    /// Matches per (pattern, include_children), valid until the next listing.
+    matched: HashMap<(String, bool), std::sync::Arc<Vec<u32>>>,
 }
 
-const RESCAN_NS: u64 = 200_000_000;
+const LIST_NS: u64 = 250_000_000;
+const REREAD_NS: u64 = 2_000_000_000;
 
-fn read_stat(pid: u32) -> Option<(u32, String)> {
+/// The parent PID from `/proc/PID/stat` (after the parenthesized name,
+/// which may itself hold spaces and parentheses).
+fn read_ppid(pid: u32) -> Option<u32> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let open = s.find('(')?;
     let close = s.rfind(')')?;
-    let comm = s.get(open + 1..close)?.to_string();
-    let ppid = s.get(close + 2..)?.split(' ').nth(1)?.parse().ok()?;
-    Some((ppid, comm))
+    s.get(close + 2..)?.split(' ').nth(1)?.parse().ok()
+}
+
+fn read_cmdline(pid: u32) -> String {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|b| {
+            String::from_utf8_lossy(&b)
+                .trim_end_matches('\0')
+                .replace('\0', " ")
+        })
+        .unwrap_or_default()
 }
 
 impl ProcTable {
     fn refresh(&mut self) {
         let now = clock_ns(libc::CLOCK_MONOTONIC);
-        if now.saturating_sub(self.scanned_at) < RESCAN_NS && self.scanned_at != 0 {
+        if self.listed_at != 0 && now.saturating_sub(self.listed_at) < LIST_NS {
             return;
         }
-        self.scanned_at = now;
+        self.listed_at = now;
+        let reread = self.reread_at == 0 || now.saturating_sub(self.reread_at) >= REREAD_NS;
+        if reread {
+            self.reread_at = now;
+        }
         let Ok(dir) = std::fs::read_dir("/proc") else {
             return;
         };
-        let mut next = HashMap::with_capacity(self.procs.len());
+        let mut next = HashMap::with_capacity(self.procs.len() + 8);
+        let mut new_parents = Vec::new();
         for e in dir.flatten() {
             let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
                 continue;
             };
-            let Some((ppid, comm)) = read_stat(pid) else {
-                continue;
-            };
-            let cmdline = match self.procs.get(&pid) {
-                Some(old) if old.comm == comm && old.ppid == ppid => old.cmdline.clone(),
-                _ => std::fs::read(format!("/proc/{pid}/cmdline"))
-                    .map(|b| {
-                        String::from_utf8_lossy(&b)
-                            .trim_end_matches('\0')
-                            .replace('\0', " ")
-                    })
-                    .unwrap_or_default(),
-            };
-            next.insert(
-                pid,
-                ProcEntry {
-                    ppid,
-                    comm,
-                    cmdline,
-                },
-            );
+            match self.procs.remove(&pid) {
+                Some(old) if !reread && old.settled(now) => {
+                    next.insert(pid, old);
+                }
+                old => {
+                    let Some(ppid) = read_ppid(pid) else {
+                        continue;
+                    };
+                    if old.is_none() {
+                        new_parents.push(ppid);
+                    }
+                    let seen_at = old.map_or(now, |o| o.seen_at);
+                    next.insert(
+                        pid,
+                        ProcEntry {
+                            ppid,
+                            cmdline: read_cmdline(pid),
+                            seen_at,
+                        },
+                    );
+                }
+            }
+        }
+        // A new process's parent may have exec'd since it was read (the
+        // forked-worker rule compares their command lines): re-read it.
+        for ppid in new_parents {
+            if let (Some(e), Some(pp)) = (next.get_mut(&ppid), read_ppid(ppid)) {
+                e.ppid = pp;
+                e.cmdline = read_cmdline(ppid);
+            }
         }
         self.procs = next;
+        self.matched.clear();
+    }
+
+    /// PIDs whose command line contains `pattern`, sorted; the caller's own
+    /// PID never matches, and a process forked (without exec) from a
+    /// matching one — same command line as its parent, like a DataLoader
+    /// worker — only with `include_children`.
+    fn matching(
+        &mut self,
+        pattern: &str,
+        include_children: bool,
+        self_pid: u32,
+    ) -> std::sync::Arc<Vec<u32>> {
+        if let Some(m) = self.matched.get(&(pattern.to_string(), include_children)) {
+            return m.clone();
+        }
+        let procs = &self.procs;
+        let matches = |pid: u32| {
+            pid != self_pid && procs.get(&pid).is_some_and(|p| p.cmdline.contains(pattern))
+        };
+        let mut pids: Vec<u32> = procs
+            .iter()
+            .filter(|(pid, e)| {
+                matches(**pid)
+                    && (include_children
+                        || !(matches(e.ppid)
+                            && procs.get(&e.ppid).is_some_and(|p| p.cmdline == e.cmdline)))
+            })
+            .map(|(pid, _)| *pid)
+            .collect();
+        pids.sort_unstable();
+        if std::env::var_os("FAKE_NVML_DEBUG").is_some() {
+            let cands: Vec<String> = procs
+                .iter()
+                .filter(|(_, e)| e.cmdline.contains(pattern))
+                .map(|(pid, e)| format!("{pid}<-{}: {}", e.ppid, e.cmdline))
+                .collect();
+            eprintln!("fake-nvml: {pattern:?} matches {pids:?} of {cands:?} (self {self_pid})");
+        }
+        let pids = std::sync::Arc::new(pids);
+        self.matched
+            .insert((pattern.to_string(), include_children), pids.clone());
+        pids
     }
 
     fn alive(&self, pid: u32) -> bool {
@@ -1051,26 +1138,11 @@ impl Fake {
         let self_pid = self.self_pid;
         let dev = &self.scenario.devices[i];
         let mut out: Vec<GpuProc> = Vec::new();
-        let matches = |rule: &Rule, pid: u32| -> bool {
-            pid != self_pid
-                && self
-                    .procs
-                    .procs
-                    .get(&pid)
-                    .is_some_and(|p| p.cmdline.contains(&rule.cmdline_contains))
-        };
         for (r, rule) in dev.rules.iter().enumerate() {
-            let mut pids: Vec<u32> = self
+            let pids = self
                 .procs
-                .procs
-                .iter()
-                .filter(|(pid, e)| {
-                    matches(rule, **pid) && (rule.include_children || !matches(rule, e.ppid))
-                })
-                .map(|(pid, _)| *pid)
-                .collect();
-            pids.sort_unstable();
-            for pid in pids {
+                .matching(&rule.cmdline_contains, rule.include_children, self_pid);
+            for &pid in pids.iter() {
                 if out.iter().any(|p| p.pid == pid) {
                     continue;
                 }
@@ -1231,8 +1303,10 @@ fn init(name: &str) -> Ret {
             scenario,
             clock: Clock::now(),
             procs: ProcTable {
-                scanned_at: 0,
+                listed_at: 0,
+                reread_at: 0,
                 procs: HashMap::new(),
+                matched: HashMap::new(),
             },
             self_pid: std::process::id(),
             init_count: 1,
