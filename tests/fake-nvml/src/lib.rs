@@ -500,6 +500,70 @@ fn expand_env(s: &str) -> PResult<String> {
     Ok(out)
 }
 
+/// Reject keys the fake does not know: a typo must not silently fall back
+/// to a default.
+fn known_keys(o: &serde_json::Map<String, Value>, what: &str, known: &[&str]) -> PResult<()> {
+    for k in o.keys() {
+        if !known.contains(&k.as_str()) {
+            return Err(format!(
+                "{what}: unknown key {k:?} (known: {})",
+                known.join(", ")
+            ));
+        }
+    }
+    Ok(())
+}
+
+const TOP_KEYS: &[&str] = &[
+    "description",
+    "driver_version",
+    "nvml_version",
+    "cuda_driver_version",
+    "init_error",
+    "errors",
+    "devices",
+];
+const DEVICE_KEYS: &[&str] = &[
+    "description",
+    "name",
+    "uuid",
+    "pci_bus_id",
+    "pci_device_id",
+    "memory_total_mib",
+    "memory_reserved_mib",
+    "memory_base_used_mib",
+    "memory_used_mib",
+    "sample_period_ms",
+    "utilization",
+    "memory_utilization",
+    "clocks_mhz",
+    "max_clocks_mhz",
+    "temperature_c",
+    "power_w",
+    "power_limit_w",
+    "throttle_reasons",
+    "pcie",
+    "mig",
+    "processes",
+    "foreign_processes",
+    "activity_log",
+    "errors",
+];
+const CLOCK_KEYS: &[&str] = &["graphics", "sm", "memory", "video"];
+const PCIE_KEYS: &[&str] = &["gen", "width", "max_gen", "max_width", "tx_kbps", "rx_kbps"];
+const PROCESS_KEYS: &[&str] = &[
+    "cmdline_contains",
+    "include_children",
+    "type",
+    "used_memory_mib",
+    "sm_util",
+    "mem_util",
+    "gpu_instance_id",
+    "compute_instance_id",
+];
+const FOREIGN_KEYS: &[&str] = &["pid", "type", "used_memory_mib", "sm_util"];
+const ACTIVITY_KEYS: &[&str] = &["path", "used_memory_mib"];
+
 fn f(o: &serde_json::Map<String, Value>, k: &str, default: f64) -> f64 {
     o.get(k).and_then(|v| v.as_f64()).unwrap_or(default)
 }
@@ -509,6 +573,16 @@ fn parse_device(i: usize, v: &Value) -> PResult<FakeDevice> {
     let o = v
         .as_object()
         .ok_or_else(|| format!("{what}: expected an object"))?;
+    known_keys(o, &what, DEVICE_KEYS)?;
+    for (k, keys) in [
+        ("clocks_mhz", CLOCK_KEYS),
+        ("max_clocks_mhz", CLOCK_KEYS),
+        ("pcie", PCIE_KEYS),
+    ] {
+        if let Some(Value::Object(sub)) = o.get(k) {
+            known_keys(sub, &format!("{what}.{k}"), keys)?;
+        }
+    }
     let s = |k: &str, default: String| -> String {
         o.get(k)
             .and_then(|v| v.as_str())
@@ -546,6 +620,7 @@ fn parse_device(i: usize, v: &Value) -> PResult<FakeDevice> {
             let po = p
                 .as_object()
                 .ok_or_else(|| format!("{pw}: expected an object"))?;
+            known_keys(po, &pw, PROCESS_KEYS)?;
             let pat = po
                 .get("cmdline_contains")
                 .and_then(|v| v.as_str())
@@ -587,6 +662,7 @@ fn parse_device(i: usize, v: &Value) -> PResult<FakeDevice> {
             let po = p
                 .as_object()
                 .ok_or_else(|| format!("{pw}: expected an object"))?;
+            known_keys(po, &pw, FOREIGN_KEYS)?;
             foreign.push(Foreign {
                 pid: po
                     .get("pid")
@@ -603,13 +679,14 @@ fn parse_device(i: usize, v: &Value) -> PResult<FakeDevice> {
         Some(v) => {
             let (path, mem) = match v {
                 Value::String(p) => (p.clone(), 2048.0),
-                Value::Object(a) => (
-                    a.get("path")
+                Value::Object(a) => {
+                    known_keys(a, &format!("{what}.activity_log"), ACTIVITY_KEYS)?;
+                    let path = a
+                        .get("path")
                         .and_then(|v| v.as_str())
-                        .ok_or_else(|| format!("{what}.activity_log.path is required"))?
-                        .to_string(),
-                    f(a, "used_memory_mib", 2048.0),
-                ),
+                        .ok_or_else(|| format!("{what}.activity_log.path is required"))?;
+                    (path.to_string(), f(a, "used_memory_mib", 2048.0))
+                }
                 _ => return Err(format!("{what}.activity_log: expected a path or an object")),
             };
             Some(Activity {
@@ -687,6 +764,7 @@ fn parse_scenario(text: &str) -> PResult<Scenario> {
     let o = v
         .as_object()
         .ok_or("expected a JSON object at the top level")?;
+    known_keys(o, "scenario", TOP_KEYS)?;
     let init_error = match o.get("init_error").and_then(|v| v.as_str()) {
         Some(e) => Some(error_code(e)?),
         None => None,
@@ -2023,6 +2101,30 @@ mod tests {
         assert_eq!(a.busy_ns(Some(7), 0, 300, 1000), 100);
         // The open step runs until "now".
         assert_eq!(a.busy_ns(Some(7), 300, 1000, 450), 50);
+    }
+
+    #[test]
+    fn shipped_scenarios_parse_and_typos_are_rejected() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../samples/gpu");
+        let mut n = 0;
+        std::env::set_var("GPUPROF_ACTIVITY_LOG", "/dev/null");
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            let text = std::fs::read_to_string(&p).unwrap();
+            if let Err(e) = parse_scenario(&text) {
+                panic!("{}: {e}", p.display());
+            }
+            n += 1;
+        }
+        assert!(n >= 10);
+        let e = parse_scenario(r#"{"devices": [{"temprature_c": 90}]}"#)
+            .err()
+            .unwrap();
+        assert!(e.contains("unknown key \"temprature_c\""), "{e}");
+        let e = parse_scenario(r#"{"devices": [{"pcie": {"gne": 3}}]}"#)
+            .err()
+            .unwrap();
+        assert!(e.contains("devices[0].pcie"), "{e}");
     }
 
     #[test]
