@@ -429,7 +429,8 @@ pub enum Event {
         procs: Vec<GpuProc>,
     },
     /// Per-process utilization: the newest sample per PID since the last
-    /// poll (pid-0 rows dropped).
+    /// poll (pid-0 rows dropped), for the PIDs whose values changed; a
+    /// value holds until the PID's next sample.
     GpuProcUtil {
         t: MonoNs,
         gpu: GpuIndex,

@@ -82,15 +82,22 @@ pub struct GpuProcUse {
     pub mem_max: Option<u64>,
     /// GPU memory over time, from the process lists.
     pub mem: Vec<(MonoNs, u64)>,
-    /// Per-process SM utilization samples (the driver's own timestamps).
+    /// Per-process SM utilization (the driver's own timestamps; recorded
+    /// when it changed, each value holds until the next).
     pub sm: Vec<(MonoNs, u32)>,
+    /// Time-weighted mean of `sm` until the process was last seen.
     pub sm_mean: Option<f64>,
+    /// MIG GPU / compute instance the process ran in.
+    pub gi: Option<u32>,
+    pub ci: Option<u32>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct ThrottleUse {
     pub reason: String,
     pub seconds: f64,
+    /// When the reason was first seen active (within the recording).
+    pub first: MonoNs,
 }
 
 /// Everything known about one GPU for the run.
@@ -418,6 +425,26 @@ pub fn idle_gaps(w: &[UtilWindow], period_ns: u64, threshold_pct: f64) -> Vec<(M
     gaps
 }
 
+/// Mean of a step series (each value holds until the next point, the last
+/// until `end`); the plain mean when no time elapses.
+pub fn time_weighted_mean(points: &[(MonoNs, u32)], end: MonoNs) -> Option<f64> {
+    if points.is_empty() {
+        return None;
+    }
+    let (mut sum, mut total) = (0.0, 0.0);
+    for (k, &(t, v)) in points.iter().enumerate() {
+        let until = points.get(k + 1).map_or(end, |n| n.0).max(t);
+        let dt = (until.0 - t.0) as f64;
+        sum += v as f64 * dt;
+        total += dt;
+    }
+    Some(if total > 0.0 {
+        sum / total
+    } else {
+        points.iter().map(|p| p.1 as f64).sum::<f64>() / points.len() as f64
+    })
+}
+
 pub fn gap_stats(gaps: &[(MonoNs, MonoNs)]) -> GapStats {
     let mut lens: Vec<f64> = gaps.iter().map(|g| g.1.secs_since(g.0)).collect();
     lens.sort_by(f64::total_cmp);
@@ -489,15 +516,15 @@ fn device(
     d.util = util;
 
     // State: each value holds until the next state event.
-    let mut throttle_ns: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut throttle_ns: BTreeMap<u64, (u64, MonoNs)> = BTreeMap::new();
     for (k, (t, s)) in acc.states.iter().enumerate() {
         // Held until the next state, clipped to the recorded window.
         let until = acc.states.get(k + 1).map(|n| n.0).unwrap_or(inp.end);
         let held = until.min(inp.end).0.saturating_sub((*t).max(inp.start).0);
         if let Some(bits) = s.throttle {
             for &(bit, _) in THROTTLE_REASONS {
-                if bits & bit != 0 {
-                    *throttle_ns.entry(bit).or_default() += held;
+                if bits & bit != 0 && held > 0 {
+                    throttle_ns.entry(bit).or_insert((0, (*t).max(inp.start))).0 += held;
                 }
             }
         }
@@ -524,9 +551,10 @@ fn device(
     d.throttle = THROTTLE_REASONS
         .iter()
         .filter_map(|&(bit, name)| {
-            throttle_ns.get(&bit).map(|ns| ThrottleUse {
+            throttle_ns.get(&bit).map(|&(ns, first)| ThrottleUse {
                 reason: name.to_string(),
-                seconds: *ns as f64 / 1e9,
+                seconds: ns as f64 / 1e9,
+                first,
             })
         })
         .collect();
@@ -547,6 +575,8 @@ fn device(
                 mem: Vec::new(),
                 sm: Vec::new(),
                 sm_mean: None,
+                gi: p.gi,
+                ci: p.ci,
             });
             u.last_seen = *t;
             if let Some(m) = p.mem {
@@ -570,9 +600,8 @@ fn device(
         let mut s: Vec<(MonoNs, u32)> = samples.iter().map(|&(ts, v)| (map(ts), v)).collect();
         s.sort_unstable();
         s.retain(|x| x.0 >= inp.start && x.0 <= inp.end);
-        if !s.is_empty() {
-            u.sm_mean = Some(s.iter().map(|x| x.1 as f64).sum::<f64>() / s.len() as f64);
-        }
+        s.dedup_by_key(|x| x.0);
+        u.sm_mean = time_weighted_mean(&s, u.last_seen.max(s.last().map_or(inp.start, |x| x.0)));
         u.sm = s;
     }
     d.processes = procs.into_values().collect();
@@ -653,6 +682,14 @@ mod tests {
             MonoNs(u64::MAX),
         );
         assert_eq!(ws.len(), 2);
+    }
+
+    #[test]
+    fn step_means_weigh_by_time() {
+        let p = [(MonoNs(0), 100), (MonoNs(10), 0)];
+        assert_eq!(time_weighted_mean(&p, MonoNs(40)), Some(25.0));
+        assert_eq!(time_weighted_mean(&p[..1], MonoNs(0)), Some(100.0));
+        assert_eq!(time_weighted_mean(&[], MonoNs(0)), None);
     }
 
     #[test]
@@ -747,6 +784,7 @@ mod tests {
         let t = &a.devices[0].throttle;
         assert_eq!(t[0].reason, "hw_thermal_slowdown");
         assert!((t[0].seconds - 2.5).abs() < 1e-9);
+        assert_eq!(t[0].first, MonoNs(2_000_000_000));
         assert_eq!(a.devices[0].resolution_ns, 100_000_000);
         assert_eq!(a.devices[0].gap_stats.count, 1);
         assert!((a.devices[0].gap_stats.total_s - 0.22).abs() < 1e-6);

@@ -221,6 +221,8 @@ struct Poller<'n> {
     last_proc_ts: u64,
     state: Option<GpuState>,
     procs: Option<Vec<GpuProc>>,
+    /// Per-process (SM %, memory %) last recorded: recorded again on change.
+    proc_util: BTreeMap<u32, (u32, u32)>,
 }
 
 fn wall_us() -> u64 {
@@ -261,6 +263,7 @@ impl<'n> Poller<'n> {
             last_proc_ts: since_us,
             state: None,
             procs: None,
+            proc_util: BTreeMap::new(),
         }
     }
 
@@ -537,11 +540,21 @@ impl<'n> Poller<'n> {
                 }
                 if let Some(ts) = newest.values().map(|s| s.ts_us).max() {
                     self.last_proc_ts = ts;
-                    sink.send(Event::GpuProcUtil {
-                        t,
-                        gpu: self.gpu,
-                        samples: newest.into_values().collect(),
-                    });
+                    // Values hold until they change: record the changes.
+                    let changed: Vec<GpuProcSample> = newest
+                        .into_values()
+                        .filter(|s| {
+                            self.proc_util.insert(s.pid.0 as u32, (s.sm, s.mem))
+                                != Some((s.sm, s.mem))
+                        })
+                        .collect();
+                    if !changed.is_empty() {
+                        sink.send(Event::GpuProcUtil {
+                            t,
+                            gpu: self.gpu,
+                            samples: changed,
+                        });
+                    }
                 }
             }
         }

@@ -58,6 +58,7 @@ fn device(a: &Analysis, d: &GpuDeviceAnalysis) -> Value {
             json!({
                 "reason": t.reason,
                 "seconds": r(t.seconds, 3),
+                "first_active_s": r(a.rel_s(t.first).max(0.0), 3),
                 "share_of_run": r(t.seconds / dur, 4),
             })
         })
@@ -94,6 +95,8 @@ fn device(a: &Analysis, d: &GpuDeviceAnalysis) -> Value {
                 "context": match p.ctx { GpuContext::Compute => "compute", GpuContext::Graphics => "graphics" },
                 "memory_max_bytes": p.mem_max,
                 "sm_pct_mean": p.sm_mean.map(|v| r(v, 2)),
+                "gpu_instance_id": p.gi,
+                "compute_instance_id": p.ci,
                 "first_seen_s": r(a.rel_s(p.first_seen).max(0.0), 3),
             })
         })
