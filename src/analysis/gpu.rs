@@ -1,4 +1,7 @@
-//! GPU analysis: pure functions over the recorded GPU events.
+//! GPU analysis: pure functions over the recorded GPU events, computed in
+//! one streaming pass with bounded memory (counters are bounded `Series`,
+//! idle gaps and clock-event runs are capped), so a day-long run on eight
+//! GPUs costs the same memory as a short one.
 //!
 //! - Utilization samples (NVML's µs Unix timestamps) are mapped onto the
 //!   monotonic axis with the header's anchor pair. Each sample covers the
@@ -16,7 +19,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::event::{Event, GpuContext, GpuIndex, GpuProc, GpuState, Header, MonoNs, Pid};
+use super::series::Series;
+use crate::event::{Event, GpuContext, GpuIndex, GpuState, Header, MonoNs, Pid};
 
 /// Default idle threshold: a sample at or below this utilization is idle.
 pub const DEFAULT_IDLE_THRESHOLD_PCT: f64 = 5.0;
@@ -54,6 +58,14 @@ pub fn throttle_names(bits: u64) -> Vec<String> {
     out
 }
 
+/// At most this many idle gaps (and clock-event runs per reason) are kept
+/// per GPU as intervals; the statistics count every one.
+pub const MAX_INTERVALS: usize = 100_000;
+
+/// Samples buffered to estimate the driver's sample period before the
+/// rest are processed as they come.
+const PERIOD_PROBE: usize = 32;
+
 /// One utilization sample as a window on the monotonic axis.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct UtilWindow {
@@ -71,25 +83,32 @@ pub struct GapStats {
 }
 
 /// A process seen on a GPU.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug)]
 pub struct GpuProcUse {
     pub pid: Pid,
     /// A process of the job's tree.
     pub in_job: bool,
     pub ctx: GpuContext,
     pub first_seen: MonoNs,
+    /// When it left the GPU (missing from a process list), or the end of
+    /// the recording if it never did.
     pub last_seen: MonoNs,
     pub mem_max: Option<u64>,
-    /// GPU memory over time, from the process lists.
-    pub mem: Vec<(MonoNs, u64)>,
-    /// Per-process SM utilization (the driver's own timestamps; recorded
-    /// when it changed, each value holds until the next).
-    pub sm: Vec<(MonoNs, u32)>,
-    /// Time-weighted mean of `sm` until the process was last seen.
+    /// GPU memory (bytes) over time, from the process lists.
+    pub mem: Series,
+    /// Per-process SM utilization (%) over time, from the driver's samples
+    /// (each value holds until the next).
+    pub sm: Series,
+    /// Time-weighted mean SM utilization until the process was last seen.
     pub sm_mean: Option<f64>,
     /// MIG GPU / compute instance the process ran in.
     pub gi: Option<u32>,
     pub ci: Option<u32>,
+    present: bool,
+    last_mem: Option<(MonoNs, u64)>,
+    last_sm: Option<(MonoNs, u32)>,
+    sm_sum: f64,
+    sm_ns: f64,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -98,10 +117,34 @@ pub struct ThrottleUse {
     pub seconds: f64,
     /// When the reason was first seen active (within the recording).
     pub first: MonoNs,
+    /// When it was active (merged runs, at most `MAX_INTERVALS`).
+    pub runs: Vec<(MonoNs, MonoNs)>,
+}
+
+/// A GPU state figure over time and its extremes.
+#[derive(Clone, Debug, Default)]
+pub struct Gauge {
+    pub series: Series,
+    pub min: Option<u64>,
+    pub max: Option<u64>,
+}
+
+impl Gauge {
+    fn hold(&mut self, v: Option<u64>, from: MonoNs, to: MonoNs) {
+        if let Some(v) = v {
+            self.series.push(from, to, v as f64);
+        }
+    }
+    fn see(&mut self, v: Option<u64>) {
+        if let Some(v) = v {
+            self.min = Some(self.min.map_or(v, |m| m.min(v)));
+            self.max = Some(self.max.map_or(v, |m| m.max(v)));
+        }
+    }
 }
 
 /// Everything known about one GPU for the run.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default)]
 pub struct GpuDeviceAnalysis {
     pub index: GpuIndex,
     pub name: String,
@@ -115,7 +158,11 @@ pub struct GpuDeviceAnalysis {
     pub mig_enabled: Option<bool>,
     pub unsupported: Vec<String>,
 
-    pub util: Vec<UtilWindow>,
+    /// Device utilization (%) over the sampled windows.
+    pub util: Series,
+    pub util_samples: u64,
+    /// Start of the first and end of the last sample window.
+    pub sampled: Option<(MonoNs, MonoNs)>,
     /// Sample period: the resolution of utilization and idle gaps.
     pub resolution_ns: u64,
     pub util_mean: Option<f64>,
@@ -124,25 +171,27 @@ pub struct GpuDeviceAnalysis {
     /// Time-weighted mean utilization / 100: the share of the sampled time
     /// during which a kernel ran.
     pub busy_fraction: Option<f64>,
+    /// Idle gaps in time order (at most `MAX_INTERVALS`; `gap_stats`
+    /// counts all).
     pub idle_gaps: Vec<(MonoNs, MonoNs)>,
     pub gap_stats: GapStats,
 
-    pub states: Vec<(MonoNs, GpuState)>,
-    pub pcie: Vec<(MonoNs, u32, u32)>,
-    pub mem_used_max: Option<u64>,
-    pub temp_max: Option<u32>,
-    pub sm_mhz_min: Option<u32>,
-    pub sm_mhz_max: Option<u32>,
-    pub power_max_mw: Option<u32>,
-    pub power_limit_mw: Option<u32>,
+    pub mem_used: Gauge,
+    pub sm_mhz: Gauge,
+    pub mem_mhz: Gauge,
+    pub temp_c: Gauge,
+    pub power_mw: Gauge,
+    pub power_limit_mw: Gauge,
+    pub pcie_gen: Gauge,
+    pub pcie_width: Gauge,
+    /// PCIe throughput, KB/s.
+    pub pcie_tx: Gauge,
+    pub pcie_rx: Gauge,
     pub throttle: Vec<ThrottleUse>,
-    /// Lowest link generation and width seen.
-    pub pcie_gen_min: Option<u32>,
-    pub pcie_width_min: Option<u32>,
     pub processes: Vec<GpuProcUse>,
 }
 
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default)]
 pub struct GpuAnalysis {
     /// NVML was opened (a `GpuDriver` event was recorded).
     pub available: bool,
@@ -202,39 +251,242 @@ fn merge(sorted: Vec<(MonoNs, MonoNs)>) -> Vec<(MonoNs, MonoNs)> {
     out
 }
 
+/// Finds idle gaps in sample windows given in time order; see the module
+/// doc for the rule.
+#[derive(Clone, Debug)]
+pub struct GapFinder {
+    period_ns: u64,
+    threshold_pct: f64,
+    prev: Option<UtilWindow>,
+    /// The open run of idle samples: (start incl. the previous sample's
+    /// idle share, end).
+    run: Option<(u64, u64)>,
+    pub gaps: Vec<(MonoNs, MonoNs)>,
+    lens: Vec<f64>,
+    count: usize,
+    total_s: f64,
+    max_s: f64,
+}
+
+impl GapFinder {
+    pub fn new(period_ns: u64, threshold_pct: f64) -> GapFinder {
+        GapFinder {
+            period_ns,
+            threshold_pct,
+            prev: None,
+            run: None,
+            gaps: Vec::new(),
+            lens: Vec::new(),
+            count: 0,
+            total_s: 0.0,
+            max_s: 0.0,
+        }
+    }
+
+    fn idle(&self, w: &UtilWindow) -> bool {
+        w.pct as f64 <= self.threshold_pct
+    }
+
+    /// The idle part of a partly busy sample, in ns.
+    fn idle_share(w: &UtilWindow) -> u64 {
+        let len = w.end.0.saturating_sub(w.start.0);
+        (len as f64 * (100 - w.pct.min(100)) as f64 / 100.0) as u64
+    }
+
+    fn close(&mut self, extend_ns: u64) {
+        if let Some((s, e)) = self.run.take() {
+            let e = e + extend_ns;
+            if e.saturating_sub(s) >= self.period_ns {
+                let len = (e - s) as f64 / 1e9;
+                self.count += 1;
+                self.total_s += len;
+                self.max_s = self.max_s.max(len);
+                if self.gaps.len() < MAX_INTERVALS {
+                    self.gaps.push((MonoNs(s), MonoNs(e)));
+                    self.lens.push(len);
+                }
+            }
+        }
+    }
+
+    pub fn push(&mut self, w: UtilWindow) {
+        // Adjacent: no sample missing in between.
+        let adjacent = self
+            .prev
+            .is_some_and(|p| w.start.0 <= p.end.0 + self.period_ns / 2);
+        if self.idle(&w) {
+            match self.run.as_mut() {
+                Some(r) if adjacent => r.1 = w.end.0,
+                _ => {
+                    self.close(0);
+                    let before = match self.prev {
+                        Some(p) if adjacent => Self::idle_share(&p),
+                        _ => 0,
+                    };
+                    self.run = Some((w.start.0.saturating_sub(before), w.end.0));
+                }
+            }
+        } else if self.run.is_some() {
+            self.close(if adjacent { Self::idle_share(&w) } else { 0 });
+        }
+        self.prev = Some(w);
+    }
+
+    pub fn finish(mut self) -> (Vec<(MonoNs, MonoNs)>, GapStats) {
+        self.close(0);
+        let mut lens = self.lens;
+        lens.sort_by(f64::total_cmp);
+        let stats = GapStats {
+            count: self.count,
+            total_s: self.total_s,
+            median_s: lens.get(lens.len() / 2).copied().unwrap_or(0.0),
+            max_s: self.max_s,
+        };
+        (self.gaps, stats)
+    }
+}
+
+/// Idle gaps of sample windows in time order.
+pub fn idle_gaps(w: &[UtilWindow], period_ns: u64, threshold_pct: f64) -> Vec<(MonoNs, MonoNs)> {
+    let mut g = GapFinder::new(period_ns, threshold_pct);
+    for x in w {
+        g.push(*x);
+    }
+    g.finish().0
+}
+
+/// Utilization of one GPU, accumulated sample by sample.
+#[derive(Debug)]
+struct UtilAcc {
+    period_ns: u64,
+    gaps: GapFinder,
+    series: Series,
+    hist: [u64; 101],
+    busy: f64,
+    covered: f64,
+    first: Option<MonoNs>,
+    last: Option<MonoNs>,
+}
+
+impl UtilAcc {
+    fn new(period_ns: u64, threshold_pct: f64) -> UtilAcc {
+        UtilAcc {
+            period_ns,
+            gaps: GapFinder::new(period_ns, threshold_pct),
+            series: Series::default(),
+            hist: [0; 101],
+            busy: 0.0,
+            covered: 0.0,
+            first: None,
+            last: None,
+        }
+    }
+
+    fn push(&mut self, w: UtilWindow) {
+        let len = (w.end.0 - w.start.0) as f64;
+        self.busy += len * w.pct as f64 / 100.0;
+        self.covered += len;
+        self.hist[w.pct.min(100) as usize] += 1;
+        self.series.push(w.start, w.end, w.pct as f64);
+        self.first.get_or_insert(w.start);
+        self.last = Some(w.end);
+        self.gaps.push(w);
+    }
+
+    /// The q-quantile of the sample values (exact: values are whole %).
+    fn quantile(&self, q: f64) -> Option<f64> {
+        let n: u64 = self.hist.iter().sum();
+        if n == 0 {
+            return None;
+        }
+        let rank = ((n - 1) as f64 * q).round() as u64;
+        let mut seen = 0;
+        for (v, c) in self.hist.iter().enumerate() {
+            seen += c;
+            if seen > rank {
+                return Some(v as f64);
+            }
+        }
+        Some(100.0)
+    }
+}
+
+#[derive(Debug, Default)]
+struct ThrottleAcc {
+    ns: u64,
+    first: Option<MonoNs>,
+    runs: Vec<(MonoNs, MonoNs)>,
+}
+
 #[derive(Default)]
 struct DevAcc {
     info: Option<Event>,
-    util: Vec<(u64, u32)>,
-    states: Vec<(MonoNs, GpuState)>,
-    pcie: Vec<(MonoNs, u32, u32)>,
-    procs: Vec<(MonoNs, Vec<GpuProc>)>,
-    proc_util: BTreeMap<Pid, Vec<(u64, u32)>>,
+    /// Samples waiting until the period is known.
+    pending: Vec<(u64, u32)>,
+    util: Option<UtilAcc>,
+    last_ts: u64,
+    last_state: Option<(MonoNs, GpuState)>,
+    last_pcie: Option<(MonoNs, u32, u32)>,
+    d: GpuDeviceAnalysis,
+    throttle: BTreeMap<u64, ThrottleAcc>,
+    procs: BTreeMap<Pid, GpuProcUse>,
 }
 
 /// Collects the GPU events of a recording in one pass; `finish` analyses.
-#[derive(Default)]
 pub struct GpuBuilder {
     available: bool,
     driver_version: Option<String>,
     cuda_driver_version: Option<i32>,
+    anchor_monotonic_ns: u64,
+    anchor_realtime_ns: u64,
+    start: MonoNs,
+    window_seen: bool,
+    threshold_pct: f64,
     devs: BTreeMap<GpuIndex, DevAcc>,
 }
 
-/// What the GPU analysis needs from the rest of the recording.
+/// What the GPU analysis needs at the end of the recording.
 pub struct GpuInputs<'a> {
-    pub header: &'a Header,
     /// Every process of the job's tree ever seen.
     pub job_pids: &'a BTreeSet<Pid>,
-    /// The recorded window (samples outside it are dropped).
-    pub start: MonoNs,
+    /// End of the recorded window.
     pub end: MonoNs,
-    pub idle_threshold_pct: f64,
 }
 
 impl GpuBuilder {
+    /// From the recording's header: the clock anchor, the start and the
+    /// idle threshold it was recorded with.
+    pub fn new(h: &Header) -> GpuBuilder {
+        GpuBuilder {
+            available: false,
+            driver_version: None,
+            cuda_driver_version: None,
+            anchor_monotonic_ns: h.anchor_monotonic_ns,
+            anchor_realtime_ns: h.anchor_realtime_ns,
+            start: h.start,
+            window_seen: false,
+            threshold_pct: h
+                .gpu_idle_threshold_pct
+                .unwrap_or(DEFAULT_IDLE_THRESHOLD_PCT),
+            devs: BTreeMap::new(),
+        }
+    }
+
+    /// NVML's µs Unix timestamp on the monotonic axis.
+    fn map(&self, ts_us: u64) -> MonoNs {
+        let v = self.anchor_monotonic_ns as i128 + ts_us as i128 * 1000
+            - self.anchor_realtime_ns as i128;
+        MonoNs(v.max(0) as u64)
+    }
+
     pub fn push(&mut self, ev: &Event) {
         match ev {
+            // The first window start is the analysis' start (later than the
+            // header's with --delay); samples before it are not the window's.
+            Event::WindowStart { t } if !self.window_seen => {
+                self.window_seen = true;
+                self.start = *t;
+            }
             Event::GpuDriver {
                 driver_version,
                 cuda_driver_version,
@@ -248,18 +500,33 @@ impl GpuBuilder {
                 self.devs.entry(*gpu).or_default().info = Some(ev.clone());
             }
             Event::GpuUtil { gpu, samples, .. } => {
-                self.devs
-                    .entry(*gpu)
-                    .or_default()
-                    .util
-                    .extend_from_slice(samples);
+                let mut sorted = samples.clone();
+                sorted.sort_unstable();
+                let (start, threshold) = (self.start, self.threshold_pct);
+                let anchor = (self.anchor_monotonic_ns, self.anchor_realtime_ns);
+                let acc = self.devs.entry(*gpu).or_default();
+                for (ts, v) in sorted {
+                    if ts <= acc.last_ts {
+                        continue;
+                    }
+                    acc.last_ts = ts;
+                    acc.pending.push((ts, v));
+                }
+                if acc.util.is_none() && acc.pending.len() >= PERIOD_PROBE {
+                    acc.start_util(threshold);
+                }
+                if acc.util.is_some() {
+                    acc.drain_pending(anchor, start);
+                }
             }
             Event::GpuState { t, gpu, state } => {
-                self.devs
-                    .entry(*gpu)
-                    .or_default()
-                    .states
-                    .push((*t, state.clone()));
+                let start = self.start;
+                let acc = self.devs.entry(*gpu).or_default();
+                if let Some((pt, ps)) = acc.last_state.take() {
+                    acc.hold_state(&ps, pt.max(start), *t);
+                }
+                acc.see_state(state);
+                acc.last_state = Some((*t, state.clone()));
             }
             Event::GpuPcie {
                 t,
@@ -267,23 +534,75 @@ impl GpuBuilder {
                 tx_kbps,
                 rx_kbps,
             } => {
-                self.devs
-                    .entry(*gpu)
-                    .or_default()
-                    .pcie
-                    .push((*t, *tx_kbps, *rx_kbps));
+                let acc = self.devs.entry(*gpu).or_default();
+                if let Some((pt, _, _)) = acc.last_pcie {
+                    // A reading is the rate over a short window at `t`:
+                    // drawn from the previous reading on.
+                    acc.d.pcie_tx.hold(Some(*tx_kbps as u64), pt, *t);
+                    acc.d.pcie_rx.hold(Some(*rx_kbps as u64), pt, *t);
+                }
+                acc.d.pcie_tx.see(Some(*tx_kbps as u64));
+                acc.d.pcie_rx.see(Some(*rx_kbps as u64));
+                acc.last_pcie = Some((*t, *tx_kbps, *rx_kbps));
             }
             Event::GpuProcesses { t, gpu, procs } => {
-                self.devs
-                    .entry(*gpu)
-                    .or_default()
-                    .procs
-                    .push((*t, procs.clone()));
+                let acc = self.devs.entry(*gpu).or_default();
+                for p in procs {
+                    let u = acc.procs.entry(p.pid).or_insert_with(|| GpuProcUse {
+                        pid: p.pid,
+                        in_job: false,
+                        ctx: p.ctx,
+                        first_seen: *t,
+                        last_seen: *t,
+                        mem_max: None,
+                        mem: Series::default(),
+                        sm: Series::default(),
+                        sm_mean: None,
+                        gi: p.gi,
+                        ci: p.ci,
+                        present: true,
+                        last_mem: None,
+                        last_sm: None,
+                        sm_sum: 0.0,
+                        sm_ns: 0.0,
+                    });
+                    u.present = true;
+                    u.last_seen = *t;
+                    if let Some(m) = p.mem {
+                        u.mem_max = Some(u.mem_max.unwrap_or(0).max(m));
+                        set_mem(u, *t, m);
+                    }
+                }
+                // A process missing from this list has left the GPU.
+                for u in acc.procs.values_mut() {
+                    if u.present && !procs.iter().any(|p| p.pid == u.pid) {
+                        u.present = false;
+                        u.last_seen = *t;
+                        set_mem(u, *t, 0);
+                    }
+                }
             }
             Event::GpuProcUtil { gpu, samples, .. } => {
-                let d = self.devs.entry(*gpu).or_default();
-                for s in samples {
-                    d.proc_util.entry(s.pid).or_default().push((s.ts_us, s.sm));
+                let start = self.start;
+                let mapped: Vec<(Pid, MonoNs, u32)> = samples
+                    .iter()
+                    .map(|s| (s.pid, self.map(s.ts_us), s.sm))
+                    .collect();
+                let acc = self.devs.entry(*gpu).or_default();
+                for (pid, t, sm) in mapped {
+                    let Some(u) = acc.procs.get_mut(&pid) else {
+                        continue;
+                    };
+                    if t < start || u.last_sm.is_some_and(|l| t <= l.0) {
+                        continue;
+                    }
+                    if let Some((pt, pv)) = u.last_sm {
+                        u.sm.push(pt, t, pv as f64);
+                        let dt = (t.0 - pt.0) as f64;
+                        u.sm_sum += pv as f64 * dt;
+                        u.sm_ns += dt;
+                    }
+                    u.last_sm = Some((t, sm));
                 }
             }
             _ => {}
@@ -291,20 +610,17 @@ impl GpuBuilder {
     }
 
     pub fn finish(self, inp: &GpuInputs) -> GpuAnalysis {
-        let map = |ts_us: u64| -> MonoNs {
-            let v = inp.header.anchor_monotonic_ns as i128 + ts_us as i128 * 1000
-                - inp.header.anchor_realtime_ns as i128;
-            MonoNs(v.max(0) as u64)
-        };
         let mut out = GpuAnalysis {
             available: self.available,
-            driver_version: self.driver_version,
+            driver_version: self.driver_version.clone(),
             cuda_driver_version: self.cuda_driver_version,
-            idle_threshold_pct: inp.idle_threshold_pct,
+            idle_threshold_pct: self.threshold_pct,
             ..Default::default()
         };
+        let anchor = (self.anchor_monotonic_ns, self.anchor_realtime_ns);
         for (index, acc) in self.devs {
-            out.devices.push(device(index, acc, inp, &map));
+            out.devices
+                .push(acc.finish(index, anchor, self.start, inp, self.threshold_pct));
         }
 
         let any_job = out
@@ -327,7 +643,7 @@ impl GpuBuilder {
             );
         }
         for d in &out.devices {
-            if d.resolution_ns > 0 && !d.util.is_empty() {
+            if d.util_samples > 0 {
                 out.notes.push(format!(
                     "GPU {}: utilization is sampled by the driver every {:.0} ms; idle gaps \
                      shorter than that cannot be seen",
@@ -341,276 +657,219 @@ impl GpuBuilder {
                     d.index
                 ));
             }
+            if d.gap_stats.count > d.idle_gaps.len() {
+                out.notes.push(format!(
+                    "GPU {}: {} idle gaps; the first {} are kept as intervals (trace, \
+                     flamegraph), the statistics count all",
+                    d.index,
+                    d.gap_stats.count,
+                    d.idle_gaps.len()
+                ));
+            }
         }
         out
     }
 }
 
-fn percentile(sorted: &[u32], q: f64) -> Option<f64> {
-    if sorted.is_empty() {
-        return None;
-    }
-    let i = ((sorted.len() - 1) as f64 * q).round() as usize;
-    Some(sorted[i.min(sorted.len() - 1)] as f64)
-}
-
-/// Sample windows from raw (µs timestamp, %) samples: sorted, deduplicated,
-/// clipped to the recording, each covering one period before its stamp.
-pub fn util_windows(
-    samples: &[(u64, u32)],
-    map: impl Fn(u64) -> MonoNs,
-    from: MonoNs,
-    to: MonoNs,
-) -> (Vec<UtilWindow>, u64) {
-    let mut s: Vec<(u64, u32)> = samples.to_vec();
-    s.sort_unstable();
-    s.dedup_by_key(|x| x.0);
-    let mut diffs: Vec<u64> = s.windows(2).map(|w| w[1].0 - w[0].0).collect();
-    diffs.sort_unstable();
-    let period_ns = if diffs.is_empty() {
-        DEFAULT_PERIOD_NS
-    } else {
-        diffs[diffs.len() / 2] * 1000
-    };
-    let mut out = Vec::with_capacity(s.len());
-    for (ts, pct) in s {
-        let end = map(ts);
-        let start = MonoNs(end.0.saturating_sub(period_ns));
-        if start < from || end > to {
-            continue;
+fn set_mem(u: &mut GpuProcUse, t: MonoNs, m: u64) {
+    match u.last_mem {
+        Some((_, v)) if v == m => {}
+        Some((pt, v)) => {
+            u.mem.push(pt, t, v as f64);
+            u.last_mem = Some((t, m));
         }
-        out.push(UtilWindow {
-            start,
-            end,
-            pct: pct.min(100),
-        });
-    }
-    (out, period_ns)
-}
-
-/// Idle gaps from sample windows; see the module doc.
-pub fn idle_gaps(w: &[UtilWindow], period_ns: u64, threshold_pct: f64) -> Vec<(MonoNs, MonoNs)> {
-    let idle = |x: &UtilWindow| x.pct as f64 <= threshold_pct;
-    // Adjacent: no sample missing in between.
-    let adjacent = |a: &UtilWindow, b: &UtilWindow| b.start.0 <= a.end.0 + period_ns / 2;
-    let mut gaps = Vec::new();
-    let mut i = 0;
-    while i < w.len() {
-        if !idle(&w[i]) {
-            i += 1;
-            continue;
-        }
-        let first = i;
-        while i + 1 < w.len() && idle(&w[i + 1]) && adjacent(&w[i], &w[i + 1]) {
-            i += 1;
-        }
-        let last = i;
-        let mut start = w[first].start.0;
-        let mut end = w[last].end.0;
-        if first > 0 && adjacent(&w[first - 1], &w[first]) {
-            let p = &w[first - 1];
-            let len = p.end.0 - p.start.0;
-            start -= (len as f64 * (100 - p.pct) as f64 / 100.0) as u64;
-        }
-        if last + 1 < w.len() && adjacent(&w[last], &w[last + 1]) {
-            let n = &w[last + 1];
-            let len = n.end.0 - n.start.0;
-            end += (len as f64 * (100 - n.pct) as f64 / 100.0) as u64;
-        }
-        if end - start >= period_ns {
-            gaps.push((MonoNs(start), MonoNs(end)));
-        }
-        i += 1;
-    }
-    gaps
-}
-
-/// Mean of a step series (each value holds until the next point, the last
-/// until `end`); the plain mean when no time elapses.
-pub fn time_weighted_mean(points: &[(MonoNs, u32)], end: MonoNs) -> Option<f64> {
-    if points.is_empty() {
-        return None;
-    }
-    let (mut sum, mut total) = (0.0, 0.0);
-    for (k, &(t, v)) in points.iter().enumerate() {
-        let until = points.get(k + 1).map_or(end, |n| n.0).max(t);
-        let dt = (until.0 - t.0) as f64;
-        sum += v as f64 * dt;
-        total += dt;
-    }
-    Some(if total > 0.0 {
-        sum / total
-    } else {
-        points.iter().map(|p| p.1 as f64).sum::<f64>() / points.len() as f64
-    })
-}
-
-pub fn gap_stats(gaps: &[(MonoNs, MonoNs)]) -> GapStats {
-    let mut lens: Vec<f64> = gaps.iter().map(|g| g.1.secs_since(g.0)).collect();
-    lens.sort_by(f64::total_cmp);
-    GapStats {
-        count: lens.len(),
-        total_s: lens.iter().sum(),
-        median_s: if lens.is_empty() {
-            0.0
-        } else {
-            lens[lens.len() / 2]
-        },
-        max_s: lens.last().copied().unwrap_or(0.0),
+        None if m > 0 => u.last_mem = Some((t, m)),
+        None => {}
     }
 }
 
-fn device(
-    index: GpuIndex,
-    acc: DevAcc,
-    inp: &GpuInputs,
-    map: &impl Fn(u64) -> MonoNs,
-) -> GpuDeviceAnalysis {
-    let mut d = GpuDeviceAnalysis {
-        index,
-        name: format!("GPU {index}"),
-        ..Default::default()
-    };
-    if let Some(Event::GpuDevice {
-        name,
-        uuid,
-        pci_bus_id,
-        mem_total,
-        max_sm_mhz,
-        max_mem_mhz,
-        pcie_max_gen,
-        pcie_max_width,
-        mig_enabled,
-        unsupported,
-        ..
-    }) = acc.info
-    {
-        d.name = name;
-        d.uuid = uuid;
-        d.pci_bus_id = pci_bus_id;
-        d.mem_total = mem_total;
-        d.max_sm_mhz = max_sm_mhz;
-        d.max_mem_mhz = max_mem_mhz;
-        d.pcie_max_gen = pcie_max_gen;
-        d.pcie_max_width = pcie_max_width;
-        d.mig_enabled = mig_enabled;
-        d.unsupported = unsupported;
+impl DevAcc {
+    /// Fix the period from the buffered samples (median spacing).
+    fn start_util(&mut self, threshold: f64) {
+        let mut diffs: Vec<u64> = self
+            .pending
+            .windows(2)
+            .map(|w| w[1].0 - w[0].0)
+            .filter(|&d| d > 0)
+            .collect();
+        diffs.sort_unstable();
+        let period = diffs
+            .get(diffs.len() / 2)
+            .map_or(DEFAULT_PERIOD_NS, |d| d * 1000);
+        self.util = Some(UtilAcc::new(period, threshold));
     }
 
-    let (util, period) = util_windows(&acc.util, map, inp.start, inp.end);
-    d.resolution_ns = period;
-    if !util.is_empty() {
-        let mut pcts: Vec<u32> = util.iter().map(|w| w.pct).collect();
-        pcts.sort_unstable();
-        d.util_mean = Some(pcts.iter().map(|&p| p as f64).sum::<f64>() / pcts.len() as f64);
-        d.util_p50 = percentile(&pcts, 0.5);
-        d.util_p95 = percentile(&pcts, 0.95);
-        let (busy, total) = util.iter().fold((0.0, 0.0), |(b, t), w| {
-            let len = (w.end.0 - w.start.0) as f64;
-            (b + len * w.pct as f64 / 100.0, t + len)
-        });
-        d.busy_fraction = (total > 0.0).then(|| busy / total);
-        d.idle_gaps = idle_gaps(&util, period, inp.idle_threshold_pct);
-        d.gap_stats = gap_stats(&d.idle_gaps);
+    fn drain_pending(&mut self, anchor: (u64, u64), start: MonoNs) {
+        let Some(u) = self.util.as_mut() else { return };
+        for (ts, pct) in self.pending.drain(..) {
+            let end =
+                MonoNs((anchor.0 as i128 + ts as i128 * 1000 - anchor.1 as i128).max(0) as u64);
+            let w = UtilWindow {
+                start: MonoNs(end.0.saturating_sub(u.period_ns)),
+                end,
+                pct: pct.min(100),
+            };
+            if w.start >= start {
+                u.push(w);
+            }
+        }
     }
-    d.util = util;
 
-    // State: each value holds until the next state event.
-    let mut throttle_ns: BTreeMap<u64, (u64, MonoNs)> = BTreeMap::new();
-    for (k, (t, s)) in acc.states.iter().enumerate() {
-        // Held until the next state, clipped to the recorded window.
-        let until = acc.states.get(k + 1).map(|n| n.0).unwrap_or(inp.end);
-        let held = until.min(inp.end).0.saturating_sub((*t).max(inp.start).0);
+    fn see_state(&mut self, s: &GpuState) {
+        let d = &mut self.d;
+        d.mem_used.see(s.mem_used);
+        d.sm_mhz.see(s.sm_mhz.map(u64::from));
+        d.mem_mhz.see(s.mem_mhz.map(u64::from));
+        d.temp_c.see(s.temp_c.map(u64::from));
+        d.power_mw.see(s.power_mw.map(u64::from));
+        d.power_limit_mw.see(s.power_limit_mw.map(u64::from));
+        d.pcie_gen.see(s.pcie_gen.map(u64::from));
+        d.pcie_width.see(s.pcie_width.map(u64::from));
+    }
+
+    /// State `s` held over [from, to).
+    fn hold_state(&mut self, s: &GpuState, from: MonoNs, to: MonoNs) {
+        if to <= from {
+            return;
+        }
+        let d = &mut self.d;
+        d.mem_used.hold(s.mem_used, from, to);
+        d.sm_mhz.hold(s.sm_mhz.map(u64::from), from, to);
+        d.mem_mhz.hold(s.mem_mhz.map(u64::from), from, to);
+        d.temp_c.hold(s.temp_c.map(u64::from), from, to);
+        d.power_mw.hold(s.power_mw.map(u64::from), from, to);
+        d.power_limit_mw
+            .hold(s.power_limit_mw.map(u64::from), from, to);
+        d.pcie_gen.hold(s.pcie_gen.map(u64::from), from, to);
+        d.pcie_width.hold(s.pcie_width.map(u64::from), from, to);
         if let Some(bits) = s.throttle {
             for &(bit, _) in THROTTLE_REASONS {
-                if bits & bit != 0 && held > 0 {
-                    throttle_ns.entry(bit).or_insert((0, (*t).max(inp.start))).0 += held;
+                if bits & bit == 0 {
+                    continue;
+                }
+                let a = self.throttle.entry(bit).or_default();
+                a.ns += to.0 - from.0;
+                a.first.get_or_insert(from);
+                let n = a.runs.len();
+                match a.runs.last_mut() {
+                    Some(r) if r.1 >= from => r.1 = r.1.max(to),
+                    _ if n < MAX_INTERVALS => a.runs.push((from, to)),
+                    _ => {}
                 }
             }
         }
-        let max = |a: Option<u32>, b: Option<u32>| match (a, b) {
-            (Some(x), Some(y)) => Some(x.max(y)),
-            (x, y) => x.or(y),
-        };
-        let min = |a: Option<u32>, b: Option<u32>| match (a, b) {
-            (Some(x), Some(y)) => Some(x.min(y)),
-            (x, y) => x.or(y),
-        };
-        d.mem_used_max = match (d.mem_used_max, s.mem_used) {
-            (Some(x), Some(y)) => Some(x.max(y)),
-            (x, y) => x.or(y),
-        };
-        d.temp_max = max(d.temp_max, s.temp_c);
-        d.sm_mhz_min = min(d.sm_mhz_min, s.sm_mhz);
-        d.sm_mhz_max = max(d.sm_mhz_max, s.sm_mhz);
-        d.power_max_mw = max(d.power_max_mw, s.power_mw);
-        d.power_limit_mw = s.power_limit_mw.or(d.power_limit_mw);
-        d.pcie_gen_min = min(d.pcie_gen_min, s.pcie_gen);
-        d.pcie_width_min = min(d.pcie_width_min, s.pcie_width);
     }
-    d.throttle = THROTTLE_REASONS
-        .iter()
-        .filter_map(|&(bit, name)| {
-            throttle_ns.get(&bit).map(|&(ns, first)| ThrottleUse {
-                reason: name.to_string(),
-                seconds: ns as f64 / 1e9,
-                first,
-            })
-        })
-        .collect();
-    d.states = acc.states;
-    d.pcie = acc.pcie;
 
-    // Processes: memory from the lists, SM% from the per-process samples.
-    let mut procs: BTreeMap<Pid, GpuProcUse> = BTreeMap::new();
-    for (t, list) in &acc.procs {
-        for p in list {
-            let u = procs.entry(p.pid).or_insert_with(|| GpuProcUse {
-                pid: p.pid,
-                in_job: inp.job_pids.contains(&p.pid),
-                ctx: p.ctx,
-                first_seen: *t,
-                last_seen: *t,
-                mem_max: None,
-                mem: Vec::new(),
-                sm: Vec::new(),
-                sm_mean: None,
-                gi: p.gi,
-                ci: p.ci,
-            });
-            u.last_seen = *t;
-            if let Some(m) = p.mem {
-                u.mem_max = Some(u.mem_max.unwrap_or(0).max(m));
-                if u.mem.last().map(|x| x.1) != Some(m) {
-                    u.mem.push((*t, m));
-                }
-            }
+    fn finish(
+        mut self,
+        index: GpuIndex,
+        anchor: (u64, u64),
+        start: MonoNs,
+        inp: &GpuInputs,
+        threshold: f64,
+    ) -> GpuDeviceAnalysis {
+        if self.util.is_none() && !self.pending.is_empty() {
+            self.start_util(threshold);
         }
-        // A process missing from this list has left the GPU.
-        for u in procs.values_mut() {
-            if !list.iter().any(|p| p.pid == u.pid) && u.mem.last().is_some_and(|x| x.1 != 0) {
-                u.mem.push((*t, 0));
-            }
+        self.drain_pending(anchor, start);
+        if let Some((t, s)) = self.last_state.take() {
+            self.hold_state(&s, t.max(start), inp.end);
         }
+        if let Some((t, tx, rx)) = self.last_pcie.take() {
+            self.d.pcie_tx.hold(Some(tx as u64), t, inp.end);
+            self.d.pcie_rx.hold(Some(rx as u64), t, inp.end);
+        }
+        let mut d = self.d;
+        d.index = index;
+        d.name = format!("GPU {index}");
+        if let Some(Event::GpuDevice {
+            name,
+            uuid,
+            pci_bus_id,
+            mem_total,
+            max_sm_mhz,
+            max_mem_mhz,
+            pcie_max_gen,
+            pcie_max_width,
+            mig_enabled,
+            unsupported,
+            ..
+        }) = self.info
+        {
+            d.name = name;
+            d.uuid = uuid;
+            d.pci_bus_id = pci_bus_id;
+            d.mem_total = mem_total;
+            d.max_sm_mhz = max_sm_mhz;
+            d.max_mem_mhz = max_mem_mhz;
+            d.pcie_max_gen = pcie_max_gen;
+            d.pcie_max_width = pcie_max_width;
+            d.mig_enabled = mig_enabled;
+            d.unsupported = unsupported;
+        }
+        if let Some(u) = self.util {
+            let n: u64 = u.hist.iter().sum();
+            d.resolution_ns = u.period_ns;
+            d.util_samples = n;
+            if n > 0 {
+                let sum: f64 = u
+                    .hist
+                    .iter()
+                    .enumerate()
+                    .map(|(v, c)| v as f64 * *c as f64)
+                    .sum();
+                d.util_mean = Some(sum / n as f64);
+                d.util_p50 = u.quantile(0.5);
+                d.util_p95 = u.quantile(0.95);
+                d.busy_fraction = (u.covered > 0.0).then(|| u.busy / u.covered);
+                d.sampled = u.first.zip(u.last);
+            }
+            d.util = u.series;
+            let (gaps, stats) = u.gaps.finish();
+            d.idle_gaps = gaps;
+            d.gap_stats = stats;
+        }
+        d.throttle = THROTTLE_REASONS
+            .iter()
+            .filter_map(|&(bit, name)| {
+                let a = self.throttle.remove(&bit)?;
+                Some(ThrottleUse {
+                    reason: name.to_string(),
+                    seconds: a.ns as f64 / 1e9,
+                    first: a.first?,
+                    runs: a.runs,
+                })
+            })
+            .collect();
+        for mut u in self.procs.into_values() {
+            u.in_job = inp.job_pids.contains(&u.pid);
+            if u.present {
+                u.last_seen = u.last_seen.max(inp.end);
+            }
+            if let Some((t, m)) = u.last_mem.take() {
+                u.mem.push(t, inp.end.max(t), m as f64);
+            }
+            if let Some((t, v)) = u.last_sm.take() {
+                let end = u.last_seen.max(t);
+                u.sm.push(t, end, v as f64);
+                u.sm_sum += v as f64 * (end.0 - t.0) as f64;
+                u.sm_ns += (end.0 - t.0) as f64;
+                u.sm_mean = Some(if u.sm_ns > 0.0 {
+                    u.sm_sum / u.sm_ns
+                } else {
+                    v as f64
+                });
+            }
+            d.processes.push(u);
+        }
+        d
     }
-    for (pid, samples) in acc.proc_util {
-        let Some(u) = procs.get_mut(&pid) else {
-            continue;
-        };
-        let mut s: Vec<(MonoNs, u32)> = samples.iter().map(|&(ts, v)| (map(ts), v)).collect();
-        s.sort_unstable();
-        s.retain(|x| x.0 >= inp.start && x.0 <= inp.end);
-        s.dedup_by_key(|x| x.0);
-        u.sm_mean = time_weighted_mean(&s, u.last_seen.max(s.last().map_or(inp.start, |x| x.0)));
-        u.sm = s;
-    }
-    d.processes = procs.into_values().collect();
-    d
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::event::{GpuProc, GpuProcSample};
 
     fn w(start_ms: u64, pct: u32) -> UtilWindow {
         UtilWindow {
@@ -659,40 +918,6 @@ mod tests {
     }
 
     #[test]
-    fn windows_are_mapped_clipped_and_use_the_median_period() {
-        let samples = [
-            (1_000_030, 10),
-            (1_000_010, 0),
-            (1_000_020, 50),
-            (1_000_020, 50),
-        ];
-        let (ws, p) = util_windows(
-            &samples,
-            |ts| MonoNs(ts * 1000),
-            MonoNs(0),
-            MonoNs(u64::MAX),
-        );
-        assert_eq!(p, 10_000);
-        assert_eq!(ws.len(), 3);
-        assert_eq!(ws[0].start, MonoNs(1_000_000_000));
-        let (ws, _) = util_windows(
-            &samples,
-            |ts| MonoNs(ts * 1000),
-            MonoNs(1_000_005_000),
-            MonoNs(u64::MAX),
-        );
-        assert_eq!(ws.len(), 2);
-    }
-
-    #[test]
-    fn step_means_weigh_by_time() {
-        let p = [(MonoNs(0), 100), (MonoNs(10), 0)];
-        assert_eq!(time_weighted_mean(&p, MonoNs(40)), Some(25.0));
-        assert_eq!(time_weighted_mean(&p[..1], MonoNs(0)), Some(100.0));
-        assert_eq!(time_weighted_mean(&[], MonoNs(0)), None);
-    }
-
-    #[test]
     fn throttle_bits_have_names() {
         assert_eq!(
             throttle_names(0x44),
@@ -726,7 +951,7 @@ mod tests {
     fn attribution_and_throttle_seconds() {
         let h = header();
         let wall = |mono_ms: u64| 1_700_000_000_000_000 + (mono_ms * 1000) - 1_000_000;
-        let mut b = GpuBuilder::default();
+        let mut b = GpuBuilder::new(&h);
         b.push(&Event::GpuDriver {
             t: MonoNs(1_000_000_000),
             driver_version: Some("550".into()),
@@ -771,12 +996,33 @@ mod tests {
             ],
         });
         let job: BTreeSet<Pid> = [Pid(41), Pid(42)].into();
+        b.push(&Event::GpuProcUtil {
+            t: MonoNs(1_300_000_000),
+            gpu: 0,
+            samples: vec![
+                GpuProcSample {
+                    pid: Pid(42),
+                    ts_us: wall(1200),
+                    sm: 80,
+                    mem: 0,
+                },
+                GpuProcSample {
+                    pid: Pid(42),
+                    ts_us: wall(1300),
+                    sm: 0,
+                    mem: 0,
+                },
+            ],
+        });
+        // The process leaves the GPU at 1.6 s.
+        b.push(&Event::GpuProcesses {
+            t: MonoNs(1_600_000_000),
+            gpu: 0,
+            procs: vec![],
+        });
         let a = b.finish(&GpuInputs {
-            header: &h,
             job_pids: &job,
-            start: h.start,
             end: MonoNs(4_500_000_000),
-            idle_threshold_pct: 5.0,
         });
         assert!(!a.attribution_unavailable);
         assert_eq!(a.job_gpu_pids(), [Pid(42)].into());
@@ -788,9 +1034,17 @@ mod tests {
         assert_eq!(a.devices[0].resolution_ns, 100_000_000);
         assert_eq!(a.devices[0].gap_stats.count, 1);
         assert!((a.devices[0].gap_stats.total_s - 0.22).abs() < 1e-6);
+        let d = &a.devices[0];
+        assert_eq!(d.util_samples, 4);
+        assert_eq!((d.util_p50, d.util_p95), (Some(90.0), Some(90.0)));
+        assert!((d.busy_fraction.unwrap() - 0.45).abs() < 1e-9);
+        // 80% for 100 ms, then 0% until it left at 1.6 s: a mean of 20%.
+        let p = &d.processes[0];
+        assert!((p.sm_mean.unwrap() - 20.0).abs() < 1e-9, "{:?}", p.sm_mean);
+        assert_eq!(p.mem_max, Some(1 << 30));
 
         let nobody: BTreeSet<Pid> = [Pid(7)].into();
-        let mut b = GpuBuilder::default();
+        let mut b = GpuBuilder::new(&h);
         b.push(&Event::GpuProcesses {
             t: MonoNs(1_100_000_000),
             gpu: 0,
@@ -803,11 +1057,8 @@ mod tests {
             }],
         });
         let a = b.finish(&GpuInputs {
-            header: &h,
             job_pids: &nobody,
-            start: h.start,
             end: MonoNs(2_000_000_000),
-            idle_threshold_pct: 5.0,
         });
         assert!(a.attribution_unavailable);
         assert!(a.notes[0].contains("PID namespace"));

@@ -194,7 +194,7 @@ struct Builder {
     delayed: bool,
     last_t: MonoNs,
     last_mem: Option<(MonoNs, f64, f64)>,
-    gpu: gpu::GpuBuilder,
+    gpu: Option<gpu::GpuBuilder>,
 }
 
 impl Builder {
@@ -222,7 +222,7 @@ impl Builder {
             delayed: false,
             last_t: start,
             last_mem: None,
-            gpu: gpu::GpuBuilder::default(),
+            gpu: None,
         }
     }
 
@@ -242,7 +242,9 @@ impl Builder {
             }
         }
         let interval = self.interval;
-        self.gpu.push(&ev);
+        self.gpu
+            .get_or_insert_with(|| gpu::GpuBuilder::new(&self.a.header))
+            .push(&ev);
         match ev {
             Event::Header(_) => {}
             Event::GpuDriver { .. }
@@ -626,17 +628,14 @@ impl Builder {
             }
         }
         let job_pids: std::collections::BTreeSet<Pid> = self.a.processes.keys().copied().collect();
-        let gpu = std::mem::take(&mut self.gpu).finish(&gpu::GpuInputs {
-            header: &self.a.header,
-            job_pids: &job_pids,
-            start: self.a.start,
-            end: self.a.end,
-            idle_threshold_pct: self
-                .a
-                .header
-                .gpu_idle_threshold_pct
-                .unwrap_or(gpu::DEFAULT_IDLE_THRESHOLD_PCT),
-        });
+        let gpu = self
+            .gpu
+            .take()
+            .unwrap_or_else(|| gpu::GpuBuilder::new(&self.a.header))
+            .finish(&gpu::GpuInputs {
+                job_pids: &job_pids,
+                end: self.a.end,
+            });
         // Processes that held a GPU context drive the work: role main.
         roles::assign_with_gpu(
             &mut self.a.processes,

@@ -3,7 +3,7 @@
 use serde_json::{json, Value};
 
 use super::report::r;
-use crate::analysis::gpu::GpuDeviceAnalysis;
+use crate::analysis::gpu::{Gauge, GpuDeviceAnalysis};
 use crate::analysis::Analysis;
 use crate::event::GpuContext;
 
@@ -24,21 +24,22 @@ pub fn summary(a: &Analysis) -> Value {
 fn device(a: &Analysis, d: &GpuDeviceAnalysis) -> Value {
     let dur = a.duration_s().max(1e-9);
     let period_s = d.resolution_ns as f64 / 1e9;
-    let utilization = if d.util.is_empty() {
+    let sampled_s = d.sampled.map_or(0.0, |(a, b)| b.secs_since(a));
+    let utilization = if d.util_samples == 0 {
         Value::Null
     } else {
         json!({
             "mean_pct": d.util_mean.map(|v| r(v, 2)),
             "p50_pct": d.util_p50.map(|v| r(v, 2)),
             "p95_pct": d.util_p95.map(|v| r(v, 2)),
-            "samples": d.util.len(),
+            "samples": d.util_samples,
             "sample_period_s": r(period_s, 4),
-            "sampled_from_monotonic_ns": d.util.first().map(|w| w.start.0),
-            "sampled_to_monotonic_ns": d.util.last().map(|w| w.end.0),
+            "sampled_from_monotonic_ns": d.sampled.map(|s| s.0 .0),
+            "sampled_to_monotonic_ns": d.sampled.map(|s| s.1 .0),
         })
     };
     let gaps = &d.gap_stats;
-    let idle_gaps = if d.util.is_empty() {
+    let idle_gaps = if d.util_samples == 0 {
         Value::Null
     } else {
         json!({
@@ -46,7 +47,7 @@ fn device(a: &Analysis, d: &GpuDeviceAnalysis) -> Value {
             "total_s": r(gaps.total_s, 3),
             "median_s": r(gaps.median_s, 4),
             "max_s": r(gaps.max_s, 4),
-            "share_of_sampled_time": r(gaps.total_s / (d.util.len() as f64 * period_s).max(1e-9), 4),
+            "share_of_sampled_time": r(gaps.total_s / sampled_s.max(1e-9), 4),
             "threshold_pct": r(a.gpu.idle_threshold_pct, 2),
             "resolution_s": r(period_s, 4),
         })
@@ -63,23 +64,22 @@ fn device(a: &Analysis, d: &GpuDeviceAnalysis) -> Value {
             })
         })
         .collect();
-    let pcie_rate = |f: fn(&(crate::event::MonoNs, u32, u32)) -> u32| {
-        if d.pcie.is_empty() {
+    let pcie_rate = |g: &Gauge| {
+        if g.max.is_none() {
             return Value::Null;
         }
-        let v: Vec<f64> = d.pcie.iter().map(|p| f(p) as f64 / 1000.0).collect();
         json!({
-            "mean": r(v.iter().sum::<f64>() / v.len() as f64, 1),
-            "max": r(v.iter().copied().fold(0.0, f64::max), 1),
+            "mean": if g.series.is_empty() { Value::Null } else { r(g.series.mean() / 1000.0, 1) },
+            "max": g.max.map(|m| r(m as f64 / 1000.0, 1)),
         })
     };
     let degraded = match (
-        d.pcie_gen_min,
+        d.pcie_gen.min,
         d.pcie_max_gen,
-        d.pcie_width_min,
+        d.pcie_width.min,
         d.pcie_max_width,
     ) {
-        (Some(g), Some(mg), Some(w), Some(mw)) => Some(g < mg || w < mw),
+        (Some(g), Some(mg), Some(w), Some(mw)) => Some(g < mg as u64 || w < mw as u64),
         _ => None,
     };
     let processes: Vec<Value> = d
@@ -115,32 +115,32 @@ fn device(a: &Analysis, d: &GpuDeviceAnalysis) -> Value {
         "idle_gaps": idle_gaps,
         "memory": {
             "total_bytes": d.mem_total,
-            "used_max_bytes": d.mem_used_max,
-            "used_max_share": match (d.mem_used_max, d.mem_total) {
+            "used_max_bytes": d.mem_used.max,
+            "used_max_share": match (d.mem_used.max, d.mem_total) {
                 (Some(u), Some(t)) if t > 0 => r(u as f64 / t as f64, 4),
                 _ => Value::Null,
             },
         },
-        "temperature_max_c": d.temp_max,
+        "temperature_max_c": d.temp_c.max,
         "clocks": {
-            "sm_mhz_min": d.sm_mhz_min,
-            "sm_mhz_max": d.sm_mhz_max,
+            "sm_mhz_min": d.sm_mhz.min,
+            "sm_mhz_max": d.sm_mhz.max,
             "sm_max_mhz": d.max_sm_mhz,
             "memory_max_mhz": d.max_mem_mhz,
         },
         "power": {
-            "max_w": d.power_max_mw.map(|p| r(p as f64 / 1000.0, 1)),
-            "limit_w": d.power_limit_mw.map(|p| r(p as f64 / 1000.0, 1)),
+            "max_w": d.power_mw.max.map(|p| r(p as f64 / 1000.0, 1)),
+            "limit_w": d.power_limit_mw.max.map(|p| r(p as f64 / 1000.0, 1)),
         },
         "throttle_reasons": throttle,
         "pcie": {
-            "gen_current_min": d.pcie_gen_min,
+            "gen_current_min": d.pcie_gen.min,
             "gen_max": d.pcie_max_gen,
-            "width_current_min": d.pcie_width_min,
+            "width_current_min": d.pcie_width.min,
             "width_max": d.pcie_max_width,
             "degraded": degraded,
-            "tx_mb_per_s": pcie_rate(|p| p.1),
-            "rx_mb_per_s": pcie_rate(|p| p.2),
+            "tx_mb_per_s": pcie_rate(&d.pcie_tx),
+            "rx_mb_per_s": pcie_rate(&d.pcie_rx),
         },
         "processes": processes,
         "other_processes": {

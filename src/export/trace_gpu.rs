@@ -15,7 +15,6 @@ use serde_json::json;
 
 use crate::analysis::gpu::{GpuDeviceAnalysis, THROTTLE_REASONS};
 use crate::analysis::Analysis;
-use crate::event::{GpuState, MonoNs};
 
 use super::trace::TraceWriter;
 
@@ -43,112 +42,23 @@ pub fn gpu_label(d: &GpuDeviceAnalysis) -> String {
     }
 }
 
-/// A counter from step values (each holds until the next), repeated values
-/// skipped, ended at `end`.
-fn step_counter<W: Write>(
-    tw: &mut TraceWriter<W>,
-    pid: i64,
-    name: &str,
-    points: impl Iterator<Item = (MonoNs, Option<f64>)>,
-    end: MonoNs,
-) -> io::Result<()> {
-    let mut last: Option<f64> = None;
-    for (t, v) in points {
-        let Some(v) = v else { continue };
-        if last != Some(v) {
-            tw.counter_value(pid, name, t, v)?;
-            last = Some(v);
-        }
-    }
-    if let Some(v) = last {
-        tw.counter_value(pid, name, end, v)?;
-    }
-    Ok(())
-}
-
-fn state_counter<W: Write>(
-    tw: &mut TraceWriter<W>,
-    pid: i64,
-    name: &str,
-    d: &GpuDeviceAnalysis,
-    start: MonoNs,
-    end: MonoNs,
-    f: impl Fn(&GpuState) -> Option<f64>,
-) -> io::Result<()> {
-    step_counter(
-        tw,
-        pid,
-        name,
-        d.states.iter().map(|(t, s)| ((*t).max(start), f(s))),
-        end,
-    )
-}
-
 pub fn write_gpus<W: Write>(a: &Analysis, tw: &mut TraceWriter<W>) -> io::Result<()> {
-    let (start, end) = (a.start, a.end);
     for d in &a.gpu.devices {
         let pid = GPU_PID_BASE + d.index as i64;
         tw.process_name(pid, &gpu_label(d), 4000 + d.index as i64)?;
 
-        // Utilization: each sample's value over its window.
-        let mut prev_end: Option<MonoNs> = None;
-        let mut last: Option<u32> = None;
-        for w in &d.util {
-            if prev_end.is_some_and(|e| w.start.0 > e.0 + d.resolution_ns / 2) {
-                // A hole in the driver's history: show it as unknown (0)
-                // rather than stretching the previous value.
-                tw.counter_value(pid, "utilization %", prev_end.unwrap_or(w.start), 0.0)?;
-                last = None;
-            }
-            if last != Some(w.pct) {
-                tw.counter_value(pid, "utilization %", w.start, w.pct as f64)?;
-                last = Some(w.pct);
-            }
-            prev_end = Some(w.end);
-        }
-        if let (Some(e), Some(v)) = (prev_end, last) {
-            tw.counter_value(pid, "utilization %", e, v as f64)?;
-        }
-
-        state_counter(tw, pid, "memory used GB", d, start, end, |s| {
-            s.mem_used
-                .map(|b| (b as f64 / 1e9 * 1000.0).round() / 1000.0)
-        })?;
-        state_counter(tw, pid, "SM clock MHz", d, start, end, |s| {
-            s.sm_mhz.map(f64::from)
-        })?;
-        state_counter(tw, pid, "memory clock MHz", d, start, end, |s| {
-            s.mem_mhz.map(f64::from)
-        })?;
-        state_counter(tw, pid, "temperature °C", d, start, end, |s| {
-            s.temp_c.map(f64::from)
-        })?;
-        state_counter(tw, pid, "power W", d, start, end, |s| {
-            s.power_mw.map(|p| p as f64 / 1000.0)
-        })?;
-        state_counter(tw, pid, "power limit W", d, start, end, |s| {
-            s.power_limit_mw.map(|p| p as f64 / 1000.0)
-        })?;
-        state_counter(tw, pid, "PCIe link gen", d, start, end, |s| {
-            s.pcie_gen.map(f64::from)
-        })?;
-        state_counter(tw, pid, "PCIe link width", d, start, end, |s| {
-            s.pcie_width.map(f64::from)
-        })?;
-        step_counter(
-            tw,
-            pid,
-            "PCIe tx MB/s",
-            d.pcie.iter().map(|p| (p.0, Some(p.1 as f64 / 1000.0))),
-            end,
-        )?;
-        step_counter(
-            tw,
-            pid,
-            "PCIe rx MB/s",
-            d.pcie.iter().map(|p| (p.0, Some(p.2 as f64 / 1000.0))),
-            end,
-        )?;
+        // Counters; each is bounded (neighbouring points merged on long runs).
+        tw.counter(pid, "utilization %", &d.util, 1.0)?;
+        tw.counter(pid, "memory used GB", &d.mem_used.series, 1e-9)?;
+        tw.counter(pid, "SM clock MHz", &d.sm_mhz.series, 1.0)?;
+        tw.counter(pid, "memory clock MHz", &d.mem_mhz.series, 1.0)?;
+        tw.counter(pid, "temperature °C", &d.temp_c.series, 1.0)?;
+        tw.counter(pid, "power W", &d.power_mw.series, 1e-3)?;
+        tw.counter(pid, "power limit W", &d.power_limit_mw.series, 1e-3)?;
+        tw.counter(pid, "PCIe link gen", &d.pcie_gen.series, 1.0)?;
+        tw.counter(pid, "PCIe link width", &d.pcie_width.series, 1.0)?;
+        tw.counter(pid, "PCIe tx MB/s", &d.pcie_tx.series, 1e-3)?;
+        tw.counter(pid, "PCIe rx MB/s", &d.pcie_rx.series, 1e-3)?;
 
         // Idle gaps on their own thread.
         tw.thread_name(
@@ -176,31 +86,15 @@ pub fn write_gpus<W: Write>(a: &Analysis, tw: &mut TraceWriter<W>) -> io::Result
         }
 
         // Clock-event reasons: one thread per reason, a slice while active.
-        for (k, &(bit, name)) in THROTTLE_REASONS.iter().enumerate() {
-            let mut open: Option<MonoNs> = None;
-            let mut runs: Vec<(MonoNs, MonoNs)> = Vec::new();
-            for (t, s) in &d.states {
-                let t = (*t).clamp(start, end);
-                let on = s.throttle.is_some_and(|b| b & bit != 0);
-                match (on, open) {
-                    (true, None) => open = Some(t),
-                    (false, Some(o)) => {
-                        runs.push((o, t));
-                        open = None;
-                    }
-                    _ => {}
-                }
-            }
-            if let Some(o) = open {
-                runs.push((o, end));
-            }
-            if runs.is_empty() {
-                continue;
-            }
+        for t in &d.throttle {
+            let k = THROTTLE_REASONS
+                .iter()
+                .position(|r| r.1 == t.reason)
+                .unwrap_or(THROTTLE_REASONS.len());
             let tid = THROTTLE_TID_BASE + k as i64;
-            tw.thread_name(pid, tid, &format!("clocks: {name}"), 10 + k as i64)?;
-            for (s, e) in runs {
-                tw.slice(pid, tid, name, s, e, None)?;
+            tw.thread_name(pid, tid, &format!("clocks: {}", t.reason), 10 + k as i64)?;
+            for &(s, e) in &t.runs {
+                tw.slice(pid, tid, &t.reason, s, e, None)?;
             }
         }
 
@@ -219,22 +113,8 @@ pub fn write_gpus<W: Write>(a: &Analysis, tw: &mut TraceWriter<W>) -> io::Result
             } else {
                 String::new()
             };
-            step_counter(
-                tw,
-                ppid,
-                &format!("GPU SM %{suffix}"),
-                p.sm.iter().map(|s| (s.0, Some(s.1 as f64))),
-                p.last_seen.max(p.sm.last().map(|s| s.0).unwrap_or(start)),
-            )?;
-            step_counter(
-                tw,
-                ppid,
-                &format!("GPU memory MB{suffix}"),
-                p.mem
-                    .iter()
-                    .map(|m| (m.0.max(start), Some((m.1 as f64 / 1e6).round()))),
-                end,
-            )?;
+            tw.counter(ppid, &format!("GPU SM %{suffix}"), &p.sm, 1.0)?;
+            tw.counter(ppid, &format!("GPU memory MB{suffix}"), &p.mem, 1e-6)?;
         }
     }
     Ok(())
