@@ -647,3 +647,28 @@ fn hardware_state_scenarios() {
     assert!(coverage(&r, "gpu.utilization").is_some());
     let _ = std::fs::remove_dir_all(&tmp);
 }
+
+#[test]
+fn a_hung_driver_does_not_hold_up_the_end_of_the_job() {
+    let tmp = tmpdir("hung");
+    let out = tmp.join("out");
+    let started = std::time::Instant::now();
+    let o = run_with(
+        &fake_lib(),
+        Some(&scenario("hung-driver")),
+        &out,
+        &[],
+        &[],
+        &["sh", "-c", "exit 3"],
+    );
+    // Every temperature read blocks for 10 minutes; gpuprof gives the
+    // driver 5 s when recording stops.
+    assert!(started.elapsed() < std::time::Duration::from_secs(60));
+    assert_eq!(o.status.code(), Some(3));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("did not answer"), "{err}");
+    let r = report(&out);
+    let c = coverage(&r, "gpu.stop").expect("a coverage entry for the hung driver");
+    assert_eq!(c["available"], false);
+    let _ = std::fs::remove_dir_all(&tmp);
+}

@@ -18,6 +18,7 @@
 use std::collections::BTreeMap;
 use std::ffi::{OsStr, OsString};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -66,10 +67,39 @@ impl std::fmt::Display for GpuUnavailable {
     }
 }
 
+/// How long `stop` waits for the GPU thread: a wedged driver (a GPU that
+/// fell off the bus) can block an NVML call for minutes, and gpuprof must
+/// never hold up the end of the job for it.
+pub const STOP_WAIT: Duration = Duration::from_secs(5);
+
+/// The collector's way to the recording. `stop` can cut it, so that a
+/// thread stuck in a driver call does not keep the recording open.
+#[derive(Clone)]
+struct Out(Arc<Mutex<Option<Sink>>>);
+
+impl Out {
+    fn send(&self, ev: Event) {
+        if let Some(s) = self.0.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            s.send(ev);
+        }
+    }
+    fn send_blocking(&self, ev: Event) {
+        if let Some(s) = self.0.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            s.send_blocking(ev);
+        }
+    }
+    fn cut(&self) -> Option<Sink> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+}
+
 /// The running collector.
 pub struct GpuCollector {
     stop: Sender<()>,
+    done: Receiver<()>,
     thread: JoinHandle<()>,
+    out: Out,
+    quiet: bool,
 }
 
 impl GpuCollector {
@@ -80,8 +110,11 @@ impl GpuCollector {
     /// job is profiled without GPU metrics.
     pub fn start(opts: &GpuOptions, sink: Sink, quiet: bool) -> std::io::Result<GpuCollector> {
         let (stop, stop_rx) = std::sync::mpsc::channel();
+        let (done_tx, done) = std::sync::mpsc::channel();
         let interval = opts.interval.max(Duration::from_millis(10));
         let lib = opts.lib_path.clone();
+        let out = Out(Arc::new(Mutex::new(Some(sink))));
+        let sink = out.clone();
         // The driver keeps seconds of history: samples from before this
         // moment are not the job's, those after it are, even if NVML takes
         // a while to open.
@@ -99,23 +132,53 @@ impl GpuCollector {
                         eprintln!("gpuprof: {}", GpuUnavailable(why));
                     }
                 };
-                let nvml = match open(lib.as_deref()) {
-                    Ok(n) => n,
-                    Err(why) => return unavailable(why),
-                };
-                let devices = match nvml.device_count() {
-                    Ok(n) => n,
-                    Err(e) => return unavailable(format!("NVML cannot count the GPUs: {e}")),
-                };
-                poll_thread(&nvml, devices, interval, since_us, &sink, stop_rx)
+                match open(lib.as_deref()) {
+                    Err(why) => unavailable(why),
+                    Ok(nvml) => match nvml.device_count() {
+                        Err(e) => unavailable(format!("NVML cannot count the GPUs: {e}")),
+                        Ok(devices) => {
+                            poll_thread(&nvml, devices, interval, since_us, &sink, stop_rx)
+                        }
+                    },
+                }
+                let _ = done_tx.send(());
             })?;
-        Ok(GpuCollector { stop, thread })
+        Ok(GpuCollector {
+            stop,
+            done,
+            thread,
+            out,
+            quiet,
+        })
     }
 
-    /// Take a last sample and stop. NVML is shut down when the thread ends.
+    /// Take a last sample and stop; NVML is shut down when the thread ends.
+    /// If the driver does not answer within `STOP_WAIT`, the thread is left
+    /// behind, cut off from the recording, and coverage says so.
     pub fn stop(self) {
         let _ = self.stop.send(());
-        let _ = self.thread.join();
+        match self.done.recv_timeout(STOP_WAIT) {
+            Ok(()) | Err(RecvTimeoutError::Disconnected) => {
+                let _ = self.thread.join();
+            }
+            Err(RecvTimeoutError::Timeout) => {
+                let why = format!(
+                    "the NVIDIA driver did not answer for {} s when recording stopped \
+                     (a hung GPU?); GPU data ends at its last answer",
+                    STOP_WAIT.as_secs()
+                );
+                if let Some(sink) = self.out.cut() {
+                    sink.send_blocking(Event::Coverage(Coverage {
+                        source: "gpu.stop".into(),
+                        available: false,
+                        detail: why.clone(),
+                    }));
+                }
+                if !self.quiet {
+                    eprintln!("gpuprof: warning: {why}");
+                }
+            }
+        }
     }
 }
 
@@ -282,7 +345,7 @@ impl<'n> Poller<'n> {
     }
 
     /// Probe everything once and send the device event.
-    fn probe_all(&mut self, sink: &Sink) {
+    fn probe_all(&mut self, sink: &Out) {
         let d = &self.dev;
         let name = d.name().unwrap_or_else(|_| format!("GPU {}", self.gpu));
         let uuid = d.uuid().unwrap_or_default();
@@ -486,7 +549,7 @@ impl<'n> Poller<'n> {
     }
 
     /// One tick: history since the last tick, state when it changed.
-    fn poll(&mut self, sink: &Sink, tick: u64) {
+    fn poll(&mut self, sink: &Out, tick: u64) {
         let t = MonoNs::now();
         if self.on(Metric::Utilization) {
             if self.util_instant {
@@ -672,7 +735,7 @@ fn poll_thread(
     devices: u32,
     interval: Duration,
     since_us: u64,
-    sink: &Sink,
+    sink: &Out,
     stop: Receiver<()>,
 ) {
     let driver_version = nvml.sys_driver_version().ok();

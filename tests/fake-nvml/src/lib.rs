@@ -320,6 +320,8 @@ struct FakeDevice {
     foreign: Vec<Foreign>,
     activity: Option<Activity>,
     errors: HashMap<String, Ret>,
+    /// Function → how long a call takes, in ms (a slow or wedged driver).
+    delays_ms: HashMap<String, u64>,
 }
 
 struct Scenario {
@@ -548,6 +550,7 @@ const DEVICE_KEYS: &[&str] = &[
     "foreign_processes",
     "activity_log",
     "errors",
+    "delays_ms",
 ];
 const CLOCK_KEYS: &[&str] = &["graphics", "sm", "memory", "video"];
 const PCIE_KEYS: &[&str] = &["gen", "width", "max_gen", "max_width", "tx_kbps", "rx_kbps"];
@@ -756,6 +759,22 @@ fn parse_device(i: usize, v: &Value) -> PResult<FakeDevice> {
         foreign,
         activity,
         errors: parse_errors(o.get("errors"), &format!("{what}.errors"))?,
+        delays_ms: match o.get("delays_ms") {
+            None => HashMap::new(),
+            Some(Value::Object(m)) => m
+                .iter()
+                .map(|(k, v)| {
+                    v.as_u64()
+                        .map(|ms| (k.clone(), ms))
+                        .ok_or_else(|| format!("{what}.delays_ms.{k}: expected milliseconds"))
+                })
+                .collect::<PResult<_>>()?,
+            Some(_) => {
+                return Err(format!(
+                    "{what}.delays_ms: expected {{\"nvmlFunction\": ms}}"
+                ))
+            }
+        },
     })
 }
 
@@ -1303,7 +1322,12 @@ fn with_fake(name: &str, f: impl FnOnce(&mut Fake) -> Result<(), Ret>) -> Ret {
 /// Run a per-device export after checking the handle and injected errors.
 fn with_device(name: &str, h: Device, f: impl FnOnce(&mut Fake, usize) -> Result<(), Ret>) -> Ret {
     with_fake(name, |fake| {
-        let (i, _) = fake.device(h)?;
+        let (i, dev) = fake.device(h)?;
+        if let Some(&ms) = dev.delays_ms.get(name) {
+            // Holding the driver lock, like a wedged driver: every other
+            // call waits too.
+            std::thread::sleep(std::time::Duration::from_millis(ms));
+        }
         fake.injected(Some(i), name)?;
         f(fake, i)
     })
