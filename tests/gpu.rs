@@ -672,3 +672,44 @@ fn a_hung_driver_does_not_hold_up_the_end_of_the_job() {
     assert_eq!(c["available"], false);
     let _ = std::fs::remove_dir_all(&tmp);
 }
+
+#[test]
+fn each_gpu_is_attributed_to_its_rank_process() {
+    let tmp = tmpdir("ranks");
+    let out = tmp.join("out");
+    // A launcher shell starting two "ranks", like torchrun; only each
+    // rank's own command line says which rank it is.
+    let script = "for i in 0 1; do python3 -c 'import time; time.sleep(1.5)' rank=$i & done; wait";
+    let o = run_with(
+        &fake_lib(),
+        Some(&scenario("two-ranks")),
+        &out,
+        &["-q"],
+        &[],
+        &["sh", "-c", script],
+    );
+    assert_eq!(o.status.code(), Some(0));
+    let r = report(&out);
+    let cmd_of = |pid: i64| -> String {
+        r["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["pid"].as_i64() == Some(pid))
+            .map(|p| p["command"].to_string())
+            .unwrap_or_default()
+    };
+    for (gpu, mib) in [(0, 20480u64), (1, 18432)] {
+        let procs = r["gpus"][gpu]["processes"].as_array().unwrap();
+        assert_eq!(procs.len(), 1, "GPU {gpu}: {procs:?}");
+        let pid = procs[0]["pid"].as_i64().unwrap();
+        assert!(
+            cmd_of(pid).contains(&format!("rank={gpu}")),
+            "{}",
+            cmd_of(pid)
+        );
+        assert_eq!(procs[0]["role"], "main");
+        assert_eq!(procs[0]["memory_max_bytes"].as_u64(), Some(mib * MIB));
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+}
