@@ -444,15 +444,17 @@ impl<'n> Poller<'n> {
     /// symbols on old drivers.
     fn read_processes(&mut self) -> Result<Vec<GpuProc>, NvmlError> {
         if self.proc_api == Api::Current {
-            let r = self
-                .dev
-                .running_compute_processes()
-                .map(|c| (c, GpuContext::Compute))
-                .and_then(|c| {
-                    self.dev
-                        .running_graphics_processes()
-                        .map(|g| [c, (g, GpuContext::Graphics)])
-                });
+            // Graphics contexts are optional: data-center GPUs and some
+            // drivers answer NotSupported, which must not cost the compute list.
+            let r = self.dev.running_compute_processes().map(|c| {
+                [
+                    (c, GpuContext::Compute),
+                    (
+                        self.dev.running_graphics_processes().unwrap_or_default(),
+                        GpuContext::Graphics,
+                    ),
+                ]
+            });
             match r {
                 Ok(lists) => {
                     let mut out = Vec::new();
@@ -499,10 +501,16 @@ impl<'n> Poller<'n> {
                 GpuContext::Graphics,
             ),
         ] {
-            let sym = sym.map_err(|e| NvmlError::FailedToLoadSymbol(e.to_string()))?;
+            let sym = sym.map_err(|e| NvmlError::FailedToLoadSymbol(e.to_string()));
             // SAFETY: nvml.h signature; `count` bounds what the driver writes.
-            let list: Vec<nvmlProcessInfo_v2_t> =
-                unsafe { raw_list(|c, p| sym(self.dev.handle(), c, p))? };
+            let list: Result<Vec<nvmlProcessInfo_v2_t>, NvmlError> =
+                sym.and_then(|sym| unsafe { raw_list(|c, p| sym(self.dev.handle(), c, p)) });
+            let list = match (list, ctx) {
+                (Ok(l), _) => l,
+                // Graphics contexts are optional (see read_processes).
+                (Err(_), GpuContext::Graphics) => Vec::new(),
+                (Err(e), GpuContext::Compute) => return Err(e),
+            };
             for p in list {
                 let id = |v: u32| (v != u32::MAX).then_some(v);
                 out.push(GpuProc {
@@ -531,10 +539,15 @@ impl<'n> Poller<'n> {
                 GpuContext::Graphics,
             ),
         ] {
-            let sym = sym.map_err(|e| NvmlError::FailedToLoadSymbol(e.to_string()))?;
+            let sym = sym.map_err(|e| NvmlError::FailedToLoadSymbol(e.to_string()));
             // SAFETY: as above, with the v1 struct the v1 symbol expects.
-            let list: Vec<nvmlProcessInfo_v1_t> =
-                unsafe { raw_list(|c, p| sym(self.dev.handle(), c, p))? };
+            let list: Result<Vec<nvmlProcessInfo_v1_t>, NvmlError> =
+                sym.and_then(|sym| unsafe { raw_list(|c, p| sym(self.dev.handle(), c, p)) });
+            let list = match (list, ctx) {
+                (Ok(l), _) => l,
+                (Err(_), GpuContext::Graphics) => Vec::new(),
+                (Err(e), GpuContext::Compute) => return Err(e),
+            };
             for p in list {
                 out.push(GpuProc {
                     pid: Pid(p.pid as i32),
