@@ -6,7 +6,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::OnceLock;
+use std::sync::{OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use common::*;
 use serde_json::Value;
@@ -35,6 +35,19 @@ fn fake_dir() -> &'static Path {
         assert!(status.success(), "building tests/fake-nvml failed");
         target.join("debug")
     })
+}
+
+/// The activity test measures how busy a simulated GPU is, which depends
+/// on the job's workers getting CPU: it runs alone, the other tests of this
+/// file share the machine.
+static MACHINE: RwLock<()> = RwLock::new(());
+
+fn shared() -> RwLockReadGuard<'static, ()> {
+    MACHINE.read().unwrap_or_else(|e| e.into_inner())
+}
+
+fn exclusive() -> RwLockWriteGuard<'static, ()> {
+    MACHINE.write().unwrap_or_else(|e| e.into_inner())
 }
 
 fn fake_lib() -> PathBuf {
@@ -128,6 +141,7 @@ fn assert_job_on_gpu(r: &Value, g: &Value) {
 
 #[test]
 fn two_gpus_job_attributed_to_gpu0_with_tracks_and_counters() {
+    let _machine = shared();
     let tmp = tmpdir("two");
     let out = tmp.join("out");
     let job = train_sim(&[
@@ -262,6 +276,13 @@ fn implied_gaps(log: &Path, lo: u64, hi: u64, min_ns: u64) -> (Vec<u64>, Vec<u64
     (long, short)
 }
 
+/// Share of [lo, hi] during which the activity log had a step running.
+fn implied_busy(log: &Path, lo: u64, hi: u64) -> f64 {
+    let (long, short) = implied_gaps(log, lo, hi, 0);
+    let idle: u64 = long.iter().chain(short.iter()).sum();
+    1.0 - idle as f64 / (hi - lo).max(1) as f64
+}
+
 fn activity_run(tmp: &Path, name: &str, args: &[&str]) -> (Value, PathBuf) {
     let out = tmp.join(name);
     let log = tmp.join(format!("{name}.log"));
@@ -280,8 +301,10 @@ fn activity_run(tmp: &Path, name: &str, args: &[&str]) -> (Value, PathBuf) {
 
 #[test]
 fn idle_gaps_follow_the_jobs_activity() {
+    let _machine = exclusive();
     let tmp = tmpdir("activity");
-    let check_total = |g: &Value, log: &Path| {
+    // What gpuprof reports must match what the job did, whatever the load.
+    let check_total = |g: &Value, log: &Path| -> f64 {
         let period_s = g["utilization"]["sample_period_s"].as_f64().unwrap();
         let period = (period_s * 1e9) as u64;
         let lo = g["utilization"]["sampled_from_monotonic_ns"]
@@ -303,6 +326,13 @@ fn idle_gaps_follow_the_jobs_activity() {
              implied by the activity log, tolerance {tol:.3} s ({} gaps × {period_s} s)",
             long.len()
         );
+        let implied_busy = implied_busy(log, lo, hi);
+        let busy = g["busy_fraction"].as_f64().unwrap();
+        assert!(
+            (busy - implied_busy).abs() <= 0.05,
+            "busy fraction {busy:.3} vs {implied_busy:.3} implied by the activity log"
+        );
+        implied_busy
     };
 
     // One worker, heavy augmentation: the GPU waits for every batch.
@@ -347,14 +377,29 @@ fn idle_gaps_follow_the_jobs_activity() {
         ],
     );
     let g = &r["gpus"][0];
-    let busy = g["busy_fraction"].as_f64().unwrap();
-    assert!(busy > 0.7, "GPU-bound busy fraction {busy}");
-    check_total(g, &log);
+    let gpu_bound = g["busy_fraction"].as_f64().unwrap();
+    let job_busy = check_total(g, &log);
+    assert!(
+        gpu_bound > busy,
+        "GPU-bound {gpu_bound} vs input-bound {busy}"
+    );
+    // The job reaches > 70% only if its workers get the CPU they need; on a
+    // saturated machine it does not, and gpuprof must then say so (checked
+    // above against the job's own log) rather than report 70%.
+    if job_busy > 0.72 {
+        assert!(gpu_bound > 0.7, "GPU-bound busy fraction {gpu_bound}");
+    } else {
+        eprintln!(
+            "note: the machine is too loaded for the GPU-bound job to keep its simulated GPU \
+             busy (its log says {job_busy:.2}); checked gpuprof against the log only"
+        );
+    }
     let _ = std::fs::remove_dir_all(&tmp);
 }
 
 #[test]
 fn thermal_throttling_is_reported_with_its_duration() {
+    let _machine = exclusive();
     let tmp = tmpdir("thermal");
     let out = tmp.join("out");
     let job = train_sim(&[
@@ -408,6 +453,7 @@ fn thermal_throttling_is_reported_with_its_duration() {
 
 #[test]
 fn unsupported_metrics_are_listed_and_the_run_succeeds() {
+    let _machine = shared();
     let tmp = tmpdir("notsup");
     let out = tmp.join("out");
     let job = train_sim(&[
@@ -460,6 +506,7 @@ fn unsupported_metrics_are_listed_and_the_run_succeeds() {
 
 #[test]
 fn old_driver_without_v2_v3_symbols_falls_back() {
+    let _machine = shared();
     let tmp = tmpdir("old");
     let out = tmp.join("out");
     let job = train_sim(&[
@@ -504,6 +551,7 @@ fn old_driver_without_v2_v3_symbols_falls_back() {
 
 #[test]
 fn without_library_or_driver_the_job_runs_and_its_exit_code_passes_through() {
+    let _machine = shared();
     let tmp = tmpdir("nolib");
     let cases: [(PathBuf, Option<PathBuf>, &str); 2] = [
         (tmp.join("no/such/libnvidia-ml.so.1"), None, "cannot load"),
@@ -562,6 +610,7 @@ fn without_library_or_driver_the_job_runs_and_its_exit_code_passes_through() {
 
 #[test]
 fn foreign_pids_make_attribution_unavailable_instead_of_guessing() {
+    let _machine = shared();
     let tmp = tmpdir("pidns");
     let out = tmp.join("out");
     let o = run_with(
@@ -592,6 +641,7 @@ fn foreign_pids_make_attribution_unavailable_instead_of_guessing() {
 
 #[test]
 fn hardware_state_scenarios() {
+    let _machine = shared();
     let tmp = tmpdir("hw");
     let job = train_sim(&[
         "--workers",
@@ -650,6 +700,7 @@ fn hardware_state_scenarios() {
 
 #[test]
 fn a_hung_driver_does_not_hold_up_the_end_of_the_job() {
+    let _machine = shared();
     let tmp = tmpdir("hung");
     let out = tmp.join("out");
     let started = std::time::Instant::now();
@@ -675,6 +726,7 @@ fn a_hung_driver_does_not_hold_up_the_end_of_the_job() {
 
 #[test]
 fn each_gpu_is_attributed_to_its_rank_process() {
+    let _machine = shared();
     let tmp = tmpdir("ranks");
     let out = tmp.join("out");
     // A launcher shell starting two "ranks", like torchrun; only each

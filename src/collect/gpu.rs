@@ -381,7 +381,7 @@ impl<'n> Poller<'n> {
         self.probe(Metric::Power, r);
         let r = self.dev.enforced_power_limit();
         self.probe(Metric::PowerLimit, r);
-        let r = self.dev.current_throttle_reasons();
+        let r = self.read_throttle();
         self.probe(Metric::Throttle, r);
         let r = self
             .dev
@@ -414,6 +414,23 @@ impl<'n> Poller<'n> {
                 .map(|(m, why)| format!("{}: {}", m.name(), why))
                 .collect(),
         });
+    }
+
+    /// The clock-event ("throttle") reason bits, raw: nvml-wrapper's
+    /// `current_throttle_reasons` drops bits it does not know, and drivers
+    /// from R535 name the call `...ClocksEventReasons` (the old name stays
+    /// as an alias, for now).
+    fn read_throttle(&self) -> Result<u64, NvmlError> {
+        let lib = self.nvml.lib();
+        let sym = lib
+            .nvmlDeviceGetCurrentClocksEventReasons
+            .as_ref()
+            .or(lib.nvmlDeviceGetCurrentClocksThrottleReasons.as_ref())
+            .map_err(|e| NvmlError::FailedToLoadSymbol(e.to_string()))?;
+        let mut bits: std::os::raw::c_ulonglong = 0;
+        // SAFETY: nvml.h signature; a live device handle; a valid out pointer.
+        nvml_wrapper::error::nvml_try(unsafe { sym(self.dev.handle(), &mut bits) })?;
+        Ok(bits)
     }
 
     /// (total, used) bytes, falling back to the v1 call on old drivers.
@@ -660,7 +677,7 @@ impl<'n> Poller<'n> {
                 .flatten(),
             throttle: self
                 .on(Metric::Throttle)
-                .then(|| d.current_throttle_reasons().ok().map(|r| r.bits()))
+                .then(|| self.read_throttle().ok())
                 .flatten(),
             pcie_gen: self
                 .on(Metric::PcieLink)
