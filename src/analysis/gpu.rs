@@ -6,7 +6,8 @@
 //! - Utilization samples (NVML's µs Unix timestamps) are mapped onto the
 //!   monotonic axis with the header's anchor pair. Each sample covers the
 //!   driver's sample period before its timestamp; the period (the median
-//!   spacing of the samples) is the stated resolution of everything below.
+//!   spacing of the first samples) is the stated resolution of everything
+//!   below.
 //! - An idle gap is a run of consecutive samples at or below the threshold
 //!   (default 5%). Its edges are placed inside the neighbouring, partly busy
 //!   samples by their utilization — exact when such a sample holds one
@@ -217,9 +218,10 @@ impl GpuAnalysis {
             .collect()
     }
 
-    /// Idle intervals of every GPU the job used (all GPUs when attribution
-    /// is unavailable or the job used none), merged: what
-    /// `flame-gpu-idle.svg` and the diagnosis look at.
+    /// Idle intervals of the GPUs the job used (all GPUs when attribution
+    /// is unavailable or the job used none), merged into their union — the
+    /// times when at least one of them waited: what `flame-gpu-idle.svg`
+    /// and the diagnosis look at. Sorted, non-overlapping.
     pub fn idle_intervals(&self) -> Vec<(MonoNs, MonoNs)> {
         let used: Vec<&GpuDeviceAnalysis> = self
             .devices
@@ -915,6 +917,52 @@ mod tests {
         let g = idle_gaps(&ws, P, 5.0);
         assert_eq!(g.len(), 2);
         assert_eq!(g[0], (MonoNs(0), MonoNs(20_000_000)));
+    }
+
+    fn proc_use(pid: i32, in_job: bool) -> GpuProcUse {
+        GpuProcUse {
+            pid: Pid(pid),
+            in_job,
+            ctx: GpuContext::Compute,
+            first_seen: MonoNs(0),
+            last_seen: MonoNs(0),
+            mem_max: None,
+            mem: Series::default(),
+            sm: Series::default(),
+            sm_mean: None,
+            gi: None,
+            ci: None,
+            present: false,
+            last_mem: None,
+            last_sm: None,
+            sm_sum: 0.0,
+            sm_ns: 0.0,
+        }
+    }
+
+    #[test]
+    fn idle_intervals_are_the_union_over_the_jobs_gpus() {
+        let ms = |a: u64, b: u64| (MonoNs(a * 1_000_000), MonoNs(b * 1_000_000));
+        let dev = |gaps: Vec<(MonoNs, MonoNs)>, procs: Vec<GpuProcUse>| GpuDeviceAnalysis {
+            idle_gaps: gaps,
+            processes: procs,
+            ..Default::default()
+        };
+        let mut a = GpuAnalysis {
+            devices: vec![
+                dev(vec![ms(0, 10), ms(50, 60)], vec![proc_use(1, true)]),
+                dev(vec![ms(5, 20)], vec![proc_use(2, true)]),
+                // Not the job's: ignored.
+                dev(vec![ms(100, 200)], vec![proc_use(3, false)]),
+            ],
+            ..Default::default()
+        };
+        assert_eq!(a.idle_intervals(), vec![ms(0, 20), ms(50, 60)]);
+        // No job process on any GPU: every GPU counts.
+        for d in &mut a.devices {
+            d.processes.clear();
+        }
+        assert_eq!(a.idle_intervals().len(), 3);
     }
 
     #[test]
