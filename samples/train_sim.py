@@ -73,20 +73,25 @@ def worker_loop(wid, args, tasks, results):
 
 
 def gpu_step(args, log):
-    """Stand-in for a training step on the GPU: the host waits `--gpu-ms`."""
-    t0 = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
-    time.sleep(args.gpu_ms / 1000.0)
-    t1 = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+    """Stand-in for a training step on the GPU: the host waits `--gpu-ms`.
+
+    With an activity log, the step's start is written before it runs and its
+    end after, so a reader (the fake NVML of tests/fake-nvml) knows a step is
+    in progress as soon as it starts, like a driver knows a kernel runs."""
     if log is not None:
-        log.write(f"{t0} {t1}\n")
+        log.write(f"B {os.getpid()} {time.clock_gettime_ns(time.CLOCK_MONOTONIC)}\n")
+    time.sleep(args.gpu_ms / 1000.0)
+    if log is not None:
+        log.write(f"E {os.getpid()} {time.clock_gettime_ns(time.CLOCK_MONOTONIC)}\n")
 
 
 def open_activity_log(args):
     path = args.activity_log or os.environ.get("GPUPROF_ACTIVITY_LOG")
     if not path:
         return None
+    # Line-buffered: each line reaches the file when it is complete.
     f = open(path, "a", buffering=1)
-    f.write(f"# pid {os.getpid()} clock CLOCK_MONOTONIC ns: step_start step_end\n")
+    f.write("# gpuprof activity log: B|E PID CLOCK_MONOTONIC-ns (simulated GPU step begins|ends)\n")
     return f
 
 
@@ -99,7 +104,7 @@ def main():
     ap.add_argument("--read-mb", type=float, default=0.0, help="MiB each batch reads from --data")
     ap.add_argument("--data", default=None, help="data file read by --read-mb (created, 64 MiB, if missing)")
     ap.add_argument("--prefetch", type=int, default=2, help="batches queued per worker")
-    ap.add_argument("--activity-log", default=None, help="append each simulated GPU step (monotonic ns) to this file (also $GPUPROF_ACTIVITY_LOG)")
+    ap.add_argument("--activity-log", default=None, help="append the begin/end of each simulated GPU step (CLOCK_MONOTONIC ns) to this file (also $GPUPROF_ACTIVITY_LOG); format in docs/testing.md")
     args = ap.parse_args()
 
     if args.read_mb > 0 and not args.data:

@@ -62,6 +62,21 @@ pub struct RecordArgs {
     #[arg(short, long)]
     pub quiet: bool,
 
+    /// Do not open NVML: profile the CPU side only.
+    #[arg(long)]
+    pub no_gpu: bool,
+
+    /// How often NVML is polled, e.g. `100ms`. Utilization comes from the
+    /// driver's own timestamped samples, so this sets latency and cost,
+    /// not resolution.
+    #[arg(long, value_name = "DURATION", default_value = "100ms", value_parser = parse_duration)]
+    pub gpu_interval: Duration,
+
+    /// GPU utilization (percent) at or below which a sample counts as idle
+    /// when finding idle gaps.
+    #[arg(long, value_name = "PERCENT", default_value_t = 5.0)]
+    pub idle_threshold: f64,
+
     /// CPU stack samples per second per thread (perf, 1 to 1000).
     #[arg(long, value_name = "HZ", default_value_t = crate::collect::perf::DEFAULT_FREQUENCY)]
     pub frequency: u64,
@@ -106,6 +121,9 @@ pub struct RecordConfig {
     pub delay: Option<Duration>,
     pub duration: Option<Duration>,
     pub quiet: bool,
+    pub no_gpu: bool,
+    pub gpu_interval: Duration,
+    pub idle_threshold_pct: f64,
     /// Stack sampling settings; `None` with `--no-stacks`.
     pub stacks: Option<crate::collect::perf::PerfOptions>,
 }
@@ -122,6 +140,20 @@ impl RecordArgs {
             return Err(format!(
                 "--interval {:?} is out of range: use 10ms to 60s (default 100ms)",
                 self.interval
+            ));
+        }
+        if self.gpu_interval < Duration::from_millis(10)
+            || self.gpu_interval > Duration::from_secs(60)
+        {
+            return Err(format!(
+                "--gpu-interval {:?} is out of range: use 10ms to 60s (default 100ms)",
+                self.gpu_interval
+            ));
+        }
+        if !(0.0..100.0).contains(&self.idle_threshold) {
+            return Err(format!(
+                "--idle-threshold {} is out of range: give a GPU utilization percent from 0 to below 100 (default 5)",
+                self.idle_threshold
             ));
         }
         if self.duration.is_some_and(|d| d.is_zero()) {
@@ -147,6 +179,9 @@ impl RecordArgs {
             delay: self.delay,
             duration: self.duration,
             quiet: self.quiet,
+            no_gpu: self.no_gpu,
+            gpu_interval: self.gpu_interval,
+            idle_threshold_pct: self.idle_threshold,
         })
     }
 }
@@ -212,6 +247,34 @@ mod tests {
         assert!(matches!(cli.command, Some(Command::Report(r)) if r.dir.as_os_str() == "out"));
         let cli = Cli::try_parse_from(["gpuprof", "record", "--", "true"]).unwrap();
         assert!(matches!(cli.command, Some(Command::Record(_))));
+    }
+
+    #[test]
+    fn gpu_flags() {
+        let cli = Cli::try_parse_from(["gpuprof", "--", "true"]).unwrap();
+        let cfg = cli.record.into_config().unwrap();
+        assert!(!cfg.no_gpu);
+        assert_eq!(cfg.gpu_interval, Duration::from_millis(100));
+        assert_eq!(cfg.idle_threshold_pct, 5.0);
+        let cli = Cli::try_parse_from([
+            "gpuprof",
+            "--no-gpu",
+            "--gpu-interval",
+            "250ms",
+            "--idle-threshold",
+            "10",
+            "--",
+            "true",
+        ])
+        .unwrap();
+        let cfg = cli.record.into_config().unwrap();
+        assert!(cfg.no_gpu);
+        assert_eq!(cfg.gpu_interval, Duration::from_millis(250));
+        assert_eq!(cfg.idle_threshold_pct, 10.0);
+        for bad in [["--idle-threshold", "100"], ["--gpu-interval", "1ms"]] {
+            let cli = Cli::try_parse_from(["gpuprof", bad[0], bad[1], "--", "true"]).unwrap();
+            assert!(cli.record.into_config().unwrap_err().contains(bad[0]));
+        }
     }
 
     #[test]

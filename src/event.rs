@@ -97,6 +97,10 @@ pub struct Header {
     /// monotonic time.
     #[serde(default)]
     pub boottime_offset_ns: u64,
+    /// GPU idle threshold (`--idle-threshold`, percent): a utilization
+    /// sample at or below it is idle.
+    #[serde(default)]
+    pub gpu_idle_threshold_pct: Option<f64>,
 }
 
 /// How the job ended.
@@ -201,6 +205,68 @@ pub struct Psi {
     pub full_us: Option<u64>,
 }
 
+/// A GPU as NVML numbers it (`nvmlDeviceGetHandleByIndex`).
+pub type GpuIndex = u32;
+
+/// Whether a GPU process holds a compute (CUDA) or graphics context.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GpuContext {
+    Compute,
+    Graphics,
+}
+
+/// One process on a GPU, as the driver lists it. PIDs are the driver's:
+/// host PIDs, which do not match the job's inside a PID namespace.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuProc {
+    pub pid: Pid,
+    pub ctx: GpuContext,
+    /// None when the driver does not report it (Windows WDDM, some vGPUs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem: Option<u64>,
+    /// MIG GPU / compute instance.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gi: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ci: Option<u32>,
+}
+
+/// The newest per-process utilization sample of one PID.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuProcSample {
+    pub pid: Pid,
+    /// The driver's timestamp, µs since the Unix epoch.
+    pub ts_us: u64,
+    pub sm: u32,
+    pub mem: u32,
+}
+
+/// The slowly changing state of one GPU. Each field is None when the
+/// metric is unsupported (see `GpuDevice::unsupported`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuState {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem_used: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sm_mhz: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem_mhz: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temp_c: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub power_mw: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub power_limit_mw: Option<u32>,
+    /// Clock-event ("throttle") reasons, the raw NVML bitmask.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub throttle: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pcie_gen: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pcie_width: Option<u32>,
+}
+
 /// Which sampler produced a stack: the perf sampler's native (DWARF-unwound)
 /// stacks or py-spy's Python stacks. Each has its own frame and stack ids.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -224,6 +290,10 @@ pub struct SampleBatch {
     pub dt_us: Vec<u32>,
     /// Leaf node of each sample's stack (`StackNode::id`).
     pub stacks: Vec<u32>,
+    /// Indices (into `stacks`) of native samples whose unwinding stopped
+    /// before the thread's root (stack copy too short, no unwind info).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub incomplete: Vec<u32>,
 }
 
 impl SampleBatch {
@@ -422,6 +492,77 @@ pub enum Event {
         pswpin: u64,
         pswpout: u64,
     },
+    /// NVML opened: driver facts, once.
+    GpuDriver {
+        t: MonoNs,
+        #[serde(default)]
+        driver_version: Option<String>,
+        /// As NVML encodes it: 1000 * major + 10 * minor (12040 = 12.4).
+        #[serde(default)]
+        cuda_driver_version: Option<i32>,
+        devices: u32,
+    },
+    /// One GPU, once, with its fixed figures and what it cannot report.
+    GpuDevice {
+        t: MonoNs,
+        gpu: GpuIndex,
+        name: String,
+        uuid: String,
+        #[serde(default)]
+        pci_bus_id: Option<String>,
+        #[serde(default)]
+        mem_total: Option<u64>,
+        #[serde(default)]
+        max_sm_mhz: Option<u32>,
+        #[serde(default)]
+        max_mem_mhz: Option<u32>,
+        #[serde(default)]
+        pcie_max_gen: Option<u32>,
+        #[serde(default)]
+        pcie_max_width: Option<u32>,
+        #[serde(default)]
+        mig_enabled: Option<bool>,
+        /// Metrics this GPU does not support (probed once), by name.
+        #[serde(default)]
+        unsupported: Vec<String>,
+    },
+    /// Device utilization from the driver's timestamped history:
+    /// `(µs since the Unix epoch, percent of the sample period during which
+    /// a kernel ran)`. Mapped onto the monotonic axis with the header anchor.
+    GpuUtil {
+        t: MonoNs,
+        gpu: GpuIndex,
+        samples: Vec<(u64, u32)>,
+    },
+    /// GPU state; emitted when any field changed.
+    GpuState {
+        t: MonoNs,
+        gpu: GpuIndex,
+        #[serde(flatten)]
+        state: GpuState,
+    },
+    /// PCIe throughput in KB/s (a 20 ms window measured by the driver).
+    GpuPcie {
+        t: MonoNs,
+        gpu: GpuIndex,
+        tx_kbps: u32,
+        rx_kbps: u32,
+    },
+    /// Processes on a GPU (compute and graphics); emitted when the list or
+    /// a process's memory changed.
+    GpuProcesses {
+        t: MonoNs,
+        gpu: GpuIndex,
+        procs: Vec<GpuProc>,
+    },
+    /// Per-process utilization: the newest sample per PID since the last
+    /// poll (pid-0 rows dropped), for the PIDs whose values changed; a
+    /// value holds until the PID's next sample.
+    GpuProcUtil {
+        t: MonoNs,
+        gpu: GpuIndex,
+        samples: Vec<GpuProcSample>,
+    },
 }
 
 impl Event {
@@ -450,6 +591,13 @@ impl Event {
             | Disks { t, .. }
             | Pressure { t, .. }
             | Memory { t, .. }
+            | GpuDriver { t, .. }
+            | GpuDevice { t, .. }
+            | GpuUtil { t, .. }
+            | GpuState { t, .. }
+            | GpuPcie { t, .. }
+            | GpuProcesses { t, .. }
+            | GpuProcUtil { t, .. }
             | TaskFork { t, .. }
             | TaskExit { t, .. }
             | TaskComm { t, .. } => Some(*t),

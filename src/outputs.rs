@@ -71,6 +71,12 @@ pub fn generate(rec_dir: &Path, out_dir: &Path) -> Result<Outcome> {
         out_dir,
         &mut write_bytes,
     )?);
+    written.extend(export::flame::write_gpu_idle(
+        &a.stacks,
+        &a.gpu.idle_intervals(),
+        out_dir,
+        &mut write_bytes,
+    )?);
 
     let summary = out_dir.join("summary.md");
     let md = export::summary::markdown(&a);

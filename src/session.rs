@@ -13,6 +13,7 @@ use nix::sys::wait::{waitid, waitpid, Id, WaitPidFlag, WaitStatus};
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::cli::RecordConfig;
+use crate::collect::gpu::{GpuCollector, GpuOptions};
 use crate::collect::procfs::TreeCollector;
 use crate::collect::stacks::StackCollectors;
 use crate::collect::system::SystemCollector;
@@ -204,6 +205,7 @@ fn make_header(cfg: &RecordConfig, job_pid: Pid) -> Header {
         rank: rank_id(),
         job_pid,
         boottime_offset_ns: MonoNs::boottime_offset(),
+        gpu_idle_threshold_pct: Some(cfg.idle_threshold_pct),
     }
 }
 
@@ -269,6 +271,22 @@ async fn run(
     sink.send_blocking(Event::Header(header.clone()));
     let delayed = cfg.delay.is_some_and(|d| !d.is_zero());
     let mut samplers = SamplerThread::start(&sink, cfg.interval, !delayed)?;
+    // The GPU thread starts before the job is released; it opens NVML on
+    // its own time and takes the driver's samples from this moment on.
+    let gpu = if cfg.no_gpu {
+        sink.send_blocking(Event::Coverage(crate::event::Coverage {
+            source: "gpu".into(),
+            available: false,
+            detail: "disabled with --no-gpu".into(),
+        }));
+        None
+    } else {
+        let opts = GpuOptions::from_env(cfg.gpu_interval);
+        Some(
+            GpuCollector::start(&opts, sink.clone(), cfg.quiet)
+                .context("cannot start the GPU collector thread")?,
+        )
+    };
     // Between fork and exec: perf events enabled by the job's exec.
     let stacks = StackCollectors::start(cfg.stacks.as_ref(), suspended.pid, &sink, cfg.quiet);
     if !delayed {
@@ -278,6 +296,9 @@ async fn run(
     let job = match suspended.resume() {
         Ok(pid) => pid,
         Err(e) => {
+            if let Some(g) = gpu {
+                g.stop();
+            }
             samplers.finish();
             stacks.stop();
             drop(sink);
@@ -292,7 +313,7 @@ async fn run(
     let started = tokio::time::Instant::now();
     let window_start = started + cfg.delay.unwrap_or_default();
     let window_end = cfg.duration.map(|d| window_start + d);
-    let mut recording = Some((samplers, sink, writer, stacks));
+    let mut recording = Some((samplers, gpu, sink, writer, stacks));
     let mut interrupts = 0u32;
     let mut job_status: Option<JobStatus> = None;
     let mut stop_reason: Option<&str> = None;
@@ -302,7 +323,7 @@ async fn run(
     loop {
         // Reap first: the SIGCHLD that ends the job may have arrived before
         // the select below was armed.
-        let samplers_ref = recording.as_ref().map(|(s, _, _, _)| s);
+        let samplers_ref = recording.as_ref().map(|(s, _, _, _, _)| s);
         if let Some(st) = reap(job, samplers_ref) {
             job_status = Some(st);
         }
@@ -312,7 +333,7 @@ async fn run(
         let delay_pending = delayed
             && recording
                 .as_ref()
-                .is_some_and(|(s, _, _, _)| !s.active.load(Ordering::Acquire));
+                .is_some_and(|(s, _, _, _, _)| !s.active.load(Ordering::Acquire));
         tokio::select! {
             _ = sigchld.recv() => {}
             _ = tick.tick() => {}
@@ -330,7 +351,7 @@ async fn run(
             _ = sigusr1.recv() => { let _ = kill(nix::unistd::Pid::from_raw(job.0), Signal::SIGUSR1); }
             _ = sigusr2.recv() => { let _ = kill(nix::unistd::Pid::from_raw(job.0), Signal::SIGUSR2); }
             _ = tokio::time::sleep_until(window_start), if delay_pending => {
-                if let Some((s, sink, _, _)) = recording.as_ref() {
+                if let Some((s, _, sink, _, _)) = recording.as_ref() {
                     sink.send_blocking(Event::WindowStart { t: MonoNs::now() });
                     s.active.store(true, Ordering::Release);
                     say(cfg.quiet, "--delay elapsed: recording started");
@@ -390,13 +411,22 @@ fn reap(job: Pid, samplers: Option<&SamplerThread>) -> Option<JobStatus> {
 }
 
 fn finish_recording(
-    rec: (SamplerThread, Sink, record::Writer, StackCollectors),
+    rec: (
+        SamplerThread,
+        Option<GpuCollector>,
+        Sink,
+        record::Writer,
+        StackCollectors,
+    ),
     out: &Path,
     status: JobStatus,
     reason: &str,
     quiet: bool,
 ) {
-    let (mut samplers, sink, writer, stacks) = rec;
+    let (mut samplers, gpu, sink, writer, stacks) = rec;
+    if let Some(g) = gpu {
+        g.stop();
+    }
     samplers.finish();
     stacks.stop();
     let (cpu_ns, max_rss) = self_usage();

@@ -227,6 +227,9 @@ fn pure_python_samples_reach_the_thread_root() {
     );
     let all = folded(&out.join("stacks-all.folded"));
     assert!(share(&all, |l| l.contains(";fib (pure_python.py)")) > 0.5);
+    // By name, too: below the process root frame comes `_start`.
+    let named = share(&all, |l| l.split(';').nth(1) == Some("_start"));
+    assert!(named >= 0.95, "only {:.1}% start at _start", named * 100.0);
     let _ = std::fs::remove_dir_all(&out);
 }
 

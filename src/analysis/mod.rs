@@ -2,6 +2,7 @@
 //! NVML or perf happens here, so every figure can be rebuilt by
 //! `gpuprof report` and unit-tested on hand-built event lists.
 
+pub mod gpu;
 pub mod roles;
 pub mod series;
 pub mod stacks;
@@ -137,6 +138,8 @@ pub struct Analysis {
     pub end: MonoNs,
     pub processes: BTreeMap<Pid, Process>,
     pub system: System,
+    /// GPUs, their idle gaps and the job's processes on them.
+    pub gpu: gpu::GpuAnalysis,
     /// CPU stack samples, merged with Python frames (see `stacks`).
     pub stacks: stacks::Stacks,
 }
@@ -194,6 +197,7 @@ struct Builder {
     delayed: bool,
     last_t: MonoNs,
     last_mem: Option<(MonoNs, f64, f64)>,
+    gpu: Option<gpu::GpuBuilder>,
     stack_data: stacks::StackData,
 }
 
@@ -215,6 +219,7 @@ impl Builder {
                     cpus,
                     ..Default::default()
                 },
+                gpu: gpu::GpuAnalysis::default(),
                 stacks: stacks::Stacks::default(),
             },
             interval,
@@ -222,6 +227,7 @@ impl Builder {
             delayed: false,
             last_t: start,
             last_mem: None,
+            gpu: None,
             stack_data: stacks::StackData::new(),
         }
     }
@@ -242,8 +248,18 @@ impl Builder {
             }
         }
         let interval = self.interval;
+        self.gpu
+            .get_or_insert_with(|| gpu::GpuBuilder::new(&self.a.header))
+            .push(&ev);
         match ev {
             Event::Header(_) => {}
+            Event::GpuDriver { .. }
+            | Event::GpuDevice { .. }
+            | Event::GpuUtil { .. }
+            | Event::GpuState { .. }
+            | Event::GpuPcie { .. }
+            | Event::GpuProcesses { .. }
+            | Event::GpuProcUtil { .. } => {}
             ev @ (Event::StackFile { .. }
             | Event::NativeFrame { .. }
             | Event::PyFrame { .. }
@@ -628,7 +644,22 @@ impl Builder {
             }
         }
         stacks::merge_perf_processes(&self.stack_data, &mut self.a.processes, end);
-        roles::assign(&mut self.a.processes, self.a.header.job_pid);
+        let job_pids: std::collections::BTreeSet<Pid> = self.a.processes.keys().copied().collect();
+        let gpu = self
+            .gpu
+            .take()
+            .unwrap_or_else(|| gpu::GpuBuilder::new(&self.a.header))
+            .finish(&gpu::GpuInputs {
+                job_pids: &job_pids,
+                end: self.a.end,
+            });
+        // Processes that held a GPU context drive the work: role main.
+        roles::assign_with_gpu(
+            &mut self.a.processes,
+            self.a.header.job_pid,
+            &gpu.job_gpu_pids(),
+        );
+        self.a.gpu = gpu;
         let procs = &self.a.processes;
         let fallback: BTreeMap<Pid, stacks::ProcMeta> = self
             .stack_data
@@ -743,6 +774,7 @@ mod tests {
             rank: None,
             job_pid: Pid(10),
             boottime_offset_ns: 0,
+            gpu_idle_threshold_pct: None,
         }
     }
 

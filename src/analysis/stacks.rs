@@ -63,6 +63,8 @@ struct RawSample {
     pid: Pid,
     tid: Tid,
     stack: u32,
+    /// The unwinder reached the end of the stack (framehop's verdict).
+    complete: bool,
 }
 
 /// The stack events of a recording, collected in one pass.
@@ -150,12 +152,18 @@ impl StackData {
                     StackKind::Native => &mut self.native,
                     StackKind::Python => &mut self.python,
                 };
-                for (t, s) in b.times().zip(&b.stacks) {
+                let mut incomplete = b.incomplete.iter().peekable();
+                for (i, (t, s)) in b.times().zip(&b.stacks).enumerate() {
+                    let cut = incomplete.peek().is_some_and(|x| **x as usize == i);
+                    if cut {
+                        incomplete.next();
+                    }
                     out.push(RawSample {
                         t,
                         pid: b.pid,
                         tid: b.tid,
                         stack: *s,
+                        complete: !cut,
                     });
                 }
             }
@@ -333,8 +341,9 @@ pub struct StacksReport {
     pub samples_per_role: BTreeMap<String, u64>,
     /// Records the kernel dropped (ring buffers full).
     pub lost_records: u64,
-    /// Share of native samples whose outermost frame is the thread's root
-    /// (`_start`, `clone`, `clone3`).
+    /// Share of native samples whose stack reaches the thread's root: the
+    /// outermost frame is `_start`, `clone` or `clone3`, or the unwinder
+    /// found the end of the stack (CFI: return address undefined).
     pub unwind_coverage: f64,
     /// Samples where the unwinder stopped early (its own count).
     pub unwind_truncated: u64,
@@ -675,7 +684,11 @@ pub fn analyze(
             merged_cache.insert(key, (id, kind, root));
             (id, kind, root)
         };
-        if root {
+        // Reaching the root: the outermost frame is named as a thread root,
+        // or the unwinder found the end of the stack there (the CFI of
+        // `_start` and `clone3` marks the return address undefined; this
+        // also covers roots that a stripped libc leaves unnamed).
+        if root || s.complete {
             rooted += 1;
         }
         match kind {
@@ -1191,6 +1204,7 @@ mod tests {
                 t0: MonoNs(1_000_000_000),
                 dt_us: vec![0, 10_000, 10_000, 50_000],
                 stacks: vec![4, 4, 2, 4],
+                incomplete: vec![],
             }),
             Event::Samples(SampleBatch {
                 kind: StackKind::Python,
@@ -1199,6 +1213,7 @@ mod tests {
                 t0: MonoNs(1_005_000_000),
                 dt_us: vec![0],
                 stacks: vec![1],
+                incomplete: vec![],
             }),
         ];
         for e in &evs {
@@ -1285,6 +1300,7 @@ mod tests {
             rank: None,
             job_pid: Pid(10),
             boottime_offset_ns: 0,
+            gpu_idle_threshold_pct: None,
         };
         let comm = |t: u64, pid: i32, c: &str| Event::TaskComm {
             t: MonoNs(t * ms),

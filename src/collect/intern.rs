@@ -31,6 +31,7 @@ struct Batch {
     last_us: u64,
     dt_us: Vec<u32>,
     stacks: Vec<u32>,
+    incomplete: Vec<u32>,
 }
 
 impl<F: Hash + Eq + Clone> Interner<F> {
@@ -75,7 +76,16 @@ impl<F: Hash + Eq + Clone> Interner<F> {
     }
 
     /// Add a sample to its thread's batch; flushes full or old batches.
-    pub fn sample(&mut self, pid: Pid, tid: Tid, t: MonoNs, stack: u32, sink: &Sink) {
+    /// `complete`: the stack reaches the thread's root.
+    pub fn sample(
+        &mut self,
+        pid: Pid,
+        tid: Tid,
+        t: MonoNs,
+        stack: u32,
+        complete: bool,
+        sink: &Sink,
+    ) {
         self.samples += 1;
         let us = t.0 / 1000;
         let b = self.batches.entry((pid, tid)).or_insert_with(|| Batch {
@@ -83,11 +93,15 @@ impl<F: Hash + Eq + Clone> Interner<F> {
             last_us: us,
             dt_us: Vec::new(),
             stacks: Vec::new(),
+            incomplete: Vec::new(),
         });
         // Records are time-ordered, but clamp anyway: a delta is unsigned.
         let d = us.saturating_sub(b.last_us).min(u32::MAX as u64) as u32;
         b.last_us += d as u64;
         b.dt_us.push(d);
+        if !complete {
+            b.incomplete.push(b.stacks.len() as u32);
+        }
         b.stacks.push(stack);
         if b.stacks.len() >= BATCH_MAX || t.0.saturating_sub(b.t0.0) >= FLUSH_AFTER_NS {
             let b = self.batches.remove(&(pid, tid)).expect("batch present");
@@ -121,6 +135,7 @@ impl<F: Hash + Eq + Clone> Interner<F> {
             t0: b.t0,
             dt_us: b.dt_us,
             stacks: b.stacks,
+            incomplete: b.incomplete,
         }));
     }
 

@@ -273,7 +273,7 @@ impl Sampler {
                     self.frames_buf.push(id);
                 }
                 if let Some(stack) = self.interner.stack(&self.frames_buf, &self.sink) {
-                    self.interner.sample(pid, tid, t, stack, &self.sink);
+                    self.interner.sample(pid, tid, t, stack, true, &self.sink);
                     self.stats.samples += 1;
                 }
             }

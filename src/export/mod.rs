@@ -4,5 +4,7 @@
 
 pub mod flame;
 pub mod report;
+pub mod report_gpu;
 pub mod summary;
 pub mod trace;
+pub mod trace_gpu;

@@ -170,6 +170,8 @@ pub fn build(a: &Analysis) -> Value {
         "roles": roles,
         "system": system,
         "coverage": coverage,
+        "gpu": super::report_gpu::summary(a),
+        "gpus": super::report_gpu::devices(a),
         "stacks": a.stacks.report,
         "profiler": profiler,
         "warnings": a.warnings,

@@ -50,6 +50,11 @@ pub fn sections(a: &Analysis) -> Vec<(String, Vec<String>)> {
     }
     out.push(("Run".to_string(), run));
 
+    let gpu = super::report_gpu::summary_lines(a);
+    if !gpu.is_empty() {
+        out.push(("GPU".to_string(), gpu));
+    }
+
     // Busiest threads by CPU time.
     let mut threads: Vec<(f64, String)> = Vec::new();
     let dur = a.duration_s().max(1e-9);

@@ -153,6 +153,7 @@ pub fn write<W: Write>(a: &Analysis, w: W) -> io::Result<W> {
     let mut tw = TraceWriter::new(w, a.start)?;
     write_processes(a, &mut tw)?;
     write_system(a, &mut tw)?;
+    super::trace_gpu::write_gpus(a, &mut tw)?;
     let stacks = super::flame::write_trace(a, &mut tw)?;
     let h = &a.header;
     let meta = json!({
@@ -166,6 +167,8 @@ pub fn write<W: Write>(a: &Analysis, w: W) -> io::Result<W> {
         "anchor_monotonic_ns": h.anchor_monotonic_ns,
         "anchor_realtime_ns": h.anchor_realtime_ns,
         "interval_ns": h.interval_ns,
+        "gpu_idle_threshold_pct": a.gpu.idle_threshold_pct,
+        "gpu_sample_period_ms": a.gpu.devices.iter().map(|d| (d.resolution_ns as f64 / 1e5).round() / 10.0).collect::<Vec<_>>(),
     });
     tw.finish(meta)
 }

@@ -381,7 +381,8 @@ impl Reader {
             self.frames_buf.push(id);
         }
         if let Some(stack) = self.interner.stack(&self.frames_buf, &self.sink) {
-            self.interner.sample(s.pid, s.tid, s.t, stack, &self.sink);
+            self.interner
+                .sample(s.pid, s.tid, s.t, stack, u.complete, &self.sink);
         }
     }
 

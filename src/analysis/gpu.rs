@@ -1,0 +1,1114 @@
+//! GPU analysis: pure functions over the recorded GPU events, computed in
+//! one streaming pass with bounded memory (counters are bounded `Series`,
+//! idle gaps and clock-event runs are capped), so a day-long run on eight
+//! GPUs costs the same memory as a short one.
+//!
+//! - Utilization samples (NVML's µs Unix timestamps) are mapped onto the
+//!   monotonic axis with the header's anchor pair. Each sample covers the
+//!   driver's sample period before its timestamp; the period (the median
+//!   spacing of the first samples) is the stated resolution of everything
+//!   below.
+//! - An idle gap is a run of consecutive samples at or below the threshold
+//!   (default 5%). Its edges are placed inside the neighbouring, partly busy
+//!   samples by their utilization — exact when such a sample holds one
+//!   busy/idle transition, off by less than one period otherwise. A run
+//!   with no fully idle sample is shorter than the resolution and is not
+//!   claimed.
+//! - NVML PIDs are matched against every process of the job's tree. If
+//!   processes hold GPU memory but none of them is the job's, attribution is
+//!   reported unavailable (PID namespace?) rather than guessed.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::series::Series;
+use crate::event::{Event, GpuContext, GpuIndex, GpuState, Header, MonoNs, Pid};
+
+/// Default idle threshold: a sample at or below this utilization is idle.
+pub const DEFAULT_IDLE_THRESHOLD_PCT: f64 = 5.0;
+
+/// Assumed sample period when a GPU reported fewer than two samples
+/// (the common driver period, 1/6 s).
+const DEFAULT_PERIOD_NS: u64 = 166_666_667;
+
+/// Clock-event ("throttle") reason bits of nvml.h, by name.
+pub const THROTTLE_REASONS: &[(u64, &str)] = &[
+    (0x1, "gpu_idle"),
+    (0x2, "applications_clocks_setting"),
+    (0x4, "sw_power_cap"),
+    (0x8, "hw_slowdown"),
+    (0x10, "sync_boost"),
+    (0x20, "sw_thermal_slowdown"),
+    (0x40, "hw_thermal_slowdown"),
+    (0x80, "hw_power_brake_slowdown"),
+    (0x100, "display_clock_setting"),
+];
+
+/// Names of the reason bits set in `bits` (unknown bits as hex).
+pub fn throttle_names(bits: u64) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut known = 0;
+    for &(bit, name) in THROTTLE_REASONS {
+        known |= bit;
+        if bits & bit != 0 {
+            out.push(name.to_string());
+        }
+    }
+    if bits & !known != 0 {
+        out.push(format!("0x{:x}", bits & !known));
+    }
+    out
+}
+
+/// At most this many idle gaps (and clock-event runs per reason) are kept
+/// per GPU as intervals; the statistics count every one.
+pub const MAX_INTERVALS: usize = 100_000;
+
+/// Samples buffered to estimate the driver's sample period before the
+/// rest are processed as they come.
+const PERIOD_PROBE: usize = 32;
+
+/// One utilization sample as a window on the monotonic axis.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct UtilWindow {
+    pub start: MonoNs,
+    pub end: MonoNs,
+    pub pct: u32,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct GapStats {
+    pub count: usize,
+    pub total_s: f64,
+    pub median_s: f64,
+    pub max_s: f64,
+}
+
+/// A process seen on a GPU.
+#[derive(Clone, Debug)]
+pub struct GpuProcUse {
+    pub pid: Pid,
+    /// A process of the job's tree.
+    pub in_job: bool,
+    pub ctx: GpuContext,
+    pub first_seen: MonoNs,
+    /// When it left the GPU (missing from a process list), or the end of
+    /// the recording if it never did.
+    pub last_seen: MonoNs,
+    pub mem_max: Option<u64>,
+    /// GPU memory (bytes) over time, from the process lists.
+    pub mem: Series,
+    /// Per-process SM utilization (%) over time, from the driver's samples
+    /// (each value holds until the next).
+    pub sm: Series,
+    /// Time-weighted mean SM utilization until the process was last seen.
+    pub sm_mean: Option<f64>,
+    /// MIG GPU / compute instance the process ran in.
+    pub gi: Option<u32>,
+    pub ci: Option<u32>,
+    present: bool,
+    last_mem: Option<(MonoNs, u64)>,
+    last_sm: Option<(MonoNs, u32)>,
+    sm_sum: f64,
+    sm_ns: f64,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ThrottleUse {
+    pub reason: String,
+    pub seconds: f64,
+    /// When the reason was first seen active (within the recording).
+    pub first: MonoNs,
+    /// When it was active (merged runs, at most `MAX_INTERVALS`).
+    pub runs: Vec<(MonoNs, MonoNs)>,
+}
+
+/// A GPU state figure over time and its extremes.
+#[derive(Clone, Debug, Default)]
+pub struct Gauge {
+    pub series: Series,
+    pub min: Option<u64>,
+    pub max: Option<u64>,
+}
+
+impl Gauge {
+    fn hold(&mut self, v: Option<u64>, from: MonoNs, to: MonoNs) {
+        if let Some(v) = v {
+            self.series.push(from, to, v as f64);
+        }
+    }
+    fn see(&mut self, v: Option<u64>) {
+        if let Some(v) = v {
+            self.min = Some(self.min.map_or(v, |m| m.min(v)));
+            self.max = Some(self.max.map_or(v, |m| m.max(v)));
+        }
+    }
+}
+
+/// Everything known about one GPU for the run.
+#[derive(Clone, Debug, Default)]
+pub struct GpuDeviceAnalysis {
+    pub index: GpuIndex,
+    pub name: String,
+    pub uuid: String,
+    pub pci_bus_id: Option<String>,
+    pub mem_total: Option<u64>,
+    pub max_sm_mhz: Option<u32>,
+    pub max_mem_mhz: Option<u32>,
+    pub pcie_max_gen: Option<u32>,
+    pub pcie_max_width: Option<u32>,
+    pub mig_enabled: Option<bool>,
+    pub unsupported: Vec<String>,
+
+    /// Device utilization (%) over the sampled windows.
+    pub util: Series,
+    pub util_samples: u64,
+    /// Start of the first and end of the last sample window.
+    pub sampled: Option<(MonoNs, MonoNs)>,
+    /// Sample period: the resolution of utilization and idle gaps.
+    pub resolution_ns: u64,
+    pub util_mean: Option<f64>,
+    pub util_p50: Option<f64>,
+    pub util_p95: Option<f64>,
+    /// Time-weighted mean utilization / 100: the share of the sampled time
+    /// during which a kernel ran.
+    pub busy_fraction: Option<f64>,
+    /// Idle gaps in time order (at most `MAX_INTERVALS`; `gap_stats`
+    /// counts all).
+    pub idle_gaps: Vec<(MonoNs, MonoNs)>,
+    pub gap_stats: GapStats,
+
+    pub mem_used: Gauge,
+    pub sm_mhz: Gauge,
+    pub mem_mhz: Gauge,
+    pub temp_c: Gauge,
+    pub power_mw: Gauge,
+    pub power_limit_mw: Gauge,
+    pub pcie_gen: Gauge,
+    pub pcie_width: Gauge,
+    /// PCIe throughput, KB/s.
+    pub pcie_tx: Gauge,
+    pub pcie_rx: Gauge,
+    pub throttle: Vec<ThrottleUse>,
+    pub processes: Vec<GpuProcUse>,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct GpuAnalysis {
+    /// NVML was opened (a `GpuDriver` event was recorded).
+    pub available: bool,
+    pub driver_version: Option<String>,
+    pub cuda_driver_version: Option<i32>,
+    pub devices: Vec<GpuDeviceAnalysis>,
+    /// The idle threshold used, in percent.
+    pub idle_threshold_pct: f64,
+    /// Processes hold GPU memory but none of them belongs to the job.
+    pub attribution_unavailable: bool,
+    /// Sentences for the report's coverage notes.
+    pub notes: Vec<String>,
+}
+
+impl GpuAnalysis {
+    /// PIDs of the job that held a GPU context: the job's main process(es).
+    pub fn job_gpu_pids(&self) -> BTreeSet<Pid> {
+        self.devices
+            .iter()
+            .flat_map(|d| d.processes.iter())
+            .filter(|p| p.in_job)
+            .map(|p| p.pid)
+            .collect()
+    }
+
+    /// Idle intervals of the GPUs the job used (all GPUs when attribution
+    /// is unavailable or the job used none), merged into their union — the
+    /// times when at least one of them waited: what `flame-gpu-idle.svg`
+    /// and the diagnosis look at. Sorted, non-overlapping.
+    pub fn idle_intervals(&self) -> Vec<(MonoNs, MonoNs)> {
+        let used: Vec<&GpuDeviceAnalysis> = self
+            .devices
+            .iter()
+            .filter(|d| d.processes.iter().any(|p| p.in_job))
+            .collect();
+        let devs: Vec<&GpuDeviceAnalysis> = if used.is_empty() {
+            self.devices.iter().collect()
+        } else {
+            used
+        };
+        let mut all: Vec<(MonoNs, MonoNs)> = devs
+            .iter()
+            .flat_map(|d| d.idle_gaps.iter().copied())
+            .collect();
+        all.sort();
+        merge(all)
+    }
+}
+
+fn merge(sorted: Vec<(MonoNs, MonoNs)>) -> Vec<(MonoNs, MonoNs)> {
+    let mut out: Vec<(MonoNs, MonoNs)> = Vec::with_capacity(sorted.len());
+    for (s, e) in sorted {
+        match out.last_mut() {
+            Some(last) if s <= last.1 => last.1 = last.1.max(e),
+            _ => out.push((s, e)),
+        }
+    }
+    out
+}
+
+/// Finds idle gaps in sample windows given in time order; see the module
+/// doc for the rule.
+#[derive(Clone, Debug)]
+pub struct GapFinder {
+    period_ns: u64,
+    threshold_pct: f64,
+    prev: Option<UtilWindow>,
+    /// The open run of idle samples: (start incl. the previous sample's
+    /// idle share, end).
+    run: Option<(u64, u64)>,
+    pub gaps: Vec<(MonoNs, MonoNs)>,
+    lens: Vec<f64>,
+    count: usize,
+    total_s: f64,
+    max_s: f64,
+}
+
+impl GapFinder {
+    pub fn new(period_ns: u64, threshold_pct: f64) -> GapFinder {
+        GapFinder {
+            period_ns,
+            threshold_pct,
+            prev: None,
+            run: None,
+            gaps: Vec::new(),
+            lens: Vec::new(),
+            count: 0,
+            total_s: 0.0,
+            max_s: 0.0,
+        }
+    }
+
+    fn idle(&self, w: &UtilWindow) -> bool {
+        w.pct as f64 <= self.threshold_pct
+    }
+
+    /// The idle part of a partly busy sample, in ns.
+    fn idle_share(w: &UtilWindow) -> u64 {
+        let len = w.end.0.saturating_sub(w.start.0);
+        (len as f64 * (100 - w.pct.min(100)) as f64 / 100.0) as u64
+    }
+
+    fn close(&mut self, extend_ns: u64) {
+        if let Some((s, e)) = self.run.take() {
+            let e = e + extend_ns;
+            if e.saturating_sub(s) >= self.period_ns {
+                let len = (e - s) as f64 / 1e9;
+                self.count += 1;
+                self.total_s += len;
+                self.max_s = self.max_s.max(len);
+                if self.gaps.len() < MAX_INTERVALS {
+                    self.gaps.push((MonoNs(s), MonoNs(e)));
+                    self.lens.push(len);
+                }
+            }
+        }
+    }
+
+    pub fn push(&mut self, w: UtilWindow) {
+        // Adjacent: no sample missing in between.
+        let adjacent = self
+            .prev
+            .is_some_and(|p| w.start.0 <= p.end.0 + self.period_ns / 2);
+        if self.idle(&w) {
+            match self.run.as_mut() {
+                Some(r) if adjacent => r.1 = w.end.0,
+                _ => {
+                    self.close(0);
+                    let before = match self.prev {
+                        Some(p) if adjacent => Self::idle_share(&p),
+                        _ => 0,
+                    };
+                    self.run = Some((w.start.0.saturating_sub(before), w.end.0));
+                }
+            }
+        } else if self.run.is_some() {
+            self.close(if adjacent { Self::idle_share(&w) } else { 0 });
+        }
+        self.prev = Some(w);
+    }
+
+    pub fn finish(mut self) -> (Vec<(MonoNs, MonoNs)>, GapStats) {
+        self.close(0);
+        let mut lens = self.lens;
+        lens.sort_by(f64::total_cmp);
+        let stats = GapStats {
+            count: self.count,
+            total_s: self.total_s,
+            median_s: lens.get(lens.len() / 2).copied().unwrap_or(0.0),
+            max_s: self.max_s,
+        };
+        (self.gaps, stats)
+    }
+}
+
+/// Idle gaps of sample windows in time order.
+pub fn idle_gaps(w: &[UtilWindow], period_ns: u64, threshold_pct: f64) -> Vec<(MonoNs, MonoNs)> {
+    let mut g = GapFinder::new(period_ns, threshold_pct);
+    for x in w {
+        g.push(*x);
+    }
+    g.finish().0
+}
+
+/// Utilization of one GPU, accumulated sample by sample.
+#[derive(Debug)]
+struct UtilAcc {
+    period_ns: u64,
+    gaps: GapFinder,
+    series: Series,
+    hist: [u64; 101],
+    busy: f64,
+    covered: f64,
+    first: Option<MonoNs>,
+    last: Option<MonoNs>,
+}
+
+impl UtilAcc {
+    fn new(period_ns: u64, threshold_pct: f64) -> UtilAcc {
+        UtilAcc {
+            period_ns,
+            gaps: GapFinder::new(period_ns, threshold_pct),
+            series: Series::default(),
+            hist: [0; 101],
+            busy: 0.0,
+            covered: 0.0,
+            first: None,
+            last: None,
+        }
+    }
+
+    fn push(&mut self, w: UtilWindow) {
+        let len = (w.end.0 - w.start.0) as f64;
+        self.busy += len * w.pct as f64 / 100.0;
+        self.covered += len;
+        self.hist[w.pct.min(100) as usize] += 1;
+        self.series.push(w.start, w.end, w.pct as f64);
+        self.first.get_or_insert(w.start);
+        self.last = Some(w.end);
+        self.gaps.push(w);
+    }
+
+    /// The q-quantile of the sample values (exact: values are whole %).
+    fn quantile(&self, q: f64) -> Option<f64> {
+        let n: u64 = self.hist.iter().sum();
+        if n == 0 {
+            return None;
+        }
+        let rank = ((n - 1) as f64 * q).round() as u64;
+        let mut seen = 0;
+        for (v, c) in self.hist.iter().enumerate() {
+            seen += c;
+            if seen > rank {
+                return Some(v as f64);
+            }
+        }
+        Some(100.0)
+    }
+}
+
+#[derive(Debug, Default)]
+struct ThrottleAcc {
+    ns: u64,
+    first: Option<MonoNs>,
+    runs: Vec<(MonoNs, MonoNs)>,
+}
+
+#[derive(Default)]
+struct DevAcc {
+    info: Option<Event>,
+    /// Samples waiting until the period is known.
+    pending: Vec<(u64, u32)>,
+    util: Option<UtilAcc>,
+    last_ts: u64,
+    last_state: Option<(MonoNs, GpuState)>,
+    last_pcie: Option<(MonoNs, u32, u32)>,
+    d: GpuDeviceAnalysis,
+    throttle: BTreeMap<u64, ThrottleAcc>,
+    procs: BTreeMap<Pid, GpuProcUse>,
+}
+
+/// Collects the GPU events of a recording in one pass; `finish` analyses.
+pub struct GpuBuilder {
+    available: bool,
+    driver_version: Option<String>,
+    cuda_driver_version: Option<i32>,
+    anchor_monotonic_ns: u64,
+    anchor_realtime_ns: u64,
+    start: MonoNs,
+    window_seen: bool,
+    threshold_pct: f64,
+    devs: BTreeMap<GpuIndex, DevAcc>,
+}
+
+/// What the GPU analysis needs at the end of the recording.
+pub struct GpuInputs<'a> {
+    /// Every process of the job's tree ever seen.
+    pub job_pids: &'a BTreeSet<Pid>,
+    /// End of the recorded window.
+    pub end: MonoNs,
+}
+
+impl GpuBuilder {
+    /// From the recording's header: the clock anchor, the start and the
+    /// idle threshold it was recorded with.
+    pub fn new(h: &Header) -> GpuBuilder {
+        GpuBuilder {
+            available: false,
+            driver_version: None,
+            cuda_driver_version: None,
+            anchor_monotonic_ns: h.anchor_monotonic_ns,
+            anchor_realtime_ns: h.anchor_realtime_ns,
+            start: h.start,
+            window_seen: false,
+            threshold_pct: h
+                .gpu_idle_threshold_pct
+                .unwrap_or(DEFAULT_IDLE_THRESHOLD_PCT),
+            devs: BTreeMap::new(),
+        }
+    }
+
+    /// NVML's µs Unix timestamp on the monotonic axis.
+    fn map(&self, ts_us: u64) -> MonoNs {
+        let v = self.anchor_monotonic_ns as i128 + ts_us as i128 * 1000
+            - self.anchor_realtime_ns as i128;
+        MonoNs(v.max(0) as u64)
+    }
+
+    pub fn push(&mut self, ev: &Event) {
+        match ev {
+            // The first window start is the analysis' start (later than the
+            // header's with --delay); samples before it are not the window's.
+            Event::WindowStart { t } if !self.window_seen => {
+                self.window_seen = true;
+                self.start = *t;
+            }
+            Event::GpuDriver {
+                driver_version,
+                cuda_driver_version,
+                ..
+            } => {
+                self.available = true;
+                self.driver_version = driver_version.clone();
+                self.cuda_driver_version = *cuda_driver_version;
+            }
+            Event::GpuDevice { gpu, .. } => {
+                self.devs.entry(*gpu).or_default().info = Some(ev.clone());
+            }
+            Event::GpuUtil { gpu, samples, .. } => {
+                let mut sorted = samples.clone();
+                sorted.sort_unstable();
+                let (start, threshold) = (self.start, self.threshold_pct);
+                let anchor = (self.anchor_monotonic_ns, self.anchor_realtime_ns);
+                let acc = self.devs.entry(*gpu).or_default();
+                for (ts, v) in sorted {
+                    if ts <= acc.last_ts {
+                        continue;
+                    }
+                    acc.last_ts = ts;
+                    acc.pending.push((ts, v));
+                }
+                if acc.util.is_none() && acc.pending.len() >= PERIOD_PROBE {
+                    acc.start_util(threshold);
+                }
+                if acc.util.is_some() {
+                    acc.drain_pending(anchor, start);
+                }
+            }
+            Event::GpuState { t, gpu, state } => {
+                let start = self.start;
+                let acc = self.devs.entry(*gpu).or_default();
+                if let Some((pt, ps)) = acc.last_state.take() {
+                    acc.hold_state(&ps, pt.max(start), *t);
+                }
+                acc.see_state(state);
+                acc.last_state = Some((*t, state.clone()));
+            }
+            Event::GpuPcie {
+                t,
+                gpu,
+                tx_kbps,
+                rx_kbps,
+            } => {
+                let acc = self.devs.entry(*gpu).or_default();
+                if let Some((pt, _, _)) = acc.last_pcie {
+                    // A reading is the rate over a short window at `t`:
+                    // drawn from the previous reading on.
+                    acc.d.pcie_tx.hold(Some(*tx_kbps as u64), pt, *t);
+                    acc.d.pcie_rx.hold(Some(*rx_kbps as u64), pt, *t);
+                }
+                acc.d.pcie_tx.see(Some(*tx_kbps as u64));
+                acc.d.pcie_rx.see(Some(*rx_kbps as u64));
+                acc.last_pcie = Some((*t, *tx_kbps, *rx_kbps));
+            }
+            Event::GpuProcesses { t, gpu, procs } => {
+                let acc = self.devs.entry(*gpu).or_default();
+                for p in procs {
+                    let u = acc.procs.entry(p.pid).or_insert_with(|| GpuProcUse {
+                        pid: p.pid,
+                        in_job: false,
+                        ctx: p.ctx,
+                        first_seen: *t,
+                        last_seen: *t,
+                        mem_max: None,
+                        mem: Series::default(),
+                        sm: Series::default(),
+                        sm_mean: None,
+                        gi: p.gi,
+                        ci: p.ci,
+                        present: true,
+                        last_mem: None,
+                        last_sm: None,
+                        sm_sum: 0.0,
+                        sm_ns: 0.0,
+                    });
+                    u.present = true;
+                    u.last_seen = *t;
+                    if let Some(m) = p.mem {
+                        u.mem_max = Some(u.mem_max.unwrap_or(0).max(m));
+                        set_mem(u, *t, m);
+                    }
+                }
+                // A process missing from this list has left the GPU.
+                for u in acc.procs.values_mut() {
+                    if u.present && !procs.iter().any(|p| p.pid == u.pid) {
+                        u.present = false;
+                        u.last_seen = *t;
+                        set_mem(u, *t, 0);
+                    }
+                }
+            }
+            Event::GpuProcUtil { gpu, samples, .. } => {
+                let start = self.start;
+                let mapped: Vec<(Pid, MonoNs, u32)> = samples
+                    .iter()
+                    .map(|s| (s.pid, self.map(s.ts_us), s.sm))
+                    .collect();
+                let acc = self.devs.entry(*gpu).or_default();
+                for (pid, t, sm) in mapped {
+                    let Some(u) = acc.procs.get_mut(&pid) else {
+                        continue;
+                    };
+                    if t < start || u.last_sm.is_some_and(|l| t <= l.0) {
+                        continue;
+                    }
+                    if let Some((pt, pv)) = u.last_sm {
+                        u.sm.push(pt, t, pv as f64);
+                        let dt = (t.0 - pt.0) as f64;
+                        u.sm_sum += pv as f64 * dt;
+                        u.sm_ns += dt;
+                    }
+                    u.last_sm = Some((t, sm));
+                }
+            }
+            _ => {}
+        }
+    }
+
+    pub fn finish(self, inp: &GpuInputs) -> GpuAnalysis {
+        let mut out = GpuAnalysis {
+            available: self.available,
+            driver_version: self.driver_version.clone(),
+            cuda_driver_version: self.cuda_driver_version,
+            idle_threshold_pct: self.threshold_pct,
+            ..Default::default()
+        };
+        let anchor = (self.anchor_monotonic_ns, self.anchor_realtime_ns);
+        for (index, acc) in self.devs {
+            out.devices
+                .push(acc.finish(index, anchor, self.start, inp, self.threshold_pct));
+        }
+
+        let any_job = out
+            .devices
+            .iter()
+            .any(|d| d.processes.iter().any(|p| p.in_job));
+        let foreign_mem = out
+            .devices
+            .iter()
+            .flat_map(|d| d.processes.iter())
+            .any(|p| p.mem_max.unwrap_or(1) > 0);
+        if !any_job && foreign_mem {
+            out.attribution_unavailable = true;
+            out.notes.push(
+                "per-process attribution unavailable (PID namespace?): processes hold GPU memory \
+                 but none of their PIDs is a process of the job; in a container the driver \
+                 reports host PIDs (run with --pid=host to attribute), or the job did not use \
+                 the GPU"
+                    .into(),
+            );
+        }
+        for d in &out.devices {
+            if d.util_samples > 0 {
+                out.notes.push(format!(
+                    "GPU {}: utilization is sampled by the driver every {:.0} ms; idle gaps \
+                     shorter than that cannot be seen",
+                    d.index,
+                    d.resolution_ns as f64 / 1e6
+                ));
+            }
+            if d.mig_enabled == Some(true) {
+                out.notes.push(format!(
+                    "GPU {}: MIG is enabled; the driver reports no utilization in MIG mode",
+                    d.index
+                ));
+            }
+            if d.gap_stats.count > d.idle_gaps.len() {
+                out.notes.push(format!(
+                    "GPU {}: {} idle gaps; the first {} are kept as intervals (trace, \
+                     flamegraph), the statistics count all",
+                    d.index,
+                    d.gap_stats.count,
+                    d.idle_gaps.len()
+                ));
+            }
+        }
+        out
+    }
+}
+
+fn set_mem(u: &mut GpuProcUse, t: MonoNs, m: u64) {
+    match u.last_mem {
+        Some((_, v)) if v == m => {}
+        Some((pt, v)) => {
+            u.mem.push(pt, t, v as f64);
+            u.last_mem = Some((t, m));
+        }
+        None if m > 0 => u.last_mem = Some((t, m)),
+        None => {}
+    }
+}
+
+impl DevAcc {
+    /// Fix the period from the buffered samples (median spacing).
+    fn start_util(&mut self, threshold: f64) {
+        let mut diffs: Vec<u64> = self
+            .pending
+            .windows(2)
+            .map(|w| w[1].0 - w[0].0)
+            .filter(|&d| d > 0)
+            .collect();
+        diffs.sort_unstable();
+        let period = diffs
+            .get(diffs.len() / 2)
+            .map_or(DEFAULT_PERIOD_NS, |d| d * 1000);
+        self.util = Some(UtilAcc::new(period, threshold));
+    }
+
+    fn drain_pending(&mut self, anchor: (u64, u64), start: MonoNs) {
+        let Some(u) = self.util.as_mut() else { return };
+        for (ts, pct) in self.pending.drain(..) {
+            let end =
+                MonoNs((anchor.0 as i128 + ts as i128 * 1000 - anchor.1 as i128).max(0) as u64);
+            let w = UtilWindow {
+                start: MonoNs(end.0.saturating_sub(u.period_ns)),
+                end,
+                pct: pct.min(100),
+            };
+            if w.start >= start {
+                u.push(w);
+            }
+        }
+    }
+
+    fn see_state(&mut self, s: &GpuState) {
+        let d = &mut self.d;
+        d.mem_used.see(s.mem_used);
+        d.sm_mhz.see(s.sm_mhz.map(u64::from));
+        d.mem_mhz.see(s.mem_mhz.map(u64::from));
+        d.temp_c.see(s.temp_c.map(u64::from));
+        d.power_mw.see(s.power_mw.map(u64::from));
+        d.power_limit_mw.see(s.power_limit_mw.map(u64::from));
+        d.pcie_gen.see(s.pcie_gen.map(u64::from));
+        d.pcie_width.see(s.pcie_width.map(u64::from));
+    }
+
+    /// State `s` held over [from, to).
+    fn hold_state(&mut self, s: &GpuState, from: MonoNs, to: MonoNs) {
+        if to <= from {
+            return;
+        }
+        let d = &mut self.d;
+        d.mem_used.hold(s.mem_used, from, to);
+        d.sm_mhz.hold(s.sm_mhz.map(u64::from), from, to);
+        d.mem_mhz.hold(s.mem_mhz.map(u64::from), from, to);
+        d.temp_c.hold(s.temp_c.map(u64::from), from, to);
+        d.power_mw.hold(s.power_mw.map(u64::from), from, to);
+        d.power_limit_mw
+            .hold(s.power_limit_mw.map(u64::from), from, to);
+        d.pcie_gen.hold(s.pcie_gen.map(u64::from), from, to);
+        d.pcie_width.hold(s.pcie_width.map(u64::from), from, to);
+        if let Some(bits) = s.throttle {
+            for &(bit, _) in THROTTLE_REASONS {
+                if bits & bit == 0 {
+                    continue;
+                }
+                let a = self.throttle.entry(bit).or_default();
+                a.ns += to.0 - from.0;
+                a.first.get_or_insert(from);
+                let n = a.runs.len();
+                match a.runs.last_mut() {
+                    Some(r) if r.1 >= from => r.1 = r.1.max(to),
+                    _ if n < MAX_INTERVALS => a.runs.push((from, to)),
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    fn finish(
+        mut self,
+        index: GpuIndex,
+        anchor: (u64, u64),
+        start: MonoNs,
+        inp: &GpuInputs,
+        threshold: f64,
+    ) -> GpuDeviceAnalysis {
+        if self.util.is_none() && !self.pending.is_empty() {
+            self.start_util(threshold);
+        }
+        self.drain_pending(anchor, start);
+        if let Some((t, s)) = self.last_state.take() {
+            self.hold_state(&s, t.max(start), inp.end);
+        }
+        if let Some((t, tx, rx)) = self.last_pcie.take() {
+            self.d.pcie_tx.hold(Some(tx as u64), t, inp.end);
+            self.d.pcie_rx.hold(Some(rx as u64), t, inp.end);
+        }
+        let mut d = self.d;
+        d.index = index;
+        d.name = format!("GPU {index}");
+        if let Some(Event::GpuDevice {
+            name,
+            uuid,
+            pci_bus_id,
+            mem_total,
+            max_sm_mhz,
+            max_mem_mhz,
+            pcie_max_gen,
+            pcie_max_width,
+            mig_enabled,
+            unsupported,
+            ..
+        }) = self.info
+        {
+            d.name = name;
+            d.uuid = uuid;
+            d.pci_bus_id = pci_bus_id;
+            d.mem_total = mem_total;
+            d.max_sm_mhz = max_sm_mhz;
+            d.max_mem_mhz = max_mem_mhz;
+            d.pcie_max_gen = pcie_max_gen;
+            d.pcie_max_width = pcie_max_width;
+            d.mig_enabled = mig_enabled;
+            d.unsupported = unsupported;
+        }
+        if let Some(u) = self.util {
+            let n: u64 = u.hist.iter().sum();
+            d.resolution_ns = u.period_ns;
+            d.util_samples = n;
+            if n > 0 {
+                let sum: f64 = u
+                    .hist
+                    .iter()
+                    .enumerate()
+                    .map(|(v, c)| v as f64 * *c as f64)
+                    .sum();
+                d.util_mean = Some(sum / n as f64);
+                d.util_p50 = u.quantile(0.5);
+                d.util_p95 = u.quantile(0.95);
+                d.busy_fraction = (u.covered > 0.0).then(|| u.busy / u.covered);
+                d.sampled = u.first.zip(u.last);
+            }
+            d.util = u.series;
+            let (gaps, stats) = u.gaps.finish();
+            d.idle_gaps = gaps;
+            d.gap_stats = stats;
+        }
+        d.throttle = THROTTLE_REASONS
+            .iter()
+            .filter_map(|&(bit, name)| {
+                let a = self.throttle.remove(&bit)?;
+                Some(ThrottleUse {
+                    reason: name.to_string(),
+                    seconds: a.ns as f64 / 1e9,
+                    first: a.first?,
+                    runs: a.runs,
+                })
+            })
+            .collect();
+        for mut u in self.procs.into_values() {
+            u.in_job = inp.job_pids.contains(&u.pid);
+            if u.present {
+                u.last_seen = u.last_seen.max(inp.end);
+            }
+            if let Some((t, m)) = u.last_mem.take() {
+                u.mem.push(t, inp.end.max(t), m as f64);
+            }
+            if let Some((t, v)) = u.last_sm.take() {
+                let end = u.last_seen.max(t);
+                u.sm.push(t, end, v as f64);
+                u.sm_sum += v as f64 * (end.0 - t.0) as f64;
+                u.sm_ns += (end.0 - t.0) as f64;
+                u.sm_mean = Some(if u.sm_ns > 0.0 {
+                    u.sm_sum / u.sm_ns
+                } else {
+                    v as f64
+                });
+            }
+            d.processes.push(u);
+        }
+        d
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::{GpuProc, GpuProcSample};
+
+    fn w(start_ms: u64, pct: u32) -> UtilWindow {
+        UtilWindow {
+            start: MonoNs(start_ms * 1_000_000),
+            end: MonoNs((start_ms + 10) * 1_000_000),
+            pct,
+        }
+    }
+
+    const P: u64 = 10_000_000;
+
+    #[test]
+    fn gap_edges_use_the_neighbours_utilization() {
+        // Busy 0..10, then 30% busy (3 ms of kernel then idle), idle x2,
+        // then 40% busy (idle 6 ms then kernel), busy.
+        let ws = [
+            w(0, 100),
+            w(10, 30),
+            w(20, 0),
+            w(30, 0),
+            w(40, 40),
+            w(50, 100),
+        ];
+        let g = idle_gaps(&ws, P, 5.0);
+        assert_eq!(g.len(), 1);
+        assert_eq!(g[0].0, MonoNs(13_000_000));
+        assert_eq!(g[0].1, MonoNs(46_000_000));
+    }
+
+    #[test]
+    fn runs_without_a_fully_idle_sample_are_not_claimed() {
+        let ws = [w(0, 100), w(10, 50), w(20, 50), w(30, 100)];
+        assert!(idle_gaps(&ws, P, 5.0).is_empty());
+        // The threshold counts "nearly idle" samples as idle.
+        let ws = [w(0, 100), w(10, 5), w(20, 100)];
+        assert_eq!(idle_gaps(&ws, P, 5.0).len(), 1);
+        assert!(idle_gaps(&ws, P, 4.0).is_empty());
+    }
+
+    #[test]
+    fn a_missing_sample_splits_a_gap() {
+        let ws = [w(0, 0), w(10, 0), w(40, 0)];
+        let g = idle_gaps(&ws, P, 5.0);
+        assert_eq!(g.len(), 2);
+        assert_eq!(g[0], (MonoNs(0), MonoNs(20_000_000)));
+    }
+
+    fn proc_use(pid: i32, in_job: bool) -> GpuProcUse {
+        GpuProcUse {
+            pid: Pid(pid),
+            in_job,
+            ctx: GpuContext::Compute,
+            first_seen: MonoNs(0),
+            last_seen: MonoNs(0),
+            mem_max: None,
+            mem: Series::default(),
+            sm: Series::default(),
+            sm_mean: None,
+            gi: None,
+            ci: None,
+            present: false,
+            last_mem: None,
+            last_sm: None,
+            sm_sum: 0.0,
+            sm_ns: 0.0,
+        }
+    }
+
+    #[test]
+    fn idle_intervals_are_the_union_over_the_jobs_gpus() {
+        let ms = |a: u64, b: u64| (MonoNs(a * 1_000_000), MonoNs(b * 1_000_000));
+        let dev = |gaps: Vec<(MonoNs, MonoNs)>, procs: Vec<GpuProcUse>| GpuDeviceAnalysis {
+            idle_gaps: gaps,
+            processes: procs,
+            ..Default::default()
+        };
+        let mut a = GpuAnalysis {
+            devices: vec![
+                dev(vec![ms(0, 10), ms(50, 60)], vec![proc_use(1, true)]),
+                dev(vec![ms(5, 20)], vec![proc_use(2, true)]),
+                // Not the job's: ignored.
+                dev(vec![ms(100, 200)], vec![proc_use(3, false)]),
+            ],
+            ..Default::default()
+        };
+        assert_eq!(a.idle_intervals(), vec![ms(0, 20), ms(50, 60)]);
+        // No job process on any GPU: every GPU counts.
+        for d in &mut a.devices {
+            d.processes.clear();
+        }
+        assert_eq!(a.idle_intervals().len(), 3);
+    }
+
+    #[test]
+    fn throttle_bits_have_names() {
+        assert_eq!(
+            throttle_names(0x44),
+            vec!["sw_power_cap", "hw_thermal_slowdown"]
+        );
+        assert_eq!(throttle_names(0x1000), vec!["0x1000"]);
+    }
+
+    fn header() -> Header {
+        Header {
+            format: "gpuprof-recording".into(),
+            version: 1,
+            gpuprof_version: "0".into(),
+            command: vec![],
+            host: "h".into(),
+            start: MonoNs(1_000_000_000),
+            anchor_realtime_ns: 1_700_000_000_000_000_000,
+            anchor_monotonic_ns: 1_000_000_000,
+            interval_ns: 100_000_000,
+            cpus: 2,
+            page_size: 4096,
+            clock_ticks_per_s: 100,
+            rank: None,
+            job_pid: Pid(41),
+            boottime_offset_ns: 0,
+            gpu_idle_threshold_pct: None,
+        }
+    }
+
+    #[test]
+    fn attribution_and_throttle_seconds() {
+        let h = header();
+        let wall = |mono_ms: u64| 1_700_000_000_000_000 + (mono_ms * 1000) - 1_000_000;
+        let mut b = GpuBuilder::new(&h);
+        b.push(&Event::GpuDriver {
+            t: MonoNs(1_000_000_000),
+            driver_version: Some("550".into()),
+            cuda_driver_version: Some(12040),
+            devices: 2,
+        });
+        for gpu in 0..2 {
+            b.push(&Event::GpuProcesses {
+                t: MonoNs(1_100_000_000),
+                gpu,
+                procs: vec![GpuProc {
+                    pid: Pid(if gpu == 0 { 42 } else { 4_000_000 }),
+                    ctx: GpuContext::Compute,
+                    mem: Some(1 << 30),
+                    gi: None,
+                    ci: None,
+                }],
+            });
+        }
+        let state = |throttle| GpuState {
+            throttle: Some(throttle),
+            ..Default::default()
+        };
+        b.push(&Event::GpuState {
+            t: MonoNs(1_000_000_000),
+            gpu: 0,
+            state: state(0),
+        });
+        b.push(&Event::GpuState {
+            t: MonoNs(2_000_000_000),
+            gpu: 0,
+            state: state(0x40),
+        });
+        b.push(&Event::GpuUtil {
+            t: MonoNs(1_300_000_000),
+            gpu: 0,
+            samples: vec![
+                (wall(1100), 90),
+                (wall(1200), 0),
+                (wall(1300), 0),
+                (wall(1400), 90),
+            ],
+        });
+        let job: BTreeSet<Pid> = [Pid(41), Pid(42)].into();
+        b.push(&Event::GpuProcUtil {
+            t: MonoNs(1_300_000_000),
+            gpu: 0,
+            samples: vec![
+                GpuProcSample {
+                    pid: Pid(42),
+                    ts_us: wall(1200),
+                    sm: 80,
+                    mem: 0,
+                },
+                GpuProcSample {
+                    pid: Pid(42),
+                    ts_us: wall(1300),
+                    sm: 0,
+                    mem: 0,
+                },
+            ],
+        });
+        // The process leaves the GPU at 1.6 s.
+        b.push(&Event::GpuProcesses {
+            t: MonoNs(1_600_000_000),
+            gpu: 0,
+            procs: vec![],
+        });
+        let a = b.finish(&GpuInputs {
+            job_pids: &job,
+            end: MonoNs(4_500_000_000),
+        });
+        assert!(!a.attribution_unavailable);
+        assert_eq!(a.job_gpu_pids(), [Pid(42)].into());
+        assert!(!a.devices[1].processes[0].in_job);
+        let t = &a.devices[0].throttle;
+        assert_eq!(t[0].reason, "hw_thermal_slowdown");
+        assert!((t[0].seconds - 2.5).abs() < 1e-9);
+        assert_eq!(t[0].first, MonoNs(2_000_000_000));
+        assert_eq!(a.devices[0].resolution_ns, 100_000_000);
+        assert_eq!(a.devices[0].gap_stats.count, 1);
+        assert!((a.devices[0].gap_stats.total_s - 0.22).abs() < 1e-6);
+        let d = &a.devices[0];
+        assert_eq!(d.util_samples, 4);
+        assert_eq!((d.util_p50, d.util_p95), (Some(90.0), Some(90.0)));
+        assert!((d.busy_fraction.unwrap() - 0.45).abs() < 1e-9);
+        // 80% for 100 ms, then 0% until it left at 1.6 s: a mean of 20%.
+        let p = &d.processes[0];
+        assert!((p.sm_mean.unwrap() - 20.0).abs() < 1e-9, "{:?}", p.sm_mean);
+        assert_eq!(p.mem_max, Some(1 << 30));
+
+        let nobody: BTreeSet<Pid> = [Pid(7)].into();
+        let mut b = GpuBuilder::new(&h);
+        b.push(&Event::GpuProcesses {
+            t: MonoNs(1_100_000_000),
+            gpu: 0,
+            procs: vec![GpuProc {
+                pid: Pid(4_000_000),
+                ctx: GpuContext::Compute,
+                mem: Some(1 << 30),
+                gi: None,
+                ci: None,
+            }],
+        });
+        let a = b.finish(&GpuInputs {
+            job_pids: &nobody,
+            end: MonoNs(2_000_000_000),
+        });
+        assert!(a.attribution_unavailable);
+        assert!(a.notes[0].contains("PID namespace"));
+    }
+}
