@@ -765,3 +765,44 @@ fn each_gpu_is_attributed_to_its_rank_process() {
     }
     let _ = std::fs::remove_dir_all(&tmp);
 }
+
+/// flame-gpu-idle.svg holds the CPU stacks sampled while the GPU was idle:
+/// with one slow worker, the worker's augmentation, and only a part of all
+/// samples.
+#[test]
+fn gpu_idle_flamegraph_shows_what_ran_while_the_gpu_waited() {
+    let _machine = exclusive();
+    let tmp = tmpdir("idle-flame");
+    let (r, _log) = activity_run(
+        &tmp,
+        "idle-flame",
+        &[
+            "--workers",
+            "1",
+            "--augment-ms",
+            "40",
+            "--gpu-ms",
+            "10",
+            "--steps",
+            "40",
+        ],
+    );
+    let out = tmp.join("idle-flame");
+    if r["stacks"]["samples"].as_u64().unwrap_or(0) == 0 {
+        eprintln!("SKIPPED: no CPU stack samples (perf refused here)");
+        return;
+    }
+    assert!(r["gpus"][0]["idle_gaps"]["total_s"].as_f64().unwrap() > 0.0);
+    let count = |name: &str| -> u64 {
+        std::fs::read_to_string(out.join(name))
+            .unwrap_or_else(|e| panic!("{name}: {e}"))
+            .lines()
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum()
+    };
+    let (idle, all) = (count("stacks-gpu-idle.folded"), count("stacks-all.folded"));
+    assert!(idle > 0 && idle < all, "{idle} idle samples of {all}");
+    let svg = std::fs::read_to_string(out.join("flame-gpu-idle.svg")).unwrap();
+    assert!(svg.starts_with("<?xml") && svg.contains("augment (train_sim.py)"));
+    let _ = std::fs::remove_dir_all(&tmp);
+}
