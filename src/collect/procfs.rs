@@ -12,6 +12,10 @@ use procfs::process::Process;
 use crate::event::{Event, MonoNs, Pid, Tid};
 use crate::record::Sink;
 
+/// Passes during which a process's command line is re-read to catch an exec
+/// that keeps the process name (2 s at the default interval).
+const YOUNG_PASSES: u32 = 20;
+
 struct ThreadState {
     comm: String,
     user: u64,
@@ -23,6 +27,9 @@ struct ThreadState {
 struct ProcState {
     start_ticks: u64,
     comm: String,
+    cmdline: Vec<String>,
+    /// Passes this process has been seen in (saturating).
+    seen: u32,
     exited: bool,
     threads: HashMap<i32, ThreadState>,
     last: [u64; 8],
@@ -120,9 +127,19 @@ impl TreeCollector {
             // Same PID, different start time: the PID was reused.
             Some(st) => st.start_ticks != stat.starttime || st.exited && stat.state != 'Z',
         };
-        let execed = known.is_some_and(|st| !is_new && st.comm != stat.comm);
+        // An exec usually renames the process; a wrapper that keeps the name
+        // (pyenv's `python3` shim is a bash script named python3) does not,
+        // so young processes also have their command line compared.
+        let young = known.is_some_and(|st| st.seen < YOUNG_PASSES);
+        let mut cmdline = None;
+        let mut execed = known.is_some_and(|st| !is_new && st.comm != stat.comm);
+        if !is_new && !execed && young {
+            let now_cmd = proc_.cmdline().unwrap_or_default();
+            execed = known.is_some_and(|st| !now_cmd.is_empty() && st.cmdline != now_cmd);
+            cmdline = Some(now_cmd);
+        }
         if is_new || execed {
-            let cmdline = proc_.cmdline().unwrap_or_default();
+            let cmdline = cmdline.unwrap_or_else(|| proc_.cmdline().unwrap_or_default());
             let exe = proc_.exe().ok().map(|p| p.to_string_lossy().into_owned());
             self.sink.send_blocking(Event::Process {
                 t: now,
@@ -130,15 +147,20 @@ impl TreeCollector {
                 ppid: Pid(stat.ppid),
                 start_boot_ns: stat.starttime * self.ns_per_tick,
                 comm: stat.comm.clone(),
-                cmdline,
+                cmdline: cmdline.clone(),
                 exe,
             });
+            if let Some(st) = self.procs.get_mut(&pid).filter(|_| !is_new) {
+                st.cmdline = cmdline.clone();
+            }
             if is_new {
                 self.procs.insert(
                     pid,
                     ProcState {
                         start_ticks: stat.starttime,
                         comm: stat.comm.clone(),
+                        cmdline: cmdline.clone(),
+                        seen: 0,
                         exited: false,
                         threads: HashMap::new(),
                         last: [u64::MAX; 8],
@@ -150,6 +172,7 @@ impl TreeCollector {
         let page_size = self.page_size;
         let st = self.procs.get_mut(&pid).expect("inserted above");
         st.comm = stat.comm.clone();
+        st.seen = st.seen.saturating_add(1);
 
         let io = proc_.io().ok();
         let rss = stat.rss * page_size;
