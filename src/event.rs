@@ -331,6 +331,32 @@ pub struct StackStats {
     pub detail: String,
 }
 
+/// One mounted filesystem, with the block device behind it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MountInfo {
+    pub mount_point: String,
+    /// Filesystem type as the kernel names it (`ext4`, `nfs4`, `fuse.sshfs`).
+    pub fs_type: String,
+    /// What is mounted (`/dev/sda1`, `server:/export`).
+    pub source: String,
+    /// `major:minor` of the filesystem (`st_dev` of its files).
+    pub dev: String,
+    /// Whole block device behind it (`sda` for `sda1`), when there is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk: Option<String>,
+    /// `/sys/block/DISK/queue/rotational`: a spinning disk.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rotational: Option<bool>,
+}
+
+/// A regular file a process of the job held open.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OpenFile {
+    pub path: String,
+    /// `major:minor` of the filesystem holding it.
+    pub dev: String,
+}
+
 /// Every event of a recording. The serialized tag is `k`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(tag = "k", rename_all = "snake_case")]
@@ -563,6 +589,25 @@ pub enum Event {
         gpu: GpuIndex,
         samples: Vec<GpuProcSample>,
     },
+    /// Mounted filesystems, once at the start.
+    Mounts {
+        t: MonoNs,
+        mounts: Vec<MountInfo>,
+    },
+    /// Shared objects newly mapped by a process (`/proc/PID/maps`), since
+    /// the previous `Libraries` event of that process.
+    Libraries {
+        t: MonoNs,
+        pid: Pid,
+        added: Vec<String>,
+    },
+    /// Regular files a process held open that were not reported before
+    /// (bounded per process and device).
+    OpenFiles {
+        t: MonoNs,
+        pid: Pid,
+        files: Vec<OpenFile>,
+    },
 }
 
 impl Event {
@@ -600,7 +645,10 @@ impl Event {
             | GpuProcUtil { t, .. }
             | TaskFork { t, .. }
             | TaskExit { t, .. }
-            | TaskComm { t, .. } => Some(*t),
+            | TaskComm { t, .. }
+            | Mounts { t, .. }
+            | Libraries { t, .. }
+            | OpenFiles { t, .. } => Some(*t),
         }
     }
 }

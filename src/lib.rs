@@ -6,6 +6,7 @@
 pub mod analysis;
 pub mod cli;
 pub mod collect;
+pub mod diagnose;
 pub mod event;
 pub mod export;
 pub mod launch;

@@ -8,10 +8,12 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 
 use crate::analysis::{self, Analysis};
+use crate::diagnose::{self, Diagnosis};
 use crate::export;
 
 pub struct Outcome {
     pub analysis: Analysis,
+    pub diagnosis: Diagnosis,
     pub written: Vec<PathBuf>,
     pub terminal_summary: String,
 }
@@ -43,7 +45,9 @@ pub fn generate(rec_dir: &Path, out_dir: &Path) -> Result<Outcome> {
     write_atomic(&trace, |w| export::trace::write(&a, w))?;
     written.push(trace);
 
+    let diagnosis = diagnose::diagnose_analysis(&a);
     let mut report = export::report::build(&a);
+    export::report::add_diagnosis(&mut report, &diagnosis);
     if let Ok(p) = crate::record::events_path(rec_dir) {
         if let (Ok(md), Some(prof)) = (
             std::fs::metadata(p),
@@ -79,16 +83,17 @@ pub fn generate(rec_dir: &Path, out_dir: &Path) -> Result<Outcome> {
     )?);
 
     let summary = out_dir.join("summary.md");
-    let md = export::summary::markdown(&a);
+    let md = export::summary::markdown(&a, &diagnosis);
     write_atomic(&summary, |mut w| {
         std::io::Write::write_all(&mut w, md.as_bytes())?;
         Ok(w)
     })?;
     written.push(summary);
 
-    let terminal_summary = export::summary::terminal(&a);
+    let terminal_summary = export::summary::terminal(&a, &diagnosis);
     Ok(Outcome {
         analysis: a,
+        diagnosis,
         written,
         terminal_summary,
     })

@@ -13,6 +13,7 @@ use nix::sys::wait::{waitid, waitpid, Id, WaitPidFlag, WaitStatus};
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::cli::RecordConfig;
+use crate::collect::files::FilesCollector;
 use crate::collect::gpu::{GpuCollector, GpuOptions};
 use crate::collect::procfs::TreeCollector;
 use crate::collect::stacks::StackCollectors;
@@ -25,6 +26,16 @@ use crate::record::{self, Sink};
 struct Samplers {
     tree: TreeCollector,
     system: SystemCollector,
+    files: FilesCollector,
+}
+
+impl Samplers {
+    fn tick(&mut self) {
+        self.tree.tick();
+        self.system.tick();
+        let live = self.tree.live_pids();
+        self.files.tick(&live);
+    }
 }
 
 struct SamplerThread {
@@ -39,6 +50,7 @@ impl SamplerThread {
         let shared = Arc::new(Mutex::new(Some(Samplers {
             tree: TreeCollector::new(sink.clone()),
             system: SystemCollector::new(sink.clone()),
+            files: FilesCollector::new(sink.clone()),
         })));
         let stop = Arc::new(AtomicBool::new(false));
         let active = Arc::new(AtomicBool::new(active));
@@ -50,8 +62,7 @@ impl SamplerThread {
                 while !stop2.load(Ordering::Acquire) {
                     if active2.load(Ordering::Acquire) {
                         if let Some(s) = s2.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
-                            s.tree.tick();
-                            s.system.tick();
+                            s.tick();
                         }
                     }
                     // Fixed-rate ticks: a slow pass does not shift the grid.
@@ -94,8 +105,7 @@ impl SamplerThread {
         let last = self.shared.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(mut s) = last {
             if self.active.load(Ordering::Acquire) {
-                s.tree.tick();
-                s.system.tick();
+                s.tick();
             }
         }
         self.active.store(false, Ordering::Release);

@@ -2,6 +2,7 @@
 //! NVML or perf happens here, so every figure can be rebuilt by
 //! `gpuprof report` and unit-tested on hand-built event lists.
 
+pub mod environment;
 pub mod gpu;
 pub mod roles;
 pub mod series;
@@ -142,6 +143,8 @@ pub struct Analysis {
     pub gpu: gpu::GpuAnalysis,
     /// CPU stack samples, merged with Python frames (see `stacks`).
     pub stacks: stacks::Stacks,
+    /// Libraries mapped, files held open, mounts.
+    pub env: environment::Environment,
 }
 
 impl Analysis {
@@ -221,6 +224,7 @@ impl Builder {
                 },
                 gpu: gpu::GpuAnalysis::default(),
                 stacks: stacks::Stacks::default(),
+                env: Default::default(),
             },
             interval,
             window_started: None,
@@ -276,6 +280,9 @@ impl Builder {
             }
             Event::Coverage(c) => {
                 self.a.coverage.insert(c.source.clone(), c);
+            }
+            Event::Mounts { .. } | Event::Libraries { .. } | Event::OpenFiles { .. } => {
+                self.a.env.event(&ev)
             }
             Event::WindowStart { t } => {
                 if self.window_started.is_none() {

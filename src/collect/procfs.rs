@@ -98,6 +98,18 @@ impl TreeCollector {
         }
     }
 
+    /// PIDs of the job's processes alive at the last pass.
+    pub fn live_pids(&self) -> Vec<i32> {
+        let mut v: Vec<i32> = self
+            .procs
+            .iter()
+            .filter(|(_, st)| !st.exited)
+            .map(|(pid, _)| *pid)
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
     /// Read the last figures of a process that has exited but is not yet
     /// reaped (its /proc entry still holds the final CPU and IO totals).
     pub fn final_sample(&mut self, pid: i32) {

@@ -5,6 +5,7 @@
 use serde_json::{json, Map, Value};
 
 use crate::analysis::{Analysis, Process, Role, Series};
+use crate::diagnose::{Diagnosis, Finding};
 
 pub const SCHEMA_VERSION: u32 = 1;
 
@@ -176,4 +177,39 @@ pub fn build(a: &Analysis) -> Value {
         "profiler": profiler,
         "warnings": a.warnings,
     })
+}
+
+fn finding_json(f: &Finding) -> Value {
+    let gt = f.gpu_time.as_ref();
+    json!({
+        "id": f.kind.id(),
+        "severity": f.severity,
+        "title": f.title,
+        "gpu_time_s": gt.map_or(Value::Null, |g| r(g.seconds, 3)),
+        "gpu_time_share": gt.map_or(Value::Null, |g| r(g.share, 4)),
+        "gpu_time_basis": gt.map(|g| g.basis),
+        "gpu_time_method": gt.map(|g| g.method.clone()),
+        "evidence": f.evidence,
+        "fix": f.fix,
+        "docs": f.kind.docs(),
+    })
+}
+
+/// The diagnosis part of report.json: `findings` (ranked, most GPU time
+/// explained first) and `diagnosis` (what it rests on).
+pub fn add_diagnosis(report: &mut Value, d: &Diagnosis) {
+    if let Some(obj) = report.as_object_mut() {
+        obj.insert(
+            "findings".into(),
+            Value::Array(d.findings.iter().map(finding_json).collect()),
+        );
+        obj.insert(
+            "diagnosis".into(),
+            json!({
+                "gpu_measured": d.gpu_measured,
+                "stacks_measured": d.stacks_measured,
+                "notes": d.notes,
+            }),
+        );
+    }
 }

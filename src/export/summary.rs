@@ -2,6 +2,7 @@
 //! into a pull request) and the same lines on the terminal.
 
 use crate::analysis::{Analysis, Role};
+use crate::diagnose::{Diagnosis, Severity};
 use crate::event::JobStatus;
 
 fn mb(b: u64) -> String {
@@ -154,8 +155,81 @@ pub fn sections(a: &Analysis) -> Vec<(String, Vec<String>)> {
     out
 }
 
-pub fn markdown(a: &Analysis) -> String {
+/// The ranked findings as Markdown: what, GPU time, evidence, fix, link.
+pub fn findings_markdown(d: &Diagnosis) -> String {
+    let mut s = String::from("\n## Diagnosis\n\n");
+    for n in &d.notes {
+        s.push_str(&format!("_{n}_\n\n"));
+    }
+    if d.findings.is_empty() {
+        s.push_str("No finding: nothing in this run points at a cause of GPU waiting.\n");
+        return s;
+    }
+    for (i, f) in d.findings.iter().enumerate() {
+        s.push_str(&format!(
+            "{}. **{} · [{}]({})** — {}.  \n   {}.\n",
+            i + 1,
+            f.severity,
+            f.kind.id(),
+            f.kind.docs(),
+            f.title,
+            capitalize(&f.gpu_time_text())
+        ));
+        if let Some(g) = &f.gpu_time {
+            s.push_str(&format!("   _How: {}._\n", g.method));
+        }
+        for e in &f.evidence {
+            s.push_str(&format!("   - {e}\n"));
+        }
+        s.push_str(&format!("\n   **Fix:** {}\n\n", f.fix));
+    }
+    s
+}
+
+fn capitalize(s: &str) -> String {
+    let mut c = s.chars();
+    match c.next() {
+        Some(f) => f.to_uppercase().collect::<String>() + c.as_str(),
+        None => String::new(),
+    }
+}
+
+/// The ranked findings for the terminal: a few lines each; `info`
+/// findings in one line.
+pub fn findings_terminal(d: &Diagnosis) -> String {
+    let mut s = String::from("\n== gpuprof diagnosis ==\n");
+    for n in &d.notes {
+        s.push_str(&format!("({n})\n"));
+    }
+    if d.findings.is_empty() {
+        s.push_str("No finding: nothing in this run points at a cause of GPU waiting.\n");
+        return s;
+    }
+    for (i, f) in d.findings.iter().enumerate() {
+        s.push_str(&format!(
+            "{}. [{}] {}: {}\n",
+            i + 1,
+            f.severity,
+            f.kind.id(),
+            f.title
+        ));
+        if f.severity == Severity::Info {
+            s.push_str(&format!("   see {}\n", f.kind.docs()));
+            continue;
+        }
+        s.push_str(&format!("   {}\n", capitalize(&f.gpu_time_text())));
+        for e in f.evidence.iter().take(4) {
+            s.push_str(&format!("   - {}\n", e.replace('`', "")));
+        }
+        s.push_str(&format!("   Fix: {}\n", f.fix.replace('`', "")));
+        s.push_str(&format!("   See {}\n", f.kind.docs()));
+    }
+    s
+}
+
+pub fn markdown(a: &Analysis, d: &Diagnosis) -> String {
     let mut s = String::from("# gpuprof summary\n");
+    s.push_str(&findings_markdown(d));
     for (title, lines) in sections(a) {
         s.push_str(&format!("\n## {title}\n\n"));
         for l in lines {
@@ -165,8 +239,9 @@ pub fn markdown(a: &Analysis) -> String {
     s
 }
 
-pub fn terminal(a: &Analysis) -> String {
-    let mut s = String::from("\n== gpuprof summary ==\n");
+pub fn terminal(a: &Analysis, d: &Diagnosis) -> String {
+    let mut s = findings_terminal(d);
+    s.push_str("\n== gpuprof summary ==\n");
     for (title, lines) in sections(a) {
         s.push_str(&format!("{title}:\n"));
         for l in lines {

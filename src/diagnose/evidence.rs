@@ -1,0 +1,134 @@
+//! What the rules need from the GPU and stack analyses: small, stable views
+//! so that the rules do not depend on how those analyses are organised.
+//!
+//! Hook points: [`gpu_from_analysis`] and [`stacks_from_analysis`] build
+//! them from the [`Analysis`]. A recording holds GPU data only when the
+//! NVML collector ran, and stacks only when perf sampling ran; until then
+//! (and on machines without a GPU or with perf refused) they return `None`
+//! and the diagnosis says what was not measured.
+
+use std::collections::BTreeMap;
+
+use crate::analysis::{Analysis, Role};
+use crate::event::MonoNs;
+
+/// Time a group of clock-event ("throttle") reasons was active.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ThrottleEvidence {
+    /// Seconds any reason of the group was active.
+    pub active_s: f64,
+    /// Seconds the group was active while the GPU was busy (a throttled
+    /// idle GPU costs nothing).
+    pub active_busy_s: f64,
+    /// Mean SM clock / max SM clock while active, when clocks were read.
+    pub clock_ratio: Option<f64>,
+    /// The reasons seen, by NVML name, with their seconds.
+    pub reasons: Vec<(String, f64)>,
+}
+
+/// One GPU, as far as the diagnosis needs it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct GpuDeviceEvidence {
+    pub index: u32,
+    pub name: String,
+    /// Share of the run the GPU was busy (None when utilization is not
+    /// supported, e.g. MIG).
+    pub busy_fraction: Option<f64>,
+    /// Idle gaps (start, end) at the driver's sample resolution.
+    pub idle_gaps: Vec<(MonoNs, MonoNs)>,
+    /// The utilization sample period: gaps shorter than this are not seen.
+    pub resolution_s: f64,
+    /// Processes of the job seen on this GPU.
+    pub job_processes: usize,
+    /// Thermal reasons (HW/SW thermal slowdown, HW slowdown).
+    pub thermal: ThrottleEvidence,
+    /// Power reasons (SW power cap, HW power brake).
+    pub power: ThrottleEvidence,
+    pub mem_total: Option<u64>,
+    pub mem_used_max: Option<u64>,
+    /// Best PCIe link (gen, width) seen during the run, and the maximum.
+    pub pcie_best: Option<(u32, u32)>,
+    pub pcie_max: Option<(u32, u32)>,
+}
+
+/// The GPU side of a run.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct GpuEvidence {
+    pub devices: Vec<GpuDeviceEvidence>,
+    pub driver_version: Option<String>,
+    /// CUDA version the driver supports, (major, minor).
+    pub driver_cuda: Option<(u32, u32)>,
+    /// False when GPU memory was in use but no PID of the job ever
+    /// matched the driver's (PID namespace): per-process facts unknown.
+    pub attribution_available: bool,
+}
+
+impl GpuEvidence {
+    /// GPUs the job ran on; all of them when attribution is unavailable.
+    pub fn job_devices(&self) -> Vec<&GpuDeviceEvidence> {
+        let used: Vec<&GpuDeviceEvidence> = self
+            .devices
+            .iter()
+            .filter(|d| d.job_processes > 0)
+            .collect();
+        if used.is_empty() && !self.attribution_available {
+            self.devices.iter().collect()
+        } else {
+            used
+        }
+    }
+}
+
+/// One function's share of a role's samples.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FunctionShare {
+    pub name: String,
+    /// Share of the role's samples with the function as leaf (0..=1).
+    pub self_share: f64,
+    /// Share of the role's samples with the function anywhere on the stack.
+    pub total_share: f64,
+}
+
+/// The stack side of a run.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StackEvidence {
+    /// Samples per role.
+    pub samples: BTreeMap<Role, u64>,
+    /// Hottest functions per role, the application's own first (frames of
+    /// the interpreter and of process start-up left out by the stack
+    /// analysis), most samples first.
+    pub top_functions: BTreeMap<Role, Vec<FunctionShare>>,
+    /// Records the kernel dropped, and samples taken.
+    pub lost_records: u64,
+    pub total_samples: u64,
+}
+
+impl StackEvidence {
+    /// "`augment` 91%, `resize` 4%" for a role, or None without samples.
+    pub fn hot_functions_text(&self, role: Role, n: usize) -> Option<String> {
+        let fs = self.top_functions.get(&role)?;
+        if fs.is_empty() {
+            return None;
+        }
+        Some(
+            fs.iter()
+                .take(n)
+                .map(|f| format!("`{}` {:.0}%", f.name, f.total_share * 100.0))
+                .collect::<Vec<_>>()
+                .join(", "),
+        )
+    }
+}
+
+/// The GPU evidence held by an analysis. This build's recordings carry no
+/// GPU events (the NVML collector is not part of it), so there is none;
+/// the diagnosis then states that the GPU side was not measured.
+pub fn gpu_from_analysis(_a: &Analysis) -> Option<GpuEvidence> {
+    None
+}
+
+/// The stack evidence held by an analysis. This build records no stack
+/// samples, so there is none; the diagnosis then works from /proc alone.
+pub fn stacks_from_analysis(_a: &Analysis) -> Option<StackEvidence> {
+    None
+}

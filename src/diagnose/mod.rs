@@ -1,0 +1,274 @@
+//! Diagnosis: ranked findings with evidence and fixes, derived from the
+//! [`Analysis`] alone (so `gpuprof report` re-derives them from a
+//! recording).
+//!
+//! The catalogue is one closed enum, [`FindingKind`]; every finding has a
+//! stable id, a severity, the GPU time it explains (seconds and share of
+//! the run, measured from GPU idle gaps when the GPU was measured, an
+//! estimate otherwise — and said so), evidence from this run, a concrete
+//! fix and a section in `docs/findings.md`. Findings are ranked by the GPU
+//! time they explain. Every threshold is a named constant in
+//! [`thresholds`], documented in `docs/findings.md` with its reason.
+//!
+//! Inputs beyond the CPU side come through [`GpuEvidence`] and
+//! [`StackEvidence`]: small views of what the GPU and stack analyses
+//! measured. [`diagnose`] takes them as `Option`s, so every CPU-side rule
+//! works without them.
+
+mod evidence;
+mod rules;
+pub mod thresholds;
+mod timeline;
+
+use serde::Serialize;
+
+use crate::analysis::Analysis;
+pub use evidence::{GpuDeviceEvidence, GpuEvidence, StackEvidence, ThrottleEvidence};
+pub use timeline::{Cause, Timeline};
+
+/// The catalogue. The order is the tie-break of the ranking: a cause ranks
+/// before the symptom it explains (a CUDA mismatch before "GPU not used",
+/// IO-bound before the slow storage behind it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FindingKind {
+    CudaDriverMismatch,
+    GpuNotUsed,
+    ThermalThrottling,
+    PowerCapped,
+    IoBound,
+    SlowStorage,
+    MainProcessPreprocessing,
+    TooFewWorkers,
+    InputPipelineBound,
+    CpuOversubscribed,
+    GpuMemoryPressure,
+    PcieDegraded,
+    LowSampleCoverage,
+}
+
+impl FindingKind {
+    pub const ALL: [FindingKind; 13] = [
+        FindingKind::CudaDriverMismatch,
+        FindingKind::GpuNotUsed,
+        FindingKind::ThermalThrottling,
+        FindingKind::PowerCapped,
+        FindingKind::IoBound,
+        FindingKind::SlowStorage,
+        FindingKind::MainProcessPreprocessing,
+        FindingKind::TooFewWorkers,
+        FindingKind::InputPipelineBound,
+        FindingKind::CpuOversubscribed,
+        FindingKind::GpuMemoryPressure,
+        FindingKind::PcieDegraded,
+        FindingKind::LowSampleCoverage,
+    ];
+
+    /// The stable id (report.json, docs anchors, `gpuprof compare`).
+    pub fn id(self) -> &'static str {
+        match self {
+            FindingKind::InputPipelineBound => "input-pipeline-bound",
+            FindingKind::MainProcessPreprocessing => "main-process-preprocessing",
+            FindingKind::TooFewWorkers => "too-few-workers",
+            FindingKind::IoBound => "io-bound",
+            FindingKind::SlowStorage => "slow-storage",
+            FindingKind::ThermalThrottling => "thermal-throttling",
+            FindingKind::PowerCapped => "power-capped",
+            FindingKind::GpuMemoryPressure => "gpu-memory-pressure",
+            FindingKind::GpuNotUsed => "gpu-not-used",
+            FindingKind::CudaDriverMismatch => "cuda-driver-mismatch",
+            FindingKind::PcieDegraded => "pcie-degraded",
+            FindingKind::CpuOversubscribed => "cpu-oversubscribed",
+            FindingKind::LowSampleCoverage => "low-sample-coverage",
+        }
+    }
+
+    pub fn from_id(id: &str) -> Option<FindingKind> {
+        FindingKind::ALL.into_iter().find(|k| k.id() == id)
+    }
+
+    /// Where the finding is explained, relative to the project root.
+    pub fn docs(self) -> String {
+        format!("{DOCS_PAGE}#{}", self.id())
+    }
+}
+
+impl std::fmt::Display for FindingKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.id())
+    }
+}
+
+/// The page holding one section per finding.
+pub const DOCS_PAGE: &str = "docs/findings.md";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Severity {
+    Info,
+    Warning,
+    Critical,
+}
+
+impl Severity {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Severity::Info => "info",
+            Severity::Warning => "warning",
+            Severity::Critical => "critical",
+        }
+    }
+
+    /// Severity of a finding that costs `share` of the run (0..=1): see
+    /// [`thresholds::CRITICAL_SHARE`] and [`thresholds::WARNING_SHARE`].
+    pub fn from_share(share: f64) -> Severity {
+        if share >= thresholds::CRITICAL_SHARE {
+            Severity::Critical
+        } else if share >= thresholds::WARNING_SHARE {
+            Severity::Warning
+        } else {
+            Severity::Info
+        }
+    }
+}
+
+impl std::fmt::Display for Severity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How the GPU time of a finding was obtained.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Basis {
+    /// From the GPU's measured idle gaps.
+    Measured,
+    /// The GPU was not measured; an estimate from CPU-side figures.
+    Estimated,
+}
+
+/// The GPU time a finding explains.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct GpuTime {
+    pub seconds: f64,
+    /// Share of the run (of all the job's GPUs' time when several).
+    pub share: f64,
+    pub basis: Basis,
+    /// How the figure was obtained, in words.
+    pub method: String,
+}
+
+/// One finding of this run.
+#[derive(Clone, Debug, Serialize)]
+pub struct Finding {
+    pub kind: FindingKind,
+    pub severity: Severity,
+    /// What is wrong, in one line.
+    pub title: String,
+    /// GPU time explained; None when the finding is not a time cost (a risk,
+    /// a setup problem that is not measured in time, missing data).
+    pub gpu_time: Option<GpuTime>,
+    /// Figures from this run.
+    pub evidence: Vec<String>,
+    /// What to change.
+    pub fix: String,
+}
+
+impl Finding {
+    fn rank_key(&self) -> (f64, Severity) {
+        (
+            self.gpu_time.as_ref().map_or(0.0, |g| g.seconds),
+            self.severity,
+        )
+    }
+
+    /// "12.3 s of GPU time (85% of the run, estimated)".
+    pub fn gpu_time_text(&self) -> String {
+        match &self.gpu_time {
+            None => "no GPU time attributed".into(),
+            Some(g) => format!(
+                "{} {:.1} s of GPU time ({:.0}% of the run{})",
+                if g.basis == Basis::Estimated {
+                    "about"
+                } else {
+                    "cost"
+                },
+                g.seconds,
+                g.share * 100.0,
+                if g.basis == Basis::Estimated {
+                    ", estimated: GPU not measured"
+                } else {
+                    ", measured"
+                }
+            ),
+        }
+    }
+}
+
+/// The diagnosis of a run.
+#[derive(Clone, Debug, Serialize)]
+pub struct Diagnosis {
+    /// Ranked: most GPU time explained first.
+    pub findings: Vec<Finding>,
+    pub gpu_measured: bool,
+    pub stacks_measured: bool,
+    /// Caveats that apply to the whole diagnosis.
+    pub notes: Vec<String>,
+}
+
+impl Diagnosis {
+    pub fn top(&self) -> Option<&Finding> {
+        self.findings.first()
+    }
+}
+
+/// Diagnose a run. `gpu` and `stacks` are what the GPU and stack analyses
+/// measured, when they did; every CPU-side rule works without them.
+pub fn diagnose(
+    a: &Analysis,
+    gpu: Option<&GpuEvidence>,
+    stacks: Option<&StackEvidence>,
+) -> Diagnosis {
+    let tl = Timeline::build(a);
+    let mut findings = rules::all(a, &tl, gpu, stacks);
+    findings.sort_by(|x, y| {
+        let (xs, xv) = x.rank_key();
+        let (ys, yv) = y.rank_key();
+        ys.total_cmp(&xs)
+            .then(yv.cmp(&xv))
+            .then(x.kind.cmp(&y.kind))
+    });
+    let mut notes = Vec::new();
+    let gpu_measured = gpu.is_some_and(|g| !g.devices.is_empty());
+    if !gpu_measured {
+        notes.push(
+            "The GPU side was not measured: GPU time figures are estimates from what the CPU did \
+             (see each finding's method)."
+                .to_string(),
+        );
+    } else if let Some(g) = gpu {
+        let unexplained = rules::unexplained_gap_s(a, &tl, g);
+        if unexplained > thresholds::MIN_SHARE * a.duration_s() {
+            notes.push(format!(
+                "{unexplained:.1} s of GPU idle time is not explained by any finding \
+                 (the CPU side looked idle then: synchronisation, logging, checkpointing, \
+                 or a cause gpuprof does not detect)."
+            ));
+        }
+    }
+    Diagnosis {
+        findings,
+        gpu_measured,
+        stacks_measured: stacks.is_some(),
+        notes,
+    }
+}
+
+/// Diagnose from the analysis alone, with whatever GPU and stack data it
+/// holds (the entry point of `gpuprof report` and of every recording).
+pub fn diagnose_analysis(a: &Analysis) -> Diagnosis {
+    let gpu = evidence::gpu_from_analysis(a);
+    let stacks = evidence::stacks_from_analysis(a);
+    diagnose(a, gpu.as_ref(), stacks.as_ref())
+}

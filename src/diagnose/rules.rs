@@ -1,0 +1,926 @@
+//! The rules: one function per finding (or pair of findings that share
+//! their evidence), each a pure function of the analysis, the timeline and
+//! the optional GPU/stack evidence.
+
+use std::collections::BTreeSet;
+
+use crate::analysis::environment::is_network_fs;
+use crate::analysis::{Analysis, Role};
+
+use super::evidence::{GpuDeviceEvidence, GpuEvidence, StackEvidence, ThrottleEvidence};
+use super::thresholds as th;
+use super::timeline::{Cause, InputThread, Timeline};
+use super::{Basis, Finding, FindingKind, GpuTime, Severity};
+
+pub fn all(
+    a: &Analysis,
+    tl: &Timeline,
+    gpu: Option<&GpuEvidence>,
+    stacks: Option<&StackEvidence>,
+) -> Vec<Finding> {
+    let mut out = Vec::new();
+    let io = io_bound(a, tl, gpu, stacks);
+    out.extend(slow_storage(a, tl, io.as_ref()));
+    out.extend(io);
+    out.extend(main_preprocessing(a, tl, gpu, stacks));
+    out.extend(pipeline(a, tl, gpu, stacks));
+    out.extend(oversubscribed(a, tl, gpu));
+    if let Some(g) = gpu {
+        out.extend(gpu_not_used(a, g));
+        out.extend(cuda_mismatch(a, g));
+        out.extend(throttling(a, g));
+        out.extend(memory_pressure(a, g));
+        out.extend(pcie(g));
+    }
+    out.extend(coverage(a, gpu, stacks));
+    out
+}
+
+fn pct(x: f64) -> String {
+    format!("{:.0}%", x * 100.0)
+}
+
+fn mb(b: f64) -> String {
+    if b >= 1e9 {
+        format!("{:.1} GB", b / 1e9)
+    } else if b >= 1e6 {
+        format!("{:.0} MB", b / 1e6)
+    } else {
+        format!("{:.0} kB", b / 1e3)
+    }
+}
+
+/// The GPU devices whose idle gaps count, when GPU time was measured.
+fn measured_devices(gpu: Option<&GpuEvidence>) -> Vec<&GpuDeviceEvidence> {
+    gpu.map(|g| {
+        g.job_devices()
+            .into_iter()
+            .filter(|d| d.busy_fraction.is_some())
+            .collect()
+    })
+    .unwrap_or_default()
+}
+
+/// GPU time explained by the bins of `cause`: the GPU's idle gaps inside
+/// them when measured, else `estimate` seconds described by `method`.
+fn gpu_time(
+    a: &Analysis,
+    tl: &Timeline,
+    gpu: Option<&GpuEvidence>,
+    cause: Cause,
+    estimate: f64,
+    method: &str,
+) -> GpuTime {
+    let dur = a.duration_s().max(1e-9);
+    let devs = measured_devices(gpu);
+    if devs.is_empty() {
+        return GpuTime {
+            seconds: estimate,
+            share: (estimate / dur).min(1.0),
+            basis: Basis::Estimated,
+            method: method.to_string(),
+        };
+    }
+    let mut secs = 0.0;
+    for d in &devs {
+        secs += tl
+            .gap_time_by_cause(&d.idle_gaps)
+            .into_iter()
+            .filter(|(c, _)| *c == Some(cause))
+            .map(|(_, s)| s)
+            .sum::<f64>();
+    }
+    GpuTime {
+        seconds: secs,
+        share: (secs / (dur * devs.len() as f64)).min(1.0),
+        basis: Basis::Measured,
+        method: format!(
+            "GPU idle gaps (at the driver's {:.0} ms resolution) that fell while this cause was active",
+            devs[0].resolution_s * 1e3
+        ),
+    }
+}
+
+/// GPU idle time in no cause's bins.
+pub fn unexplained_gap_s(_a: &Analysis, tl: &Timeline, g: &GpuEvidence) -> f64 {
+    measured_devices(Some(g))
+        .iter()
+        .map(|d| {
+            tl.gap_time_by_cause(&d.idle_gaps)
+                .into_iter()
+                .filter(|(c, _)| c.is_none())
+                .map(|(_, s)| s)
+                .sum::<f64>()
+        })
+        .sum()
+}
+
+/// "GPU 0 idle 68% of the run in 412 gaps (median 85 ms); 9.1 s of it while …".
+fn gpu_gap_lines(
+    tl: &Timeline,
+    gpu: Option<&GpuEvidence>,
+    cause: Cause,
+    while_: &str,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    for d in measured_devices(gpu) {
+        let mut lens: Vec<f64> = d.idle_gaps.iter().map(|(x, y)| y.secs_since(*x)).collect();
+        lens.sort_by(f64::total_cmp);
+        let median = lens.get(lens.len() / 2).copied().unwrap_or(0.0);
+        let in_cause: f64 = tl
+            .gap_time_by_cause(&d.idle_gaps)
+            .into_iter()
+            .filter(|(c, _)| *c == Some(cause))
+            .map(|(_, s)| s)
+            .sum();
+        out.push(format!(
+            "GPU {} idle {} of the run in {} gaps (median {:.0} ms); {:.1} s of that idle time fell while {while_}.",
+            d.index,
+            pct(1.0 - d.busy_fraction.unwrap_or(0.0)),
+            lens.len(),
+            median * 1e3,
+            in_cause
+        ));
+    }
+    out
+}
+
+fn stack_line(stacks: Option<&StackEvidence>, role: Role, who: &str) -> Option<String> {
+    stacks
+        .and_then(|s| s.hot_functions_text(role, 3))
+        .map(|t| format!("Stack samples of the {who}: {t}."))
+}
+
+fn describe_threads(ths: &[InputThread]) -> String {
+    let mut names: Vec<String> = ths
+        .iter()
+        .map(|t| format!("`{}`", t.name))
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    names.truncate(3);
+    format!("{} thread(s) {}", ths.len(), names.join(", "))
+}
+
+/// Most worker processes alive at once (workers restarted per epoch are
+/// not counted twice).
+fn concurrent_workers(tl: &Timeline) -> usize {
+    (0..tl.n)
+        .map(|i| tl.workers.iter().map(|w| w.alive[i]).sum::<f32>())
+        .fold(0.0f32, f32::max)
+        .round()
+        .max(if tl.workers.is_empty() { 0.0 } else { 1.0 }) as usize
+}
+
+fn io_bound(
+    a: &Analysis,
+    tl: &Timeline,
+    gpu: Option<&GpuEvidence>,
+    stacks: Option<&StackEvidence>,
+) -> Option<Finding> {
+    let dur = a.duration_s();
+    let io_s = tl.cause_s(Cause::Io);
+    if dur <= 0.0 || io_s < th::MIN_SHARE * dur {
+        return None;
+    }
+    let spans = tl.spans(Cause::Io);
+    let s = &a.system;
+    let inputs: &[InputThread] = if tl.workers.is_empty() {
+        &tl.mains
+    } else {
+        &tl.workers
+    };
+    let d_share =
+        inputs.iter().map(|t| t.state_share('D')).sum::<f64>() / inputs.len().max(1) as f64;
+    let mut ev = vec![format!(
+        "The input {} were blocked in D state (uninterruptible, waiting for storage) {} of their time; for {:.1} s ({} of the run) most of them were.",
+        describe_threads(inputs),
+        pct(d_share),
+        io_s,
+        pct(io_s / dur)
+    )];
+    let mut sys = Vec::new();
+    if let Some(w) = Timeline::mean_over(&s.iowait, &spans) {
+        sys.push(format!("iowait {w:.0}% of all CPU time"));
+    }
+    if let Some(p) = Timeline::mean_over(&s.psi_io.some, &spans) {
+        sys.push(format!("IO pressure {p:.0}% (some task stalled on IO)"));
+    }
+    if !sys.is_empty() {
+        ev.push(format!("Meanwhile: {}.", sys.join(", ")));
+    }
+    let pids = tl.input_pids();
+    let read_bps: f64 = a
+        .processes
+        .values()
+        .filter(|p| pids.contains(&p.pid))
+        .filter_map(|p| Timeline::mean_over(&p.read_bps, &spans))
+        .sum();
+    let read_total: u64 = a.processes.values().map(|p| p.read_bytes).sum();
+    ev.push(format!(
+        "The job read {} from storage in all, at {}/s while blocked.",
+        mb(read_total as f64),
+        mb(read_bps)
+    ));
+    let mut busiest_disk = 0.0f64;
+    for d in s.disks.values().filter(|d| d.read_bytes > 0) {
+        let busy = Timeline::mean_over(&d.busy, &spans).unwrap_or(0.0);
+        let rd = Timeline::mean_over(&d.read_bps, &spans).unwrap_or(0.0);
+        if busy < 1.0 && rd < 1e5 {
+            continue;
+        }
+        busiest_disk = busiest_disk.max(busy);
+        ev.push(format!(
+            "Disk {}: busy {busy:.0}% of the time, reading {}/s.",
+            d.name,
+            mb(rd)
+        ));
+    }
+    let mut throttled_hint = false;
+    if busiest_disk < 50.0 {
+        throttled_hint = true;
+        ev.push(
+            "No disk was near 100% busy while the reads waited: the wait is likely an IO limit \
+             (cgroup io.max / blkio throttle, a cloud volume's throughput or IOPS cap) or a \
+             network filesystem."
+                .to_string(),
+        );
+    }
+    for f in a.env.files_by_mount(&pids).into_iter().take(3) {
+        if let Some(m) = f.mount {
+            ev.push(format!(
+                "Data files such as `{}` are on {} ({}{}).",
+                f.example,
+                m.mount_point,
+                m.fs_type,
+                m.disk
+                    .as_ref()
+                    .map(|d| format!(" on {d}"))
+                    .unwrap_or_default()
+            ));
+        }
+    }
+    ev.extend(gpu_gap_lines(
+        tl,
+        gpu,
+        Cause::Io,
+        "the input threads were blocked on IO",
+    ));
+    let role = if tl.workers.is_empty() {
+        Role::Main
+    } else {
+        Role::Worker
+    };
+    ev.extend(stack_line(stacks, role, "input threads"));
+    let gt = gpu_time(
+        a,
+        tl,
+        gpu,
+        Cause::Io,
+        io_s,
+        "time most input threads were blocked waiting for storage (nothing was being prepared for the GPU)",
+    );
+    let mem = a.system.mem_total as f64;
+    let mut fix = format!(
+        "Feed the GPU from faster storage: copy the dataset to local NVMe, or keep it in the page cache when it fits (this machine has {} of RAM); pack many small files into large preprocessed shards (WebDataset, TFRecord, LMDB) read sequentially; overlap reads with more DataLoader workers or a larger `prefetch_factor`.",
+        mb(mem)
+    );
+    if throttled_hint {
+        fix.push_str(" Check for an IO limit on the job's cgroup or volume.");
+    }
+    Some(Finding {
+        kind: FindingKind::IoBound,
+        severity: Severity::from_share(gt.share),
+        title: format!(
+            "IO-bound input: the input threads waited for storage {} of the run",
+            pct(io_s / dur)
+        ),
+        gpu_time: Some(gt),
+        evidence: ev,
+        fix,
+    })
+}
+
+fn slow_storage(a: &Analysis, tl: &Timeline, io: Option<&Finding>) -> Option<Finding> {
+    let mut pids: BTreeSet<_> = tl.input_pids();
+    pids.extend(tl.mains.iter().map(|t| t.pid));
+    let mut ev = Vec::new();
+    let mut kinds = Vec::new();
+    for f in a.env.files_by_mount(&pids) {
+        let Some(m) = f.mount else { continue };
+        if is_network_fs(&m.fs_type) {
+            ev.push(format!(
+                "The job read {} file(s) such as `{}` from {} on {}, a network filesystem ({}).",
+                f.files, f.example, m.source, m.mount_point, m.fs_type
+            ));
+            kinds.push("network filesystem");
+        } else if m.rotational == Some(true) {
+            let disk = m.disk.clone().unwrap_or_default();
+            let read = a.system.disks.get(&disk).map_or(0, |d| d.read_bytes);
+            if read >= th::SLOW_STORAGE_MIN_READ_BYTES {
+                ev.push(format!(
+                    "The job read {} file(s) such as `{}` from {} ({}, on {disk}, a rotational disk); {} were read from {disk} during the run.",
+                    f.files,
+                    f.example,
+                    m.mount_point,
+                    m.fs_type,
+                    mb(read as f64)
+                ));
+                kinds.push("rotational disk");
+            }
+        }
+    }
+    if ev.is_empty() {
+        return None;
+    }
+    kinds.dedup();
+    let (severity, gpu_time) = match io {
+        Some(io) => {
+            ev.push(
+                "The input threads were IO-bound (see io-bound): this storage is the likely cause."
+                    .into(),
+            );
+            (io.severity, io.gpu_time.clone())
+        }
+        None => {
+            ev.push("The job did not wait on IO in this run: no GPU time is lost to it yet (larger datasets or a cold page cache would).".into());
+            (Severity::Info, None)
+        }
+    };
+    Some(Finding {
+        kind: FindingKind::SlowStorage,
+        severity,
+        title: format!("Training data is read from a {}", kinds.join(" and a ")),
+        gpu_time,
+        evidence: ev,
+        fix: "Copy the dataset to a local SSD/NVMe before training (or to /dev/shm when it fits in RAM), or convert it into large sequentially-read shards; on a network filesystem, cache it locally on first read.".into(),
+    })
+}
+
+fn main_preprocessing(
+    a: &Analysis,
+    tl: &Timeline,
+    gpu: Option<&GpuEvidence>,
+    stacks: Option<&StackEvidence>,
+) -> Option<Finding> {
+    let dur = a.duration_s();
+    let busy_s = tl.cause_s(Cause::MainPreprocessing);
+    if !tl.workers.is_empty() || dur <= 0.0 || busy_s < th::MIN_SHARE * dur {
+        return None;
+    }
+    let main = tl.mains.iter().max_by(|x, y| x.cpu_s.total_cmp(&y.cpu_s))?;
+    let mut ev = vec![
+        "The job has no input worker processes (DataLoader `num_workers=0`, or batches built in the training loop).".to_string(),
+        format!(
+            "Its main thread `{}` (pid {}) used {} of a core over its life ({:.1} s of CPU in {:.1} s) and was computing for {:.1} s ({} of the run).",
+            main.name,
+            main.pid,
+            pct(main.cpu_share()),
+            main.cpu_s,
+            main.life_s,
+            busy_s,
+            pct(busy_s / dur)
+        ),
+    ];
+    ev.extend(gpu_gap_lines(
+        tl,
+        gpu,
+        Cause::MainPreprocessing,
+        "the main thread was computing",
+    ));
+    ev.extend(stack_line(stacks, Role::Main, "main process"));
+    let est = tl.weighted_s(Cause::MainPreprocessing, |i| tl.main_cpu[i] as f64);
+    let gt = gpu_time(
+        a,
+        tl,
+        gpu,
+        Cause::MainPreprocessing,
+        est,
+        "upper bound: the main thread's computing time; a loop that prepares each batch in the main process leaves the GPU waiting meanwhile",
+    );
+    let cores = a.system.cpus.max(1);
+    let n = (cores.saturating_sub(1)).clamp(1, 8);
+    Some(Finding {
+        kind: FindingKind::MainProcessPreprocessing,
+        severity: Severity::from_share(gt.share),
+        title: format!(
+            "Batches are prepared in the main process: its main thread was busy {} of the run",
+            pct(busy_s / dur)
+        ),
+        gpu_time: Some(gt),
+        evidence: ev,
+        fix: format!(
+            "Move batch preparation into DataLoader worker processes: `DataLoader(..., num_workers={n}, pin_memory=True)` ({cores} cores here, one left for the main process), so the main process only launches GPU work."
+        ),
+    })
+}
+
+fn pipeline(
+    a: &Analysis,
+    tl: &Timeline,
+    gpu: Option<&GpuEvidence>,
+    stacks: Option<&StackEvidence>,
+) -> Option<Finding> {
+    let dur = a.duration_s();
+    let sat_s = tl.cause_s(Cause::PipelineSaturated);
+    if tl.workers.is_empty() || dur <= 0.0 || sat_s < th::MIN_SHARE * dur {
+        return None;
+    }
+    let cores = tl.cores;
+    let idle = tl
+        .mean_of(Cause::PipelineSaturated, &tl.sys_busy)
+        .map(|b| cores * (1.0 - b))
+        .unwrap_or(0.0)
+        .max(0.0);
+    let n = concurrent_workers(tl);
+    let r = tl.workers.iter().map(|w| w.state_share('R')).sum::<f64>() / tl.workers.len() as f64;
+    let cpu = tl.workers.iter().map(|w| w.cpu_share()).sum::<f64>() / tl.workers.len() as f64;
+    let main_cpu = tl
+        .mean_of(Cause::PipelineSaturated, &tl.main_cpu)
+        .unwrap_or(0.0);
+    let mut ev = vec![
+        format!(
+            "{n} input worker process(es): running or waiting for a CPU {} of their time, using {} of a core each on average; all saturated for {:.1} s ({} of the run).",
+            pct(r),
+            pct(cpu),
+            sat_s,
+            pct(sat_s / dur)
+        ),
+        format!(
+            "While they were saturated, {idle:.1} of {cores:.0} cores were idle and the main thread used {} of a core (it was waiting).",
+            pct(main_cpu)
+        ),
+    ];
+    ev.extend(gpu_gap_lines(
+        tl,
+        gpu,
+        Cause::PipelineSaturated,
+        "the workers were saturated",
+    ));
+    ev.extend(stack_line(stacks, Role::Worker, "workers"));
+    let est = tl.weighted_s(Cause::PipelineSaturated, |i| {
+        let m = tl.main_cpu[i];
+        1.0 - if m.is_nan() { 0.0 } else { m as f64 }
+    });
+    let method = "upper bound: time the workers were saturated while the main thread was not computing (it waited for a batch, or for the GPU)";
+    let too_few = idle >= th::IDLE_CORES_FOR_MORE_WORKERS;
+    let (kind, gt) = if too_few {
+        (
+            FindingKind::TooFewWorkers,
+            gpu_time(a, tl, gpu, Cause::PipelineSaturated, est, method),
+        )
+    } else {
+        (
+            FindingKind::InputPipelineBound,
+            gpu_time(a, tl, gpu, Cause::PipelineSaturated, est, method),
+        )
+    };
+    let (title, fix) = if too_few {
+        let more = ((idle + 0.25).floor() as usize).max(1);
+        let suggested = (n + more).min(cores as usize).max(n + 1);
+        (
+            format!("Too few input workers: all {n} were saturated while {idle:.1} cores sat idle"),
+            format!(
+                "Raise `num_workers` from {n} to {suggested}: {idle:.1} of {cores:.0} cores were idle while the workers were saturated. If that is not enough, make each batch cheaper (offline preprocessing, cheaper augmentation)."
+            ),
+        )
+    } else {
+        (
+            format!("The input pipeline cannot keep up: its {n} worker(s) are saturated and no core is idle"),
+            "Make each batch cheaper: preprocess once offline (store decoded/resized data), use cheaper augmentation or run it on the GPU (e.g. NVIDIA DALI, torchvision transforms on GPU tensors), or use a machine with more CPU cores per GPU. `pin_memory=True` and a larger `prefetch_factor` only smooth bursts.".to_string(),
+        )
+    };
+    Some(Finding {
+        kind,
+        severity: Severity::from_share(gt.share),
+        title,
+        gpu_time: Some(gt),
+        evidence: ev,
+        fix,
+    })
+}
+
+fn oversubscribed(a: &Analysis, tl: &Timeline, gpu: Option<&GpuEvidence>) -> Option<Finding> {
+    let dur = a.duration_s();
+    let os = tl.cause_s(Cause::Oversubscribed);
+    if dur <= 0.0 || os < th::MIN_SHARE * dur {
+        return None;
+    }
+    let runnable = tl
+        .mean_of(Cause::Oversubscribed, &tl.job_runnable)
+        .unwrap_or(0.0);
+    let mut ev = vec![format!(
+        "For {os:.1} s ({} of the run) the job had {runnable:.1} threads running or waiting for a CPU on average, on {:.0} cores.",
+        pct(os / dur),
+        tl.cores
+    )];
+    if let Some(p) = tl.mean_of(Cause::Oversubscribed, &tl.psi_cpu) {
+        ev.push(format!(
+            "CPU pressure: some task was waiting for a CPU {} of that time.",
+            pct(p)
+        ));
+    }
+    let max_threads = a
+        .processes
+        .values()
+        .filter(|p| p.role != Role::Other)
+        .map(|p| (p.threads.len(), p.role))
+        .max();
+    if let Some((t, role)) = max_threads {
+        ev.push(format!(
+            "{} {role} process(es); the largest has {t} threads (thread pools of OpenMP/MKL/BLAS or the framework multiply with the worker count).",
+            a.processes_with_role(role).count()
+        ));
+    }
+    ev.extend(gpu_gap_lines(
+        tl,
+        gpu,
+        Cause::Oversubscribed,
+        "the CPU was oversubscribed",
+    ));
+    let est = tl.weighted_s(Cause::Oversubscribed, |i| {
+        let p = tl.psi_cpu[i];
+        if p.is_nan() {
+            1.0 - tl.cores / (tl.job_runnable[i] as f64).max(tl.cores)
+        } else {
+            p as f64
+        }
+    });
+    let gt = gpu_time(
+        a,
+        tl,
+        gpu,
+        Cause::Oversubscribed,
+        est,
+        "time some task of the machine waited for a CPU while the job's runnable threads far exceeded the cores",
+    );
+    Some(Finding {
+        kind: FindingKind::CpuOversubscribed,
+        severity: Severity::from_share(gt.share),
+        title: format!(
+            "CPU oversubscribed: {runnable:.1} runnable threads for {:.0} cores",
+            tl.cores
+        ),
+        gpu_time: Some(gt),
+        evidence: ev,
+        fix: format!(
+            "Cap the threads per process so that all of them fit the {:.0} cores: `OMP_NUM_THREADS=1` (and `MKL_NUM_THREADS=1`) for DataLoader workers, `torch.set_num_threads(k)` in the main process, and `num_workers` no higher than the cores left.",
+            tl.cores
+        ),
+    })
+}
+
+fn gpu_not_used(a: &Analysis, g: &GpuEvidence) -> Option<Finding> {
+    if g.devices.is_empty() || !g.attribution_available {
+        return None;
+    }
+    if g.devices.iter().any(|d| d.job_processes > 0) {
+        return None;
+    }
+    let dur = a.duration_s();
+    let names: Vec<String> = g
+        .devices
+        .iter()
+        .map(|d| format!("GPU {} ({})", d.index, d.name))
+        .collect();
+    let mut ev = vec![format!(
+        "{} GPU(s) present: {}; no process of the job ever held a context on any of them.",
+        g.devices.len(),
+        names.join(", ")
+    )];
+    let mut fix = "Make the job use the GPU: check `CUDA_VISIBLE_DEVICES` (empty or wrong indices hide the GPUs), that the code moves the model and batches to the device (`.to(\"cuda\")`), and that `python -c 'import torch; print(torch.cuda.is_available())'` prints True.".to_string();
+    let fws = a.env.frameworks();
+    for (fw, cuda) in &fws {
+        if !cuda {
+            ev.push(format!(
+                "{} was loaded from `{}` with no CUDA library mapped: a CPU-only build.",
+                fw.name, fw.path
+            ));
+        }
+    }
+    if fws.iter().any(|(_, c)| !c) {
+        fix = "Install the CUDA build of the framework (e.g. `pip install torch --index-url https://download.pytorch.org/whl/cu124` matching the driver), then check `torch.cuda.is_available()`.".into();
+    } else if a.env.maps_recorded && a.env.cuda_runtimes().is_empty() {
+        ev.push(
+            "No CUDA runtime library (`libcudart`) was mapped by any process of the job.".into(),
+        );
+    }
+    Some(Finding {
+        kind: FindingKind::GpuNotUsed,
+        severity: Severity::Critical,
+        title: "The job never used the GPU".into(),
+        gpu_time: Some(GpuTime {
+            seconds: dur * g.devices.len() as f64,
+            share: 1.0,
+            basis: Basis::Measured,
+            method: "the whole run on every GPU: no process of the job was ever on one".into(),
+        }),
+        evidence: ev,
+        fix,
+    })
+}
+
+fn cuda_mismatch(a: &Analysis, g: &GpuEvidence) -> Option<Finding> {
+    let (dmaj, dmin) = g.driver_cuda?;
+    let mut worst: Option<(bool, String)> = None;
+    let mut seen = BTreeSet::new();
+    for rt in a.env.cuda_runtimes() {
+        if !seen.insert(rt.path.clone()) {
+            continue;
+        }
+        let major_newer = rt.major > dmaj;
+        let minor_newer = rt.major == dmaj && rt.minor.is_some_and(|m| m > dmin);
+        if !(major_newer || minor_newer) {
+            continue;
+        }
+        let ver = match rt.minor {
+            Some(m) => format!("{}.{m}", rt.major),
+            None => format!("{}", rt.major),
+        };
+        let line = format!(
+            "Process {} mapped CUDA runtime {ver} (`{}`); the driver{} supports CUDA up to {dmaj}.{dmin}.",
+            rt.pid,
+            rt.path,
+            g.driver_version
+                .as_ref()
+                .map(|v| format!(" {v}"))
+                .unwrap_or_default()
+        );
+        if worst.as_ref().is_none_or(|(m, _)| !*m && major_newer) {
+            worst = Some((major_newer, line));
+        }
+    }
+    let (major_newer, line) = worst?;
+    let on_gpu = g.devices.iter().any(|d| d.job_processes > 0);
+    let dur = a.duration_s();
+    let mut ev = vec![line];
+    let (severity, gpu_time) = if major_newer && !on_gpu {
+        ev.push(
+            "No process of the job reached the GPU: CUDA initialisation fails with this driver."
+                .into(),
+        );
+        (
+            Severity::Critical,
+            Some(GpuTime {
+                seconds: dur * g.devices.len().max(1) as f64,
+                share: 1.0,
+                basis: Basis::Measured,
+                method: "the whole run: the job could not use the GPU".into(),
+            }),
+        )
+    } else if major_newer {
+        (Severity::Warning, None)
+    } else {
+        ev.push("Same major version: CUDA minor-version compatibility lets it run, but kernels JIT-compiled from PTX and features of the newer minor version can fail.".into());
+        (Severity::Warning, None)
+    };
+    Some(Finding {
+        kind: FindingKind::CudaDriverMismatch,
+        severity,
+        title: format!("The job's CUDA runtime is newer than the driver (CUDA {dmaj}.{dmin})"),
+        gpu_time,
+        evidence: ev,
+        fix: format!("Upgrade the NVIDIA driver to one that supports the job's CUDA runtime, or install the framework build for CUDA {dmaj}.x or older (e.g. the matching `--index-url https://download.pytorch.org/whl/cuXYZ` wheel)."),
+    })
+}
+
+fn throttle_finding(
+    a: &Analysis,
+    g: &GpuEvidence,
+    kind: FindingKind,
+    pick: impl Fn(&GpuDeviceEvidence) -> &ThrottleEvidence,
+) -> Option<Finding> {
+    let dur = a.duration_s();
+    if dur <= 0.0 {
+        return None;
+    }
+    let mut secs = 0.0;
+    let mut ev = Vec::new();
+    let mut upper = false;
+    let devs = g.job_devices();
+    for d in &devs {
+        let t = pick(d);
+        if t.active_s < th::MIN_SHARE * dur {
+            continue;
+        }
+        let reasons: Vec<String> = t
+            .reasons
+            .iter()
+            .map(|(n, s)| format!("{n} {s:.1} s"))
+            .collect();
+        ev.push(format!(
+            "GPU {} ({}): throttled {:.1} s ({} of the run), {:.1} s of it while busy; reasons: {}.",
+            d.index,
+            d.name,
+            t.active_s,
+            pct(t.active_s / dur),
+            t.active_busy_s,
+            reasons.join(", ")
+        ));
+        match t.clock_ratio {
+            Some(r) => {
+                ev.push(format!(
+                    "SM clock at {} of its maximum while throttled.",
+                    pct(r)
+                ));
+                secs += t.active_busy_s * (1.0 - r).clamp(0.0, 1.0);
+            }
+            None => {
+                upper = true;
+                secs += t.active_busy_s;
+            }
+        }
+    }
+    if ev.is_empty() {
+        return None;
+    }
+    let share = (secs / (dur * devs.len().max(1) as f64)).min(1.0);
+    let mut severity = Severity::from_share(share).max(Severity::Warning);
+    let (title, fix) = match kind {
+        FindingKind::ThermalThrottling => (
+            "The GPU slowed its clocks because it ran too hot".to_string(),
+            "Improve cooling: check airflow, fan curves and the inlet temperature (`nvidia-smi -q -d TEMPERATURE,PERFORMANCE`), clean dust filters, and spread hot GPUs apart.".to_string(),
+        ),
+        _ => {
+            // Running at the power limit under full load is how many GPUs
+            // normally operate: a warning at most.
+            severity = severity.min(Severity::Warning);
+            (
+                "The GPU was held back by its power limit".to_string(),
+                "Check the power limit (`nvidia-smi -q -d POWER`): raise it to the board's default if it was lowered (`nvidia-smi -pl WATTS`), and check the PSU and power cabling; at the default limit under full load this is expected.".to_string(),
+            )
+        }
+    };
+    Some(Finding {
+        kind,
+        severity,
+        title,
+        gpu_time: Some(GpuTime {
+            seconds: secs,
+            share,
+            basis: Basis::Measured,
+            method: if upper {
+                "upper bound: time throttled while busy (clocks not measured)".into()
+            } else {
+                "time throttled while busy × the share of clock speed lost".into()
+            },
+        }),
+        evidence: ev,
+        fix,
+    })
+}
+
+fn throttling(a: &Analysis, g: &GpuEvidence) -> Vec<Finding> {
+    let mut out = Vec::new();
+    out.extend(throttle_finding(
+        a,
+        g,
+        FindingKind::ThermalThrottling,
+        |d| &d.thermal,
+    ));
+    out.extend(throttle_finding(a, g, FindingKind::PowerCapped, |d| {
+        &d.power
+    }));
+    out
+}
+
+fn memory_pressure(a: &Analysis, g: &GpuEvidence) -> Option<Finding> {
+    let mut ev = Vec::new();
+    for d in g.job_devices() {
+        let (Some(total), Some(used)) = (d.mem_total, d.mem_used_max) else {
+            continue;
+        };
+        if total == 0 || (used as f64) < th::GPU_MEMORY_PRESSURE * total as f64 {
+            continue;
+        }
+        ev.push(format!(
+            "GPU {} ({}): up to {} of {} memory used ({}).",
+            d.index,
+            d.name,
+            mb(used as f64),
+            mb(total as f64),
+            pct(used as f64 / total as f64)
+        ));
+    }
+    if ev.is_empty() {
+        return None;
+    }
+    let s = &a.system;
+    if s.swap_in_bytes + s.swap_out_bytes > 0 {
+        ev.push(format!(
+            "The host swapped too: {} in, {} out.",
+            mb(s.swap_in_bytes as f64),
+            mb(s.swap_out_bytes as f64)
+        ));
+    }
+    Some(Finding {
+        kind: FindingKind::GpuMemoryPressure,
+        severity: Severity::Warning,
+        title: "GPU memory nearly full".into(),
+        gpu_time: None,
+        evidence: ev,
+        fix: "Leave headroom: smaller batch (with gradient accumulation to keep the effective size), mixed precision (AMP), activation checkpointing; `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` reduces fragmentation.".into(),
+    })
+}
+
+fn pcie(g: &GpuEvidence) -> Option<Finding> {
+    let mut ev = Vec::new();
+    for d in &g.devices {
+        let (Some((bg, bw)), Some((mg, mw))) = (d.pcie_best, d.pcie_max) else {
+            continue;
+        };
+        if bg < mg || bw < mw {
+            ev.push(format!(
+                "GPU {} ({}): PCIe link at best gen {bg} x{bw} during the run; the card and slot support gen {mg} x{mw}.",
+                d.index, d.name
+            ));
+        }
+    }
+    if ev.is_empty() {
+        return None;
+    }
+    Some(Finding {
+        kind: FindingKind::PcieDegraded,
+        severity: Severity::Warning,
+        title: "PCIe link below its maximum".into(),
+        gpu_time: None,
+        evidence: ev,
+        fix: "Reseat the card, check that the slot is wired x16 and not shared, check risers and the BIOS PCIe generation setting; confirm under load with `nvidia-smi -q -d PCIE` (links slow down when idle).".into(),
+    })
+}
+
+fn coverage(
+    a: &Analysis,
+    gpu: Option<&GpuEvidence>,
+    stacks: Option<&StackEvidence>,
+) -> Option<Finding> {
+    let mut ev = Vec::new();
+    let mut fixes = Vec::new();
+    let mut inconclusive = false;
+    for c in a.coverage.values().filter(|c| !c.available) {
+        ev.push(format!("{}: {}", c.source, c.detail));
+    }
+    if gpu.is_none() && !a.coverage.contains_key("gpu") {
+        ev.push(
+            "gpu: this recording holds no GPU data; GPU time is estimated from the CPU side."
+                .into(),
+        );
+        fixes.push("record on a machine with the NVIDIA driver (or point GPUPROF_NVML_LIB at libnvidia-ml.so.1)");
+    }
+    if stacks.is_none() && !a.coverage.contains_key("stacks") {
+        ev.push("stacks: no stack samples in this recording; findings cannot name the functions involved.".into());
+    }
+    if let Some(s) = stacks {
+        let total = s.total_samples + s.lost_records;
+        if total > 0 && s.lost_records as f64 > th::MAX_LOST_SHARE * total as f64 {
+            inconclusive = true;
+            ev.push(format!(
+                "stacks: {} of {} sample records were lost (ring buffer full).",
+                s.lost_records, total
+            ));
+            fixes.push("lower --frequency or raise the ring buffer size");
+        }
+    }
+    let intervals = a.duration_s() * 1e9 / a.header.interval_ns.max(1) as f64;
+    if intervals < th::MIN_INTERVALS {
+        inconclusive = true;
+        ev.push(format!(
+            "The recording covers {:.2} s, {intervals:.0} sampling intervals: too few for the shares above to be reliable.",
+            a.duration_s()
+        ));
+        fixes.push("record longer (or with a shorter --interval)");
+    }
+    for w in &a.warnings {
+        inconclusive = true;
+        ev.push(w.clone());
+    }
+    if ev.is_empty() {
+        return None;
+    }
+    if fixes.is_empty() {
+        fixes.push("see each line above for how to enable what was missing");
+    }
+    Some(Finding {
+        kind: FindingKind::LowSampleCoverage,
+        severity: if inconclusive {
+            Severity::Warning
+        } else {
+            Severity::Info
+        },
+        title: if inconclusive {
+            "Parts of this run were not measured well enough to conclude".into()
+        } else {
+            "Some sources were not measured".into()
+        },
+        gpu_time: None,
+        evidence: ev,
+        fix: {
+            let mut f = fixes.join("; ");
+            if let Some(c) = f.get_mut(0..1) {
+                c.make_ascii_uppercase();
+            }
+            f.push('.');
+            f
+        },
+    })
+}

@@ -1,0 +1,46 @@
+//! Every threshold of the diagnosis, with its reason. `docs/findings.md`
+//! quotes them; change both together.
+
+/// A cause costing at least this share of the run is critical: fixing it
+/// alone would make the run at least 1/(1-0.3) ≈ 1.4× faster.
+pub const CRITICAL_SHARE: f64 = 0.30;
+/// At least this share is a warning: a ≥ 1.1× speed-up is worth a change.
+pub const WARNING_SHARE: f64 = 0.10;
+/// Below this share of the run a cause is not reported: at 10 Hz sampling
+/// a few percent are within the noise of state and CPU sampling.
+pub const MIN_SHARE: f64 = 0.05;
+
+/// A thread in state R (running or waiting for a CPU) for at least this
+/// share of an interval wants a whole core: it is saturated. Below 1.0 to
+/// allow for the moments a worker spends handing over a batch.
+pub const SATURATED_R_SHARE: f64 = 0.75;
+/// The input pipeline is at capacity when at least this share of its
+/// workers is saturated.
+pub const SATURATED_WORKERS_SHARE: f64 = 0.75;
+/// The main thread computes (preprocessing in the main process) when it
+/// uses at least half a core.
+pub const MAIN_BUSY_CORES: f64 = 0.5;
+/// Input threads blocked in uninterruptible sleep (D, almost always
+/// waiting for storage) for at least half of an interval make it IO-bound.
+pub const IO_D_SHARE: f64 = 0.5;
+/// One more worker needs a whole core when saturated; with at least this
+/// many idle cores, an extra worker gets ≥ 75% of one.
+pub const IDLE_CORES_FOR_MORE_WORKERS: f64 = 0.75;
+/// CPU oversubscription: the job's runnable threads at least this many
+/// times the cores (a third of them waiting for a CPU at any time) ...
+pub const OVERSUBSCRIBED_RUNNABLE_PER_CORE: f64 = 1.5;
+/// ... and some task stalled waiting for a CPU at least this share of the
+/// time (PSI cpu "some"), when the kernel reports pressure.
+pub const OVERSUBSCRIBED_PSI_CPU: f64 = 0.25;
+/// GPU memory used at or above this share of the total leaves no room for
+/// the allocator's fragmentation: the next larger batch fails with OOM.
+pub const GPU_MEMORY_PRESSURE: f64 = 0.95;
+/// A rotational disk is only a finding when the run read at least this
+/// much from it (a few MB of code and configuration are not a dataset).
+pub const SLOW_STORAGE_MIN_READ_BYTES: u64 = 10_000_000;
+/// Recordings shorter than this many sampling intervals give too few
+/// samples for shares to mean anything.
+pub const MIN_INTERVALS: f64 = 20.0;
+/// A stack sampler that lost more than this share of its records leaves
+/// gaps in the flamegraphs.
+pub const MAX_LOST_SHARE: f64 = 0.01;

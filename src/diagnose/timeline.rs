@@ -1,0 +1,404 @@
+//! The run cut into short bins (one sampling interval each, at most
+//! [`MAX_BINS`]), with what the job's input threads did in each, and the
+//! cause of GPU waiting that each bin points to. Findings add up bins: with
+//! GPU data the GPU's idle gaps inside them (measured), without it the bins
+//! themselves weighted as each finding states (estimated).
+
+use std::collections::BTreeSet;
+
+use crate::analysis::{Analysis, Process, Role, Series, Thread};
+use crate::event::{MonoNs, Pid, Tid};
+
+use super::thresholds as th;
+
+/// Bins per run at most: bounds memory and time on day-long recordings.
+pub const MAX_BINS: usize = 20_000;
+
+/// What kept the input side from feeding the GPU in a bin. Exclusive: a
+/// bin has one cause, in this order of precedence (a thread blocked on IO
+/// cannot be computing, and a pipeline starved of CPU by oversubscription
+/// looks saturated without being short of workers).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Cause {
+    /// Input threads mostly blocked in D state.
+    Io,
+    /// No workers; the main thread computing.
+    MainPreprocessing,
+    /// The job's runnable threads far exceed the cores.
+    Oversubscribed,
+    /// The workers all want a whole core.
+    PipelineSaturated,
+}
+
+/// One thread feeding the GPU: a worker's busiest thread, or the main
+/// process's busiest thread.
+#[derive(Clone, Debug)]
+pub struct InputThread {
+    pub pid: Pid,
+    pub tid: Tid,
+    pub role: Role,
+    pub name: String,
+    pub cpu_s: f64,
+    pub life_s: f64,
+    /// Per bin: share alive, share in R, share in D, cores used.
+    pub alive: Vec<f32>,
+    pub r: Vec<f32>,
+    pub d: Vec<f32>,
+    pub cpu: Vec<f32>,
+}
+
+impl InputThread {
+    /// Share of its life the thread spent in `state` (R or D).
+    pub fn state_share(&self, state: char) -> f64 {
+        let v = if state == 'D' { &self.d } else { &self.r };
+        let alive: f64 = self.alive.iter().map(|x| *x as f64).sum();
+        if alive <= 0.0 {
+            return 0.0;
+        }
+        v.iter().map(|x| *x as f64).sum::<f64>() / alive
+    }
+    /// Mean cores used while alive.
+    pub fn cpu_share(&self) -> f64 {
+        if self.life_s > 0.0 {
+            self.cpu_s / self.life_s
+        } else {
+            0.0
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Timeline {
+    pub start: MonoNs,
+    pub end: MonoNs,
+    pub bin_ns: u64,
+    pub n: usize,
+    pub cores: f64,
+    pub workers: Vec<InputThread>,
+    pub mains: Vec<InputThread>,
+    /// Mean cores used by the main threads alive in the bin.
+    pub main_cpu: Vec<f32>,
+    /// Mean share in D of the input threads alive (workers, or the main
+    /// threads when there are no workers).
+    pub input_d: Vec<f32>,
+    /// Mean share in R of the workers alive (NaN: none alive).
+    pub workers_r: Vec<f32>,
+    /// Threads of the job in R, summed.
+    pub job_runnable: Vec<f32>,
+    /// Machine CPU busy (0..=1 of all cores), PSI cpu "some" (0..=1, NaN
+    /// when not measured).
+    pub sys_busy: Vec<f32>,
+    pub psi_cpu: Vec<f32>,
+    pub cause: Vec<Option<Cause>>,
+}
+
+fn bin_span(start: MonoNs, bin_ns: u64, i: usize) -> (MonoNs, MonoNs) {
+    (
+        MonoNs(start.0 + bin_ns * i as u64),
+        MonoNs(start.0 + bin_ns * (i as u64 + 1)),
+    )
+}
+
+/// Add `weight` × overlap/bin of [t0, t1) to the bins it covers.
+fn spread(out: &mut [f32], start: MonoNs, bin_ns: u64, t0: MonoNs, t1: MonoNs, weight: f64) {
+    if t1 <= t0 || out.is_empty() {
+        return;
+    }
+    let a = t0.0.max(start.0) - start.0;
+    let b = t1.0.saturating_sub(start.0);
+    if b <= a {
+        return;
+    }
+    let first = (a / bin_ns) as usize;
+    let last = (((b - 1) / bin_ns) as usize).min(out.len() - 1);
+    for (i, slot) in out.iter_mut().enumerate().take(last + 1).skip(first) {
+        let lo = (i as u64 * bin_ns).max(a);
+        let hi = ((i as u64 + 1) * bin_ns).min(b);
+        if hi > lo {
+            *slot += (weight * (hi - lo) as f64 / bin_ns as f64) as f32;
+        }
+    }
+}
+
+fn series_bins(s: &Series, start: MonoNs, bin_ns: u64, n: usize, scale: f64) -> Vec<f32> {
+    let mut out = vec![0.0f32; n];
+    for p in s.points() {
+        spread(&mut out, start, bin_ns, p.t0, p.t1, p.v * scale);
+    }
+    out
+}
+
+/// Bins covered by a series at all (to tell "0" from "not measured").
+fn coverage_bins(s: &Series, start: MonoNs, bin_ns: u64, n: usize) -> Vec<f32> {
+    let mut out = vec![0.0f32; n];
+    for p in s.points() {
+        spread(&mut out, start, bin_ns, p.t0, p.t1, 1.0);
+    }
+    out
+}
+
+fn busiest_thread(p: &Process) -> Option<&Thread> {
+    p.threads
+        .values()
+        .max_by_key(|t| (t.user_ns + t.sys_ns, std::cmp::Reverse(t.tid)))
+}
+
+fn input_thread(
+    p: &Process,
+    t: &Thread,
+    end: MonoNs,
+    start: MonoNs,
+    bin_ns: u64,
+    n: usize,
+) -> InputThread {
+    let (from, to) = p.lifetime(end);
+    let mut alive = vec![0.0f32; n];
+    spread(&mut alive, start, bin_ns, from, to, 1.0);
+    let mut r = vec![0.0f32; n];
+    let mut d = vec![0.0f32; n];
+    for (a, b, s) in &t.state_runs {
+        match s {
+            'R' => spread(&mut r, start, bin_ns, *a, *b, 1.0),
+            'D' => spread(&mut d, start, bin_ns, *a, *b, 1.0),
+            _ => {}
+        }
+    }
+    InputThread {
+        pid: p.pid,
+        tid: t.tid,
+        role: p.role,
+        name: t.comm.clone(),
+        cpu_s: (t.user_ns + t.sys_ns) as f64 / 1e9,
+        life_s: to.secs_since(from.max(start)),
+        alive,
+        r,
+        d,
+        cpu: series_bins(&t.cpu, start, bin_ns, n, 1.0),
+    }
+}
+
+impl Timeline {
+    pub fn build(a: &Analysis) -> Timeline {
+        let (start, end) = (a.start, a.end.max(a.start));
+        let dur = end.0 - start.0;
+        let bin_ns = a
+            .header
+            .interval_ns
+            .max(1)
+            .max(dur.div_ceil(MAX_BINS as u64));
+        let n = (dur.div_ceil(bin_ns) as usize).max(1);
+        let cores = a.system.cpus.max(1) as f64;
+
+        let workers: Vec<InputThread> = a
+            .processes_with_role(Role::Worker)
+            .filter_map(|p| busiest_thread(p).map(|t| input_thread(p, t, end, start, bin_ns, n)))
+            .collect();
+        // Main processes that did real work: a wrapper shell or launcher
+        // with next to no CPU does not dilute the main thread's figures.
+        let main_cpu_max = a
+            .processes_with_role(Role::Main)
+            .map(|p| p.cpu_s())
+            .fold(0.0, f64::max);
+        let mut mains: Vec<InputThread> = a
+            .processes_with_role(Role::Main)
+            .filter(|p| p.cpu_s() >= 0.1 * main_cpu_max)
+            .filter_map(|p| busiest_thread(p).map(|t| input_thread(p, t, end, start, bin_ns, n)))
+            .collect();
+        if mains.is_empty() {
+            if let Some(p) = a.processes.values().find(|p| p.is_job) {
+                if let Some(t) = busiest_thread(p) {
+                    mains.push(input_thread(p, t, end, start, bin_ns, n));
+                }
+            }
+        }
+
+        let mean_alive = |ths: &[InputThread], f: &dyn Fn(&InputThread, usize) -> f32| {
+            (0..n)
+                .map(|i| {
+                    let alive: f32 = ths.iter().map(|t| t.alive[i]).sum();
+                    if alive <= 0.01 {
+                        f32::NAN
+                    } else {
+                        ths.iter().map(|t| f(t, i)).sum::<f32>() / alive
+                    }
+                })
+                .collect::<Vec<f32>>()
+        };
+        let main_cpu = mean_alive(&mains, &|t, i| t.cpu[i]);
+        let inputs: &[InputThread] = if workers.is_empty() { &mains } else { &workers };
+        let input_d = mean_alive(inputs, &|t, i| t.d[i]);
+        let workers_r = mean_alive(&workers, &|t, i| t.r[i]);
+
+        let mut job_runnable = vec![0.0f32; n];
+        for p in a.processes.values() {
+            for t in p.threads.values() {
+                for (x, y, s) in &t.state_runs {
+                    if *s == 'R' {
+                        spread(&mut job_runnable, start, bin_ns, *x, *y, 1.0);
+                    }
+                }
+            }
+        }
+        let sys_busy = series_bins(&a.system.busy, start, bin_ns, n, 0.01);
+        let psi_cpu = {
+            let v = series_bins(&a.system.psi_cpu.some, start, bin_ns, n, 0.01);
+            let c = coverage_bins(&a.system.psi_cpu.some, start, bin_ns, n);
+            v.iter()
+                .zip(&c)
+                .map(|(v, c)| if *c > 0.01 { v / c } else { f32::NAN })
+                .collect()
+        };
+
+        let mut tl = Timeline {
+            start,
+            end,
+            bin_ns,
+            n,
+            cores,
+            workers,
+            mains,
+            main_cpu,
+            input_d,
+            workers_r,
+            job_runnable,
+            sys_busy,
+            psi_cpu,
+            cause: vec![None; n],
+        };
+        tl.cause = (0..n).map(|i| tl.classify(i)).collect();
+        tl
+    }
+
+    fn classify(&self, i: usize) -> Option<Cause> {
+        let ge = |v: f32, t: f64| !v.is_nan() && v as f64 >= t;
+        if ge(self.input_d[i], th::IO_D_SHARE) {
+            return Some(Cause::Io);
+        }
+        if self.workers.is_empty() && ge(self.main_cpu[i], th::MAIN_BUSY_CORES) {
+            return Some(Cause::MainPreprocessing);
+        }
+        let runnable = self.job_runnable[i] as f64;
+        let psi = self.psi_cpu[i];
+        if runnable >= th::OVERSUBSCRIBED_RUNNABLE_PER_CORE * self.cores
+            && (psi.is_nan() || psi as f64 >= th::OVERSUBSCRIBED_PSI_CPU)
+        {
+            return Some(Cause::Oversubscribed);
+        }
+        if !self.workers.is_empty() && ge(self.workers_r[i], th::SATURATED_WORKERS_SHARE) {
+            return Some(Cause::PipelineSaturated);
+        }
+        None
+    }
+
+    pub fn bin_s(&self, i: usize) -> f64 {
+        let (a, b) = bin_span(self.start, self.bin_ns, i);
+        b.min(self.end).secs_since(a)
+    }
+
+    pub fn bins_of(&self, cause: Cause) -> impl Iterator<Item = usize> + '_ {
+        (0..self.n).filter(move |i| self.cause[*i] == Some(cause))
+    }
+
+    /// Seconds of bins with this cause.
+    pub fn cause_s(&self, cause: Cause) -> f64 {
+        self.bins_of(cause).map(|i| self.bin_s(i)).sum()
+    }
+
+    /// Σ over bins with this cause of bin length × `weight(bin)`.
+    pub fn weighted_s(&self, cause: Cause, weight: impl Fn(usize) -> f64) -> f64 {
+        self.bins_of(cause)
+            .map(|i| self.bin_s(i) * weight(i).clamp(0.0, 1.0))
+            .sum()
+    }
+
+    /// Merged time spans of the bins with this cause.
+    pub fn spans(&self, cause: Cause) -> Vec<(MonoNs, MonoNs)> {
+        let mut out: Vec<(MonoNs, MonoNs)> = Vec::new();
+        for i in self.bins_of(cause) {
+            let (a, b) = bin_span(self.start, self.bin_ns, i);
+            let b = b.min(self.end);
+            match out.last_mut() {
+                Some(last) if last.1 == a => last.1 = b,
+                _ => out.push((a, b)),
+            }
+        }
+        out
+    }
+
+    /// Time-weighted mean of a series over spans.
+    pub fn mean_over(s: &Series, spans: &[(MonoNs, MonoNs)]) -> Option<f64> {
+        let (mut sum, mut dur) = (0.0, 0.0);
+        for (a, b) in spans {
+            if let Some(m) = s.mean_in(*a, *b) {
+                let d = b.secs_since(*a);
+                sum += m * d;
+                dur += d;
+            }
+        }
+        (dur > 0.0).then(|| sum / dur)
+    }
+
+    /// Mean over the bins with this cause of a per-bin figure (NaN skipped).
+    pub fn mean_of(&self, cause: Cause, v: &[f32]) -> Option<f64> {
+        let (mut sum, mut dur) = (0.0, 0.0);
+        for i in self.bins_of(cause) {
+            if !v[i].is_nan() {
+                sum += v[i] as f64 * self.bin_s(i);
+                dur += self.bin_s(i);
+            }
+        }
+        (dur > 0.0).then(|| sum / dur)
+    }
+
+    /// Seconds of `gaps` falling in bins with each cause, and in none.
+    pub fn gap_time_by_cause(&self, gaps: &[(MonoNs, MonoNs)]) -> Vec<(Option<Cause>, f64)> {
+        let mut acc: Vec<(Option<Cause>, f64)> = Vec::new();
+        let mut add = |c: Option<Cause>, s: f64| match acc.iter_mut().find(|x| x.0 == c) {
+            Some(x) => x.1 += s,
+            None => acc.push((c, s)),
+        };
+        for (g0, g1) in gaps {
+            let (g0, g1) = ((*g0).max(self.start), (*g1).min(self.end));
+            if g1 <= g0 {
+                continue;
+            }
+            let first = ((g0.0 - self.start.0) / self.bin_ns) as usize;
+            let last = (((g1.0 - self.start.0).saturating_sub(1)) / self.bin_ns) as usize;
+            for i in first..=last.min(self.n - 1) {
+                let (a, b) = bin_span(self.start, self.bin_ns, i);
+                let lo = a.max(g0);
+                let hi = b.min(g1);
+                if hi > lo {
+                    add(self.cause[i], hi.secs_since(lo));
+                }
+            }
+        }
+        acc
+    }
+
+    /// PIDs of the input processes (workers, else the main processes).
+    pub fn input_pids(&self) -> BTreeSet<Pid> {
+        let src = if self.workers.is_empty() {
+            &self.mains
+        } else {
+            &self.workers
+        };
+        src.iter().map(|t| t.pid).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spread_splits_across_bins() {
+        let mut v = vec![0.0f32; 4];
+        spread(&mut v, MonoNs(100), 10, MonoNs(105), MonoNs(125), 1.0);
+        assert_eq!(v, vec![0.5, 1.0, 0.5, 0.0]);
+        // Before the start and past the end are clipped.
+        let mut v = vec![0.0f32; 2];
+        spread(&mut v, MonoNs(100), 10, MonoNs(50), MonoNs(500), 2.0);
+        assert_eq!(v, vec![2.0, 2.0]);
+    }
+}
