@@ -33,6 +33,60 @@ pub enum Command {
     Record(RecordArgs),
     /// Rebuild every output of a recording from its `recording/` folder.
     Report(ReportArgs),
+    /// Check this machine before a run (GPUs, driver, CUDA, CPU, memory,
+    /// storage, PyTorch); exits 1 when a problem is found.
+    Doctor(DoctorArgs),
+    /// Compare two runs (output folders or report.json files): wall time,
+    /// GPU busy, CPU and IO per role, findings fixed / remaining / new.
+    Compare(CompareArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct DoctorArgs {
+    /// The dataset (file or folder): check the filesystem and device behind
+    /// it and measure a short sequential read.
+    #[arg(long, value_name = "PATH")]
+    pub data: Option<PathBuf>,
+    /// Python interpreter to check for PyTorch [default: python3 on PATH].
+    #[arg(long, value_name = "PYTHON")]
+    pub python: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct CompareArgs {
+    /// The run before (output folder or its report.json).
+    #[arg(value_name = "A")]
+    pub a: PathBuf,
+    /// The run after.
+    #[arg(value_name = "B")]
+    pub b: PathBuf,
+    /// Print Markdown (to paste into a pull request) instead of a table.
+    #[arg(long)]
+    pub markdown: bool,
+    /// The job's saved output for run A, to read steps/s from (gpuprof does
+    /// not capture the job's output).
+    #[arg(long, value_name = "FILE")]
+    pub log_a: Option<PathBuf>,
+    /// The job's saved output for run B.
+    #[arg(long, value_name = "FILE")]
+    pub log_b: Option<PathBuf>,
+    /// Regex whose first group is steps/s in the logs (last match wins)
+    /// [default: "N steps/s" or "N it/s"].
+    #[arg(long, value_name = "REGEX")]
+    pub steps_regex: Option<String>,
+}
+
+impl CompareArgs {
+    pub fn into_options(self) -> crate::compare::CompareOptions {
+        crate::compare::CompareOptions {
+            a: self.a,
+            b: self.b,
+            log_a: self.log_a,
+            log_b: self.log_b,
+            steps_regex: self.steps_regex,
+            markdown: self.markdown,
+        }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -247,6 +301,12 @@ mod tests {
         assert!(matches!(cli.command, Some(Command::Report(r)) if r.dir.as_os_str() == "out"));
         let cli = Cli::try_parse_from(["gpuprof", "record", "--", "true"]).unwrap();
         assert!(matches!(cli.command, Some(Command::Record(_))));
+        let cli = Cli::try_parse_from(["gpuprof", "doctor", "--data", "/d"]).unwrap();
+        assert!(matches!(cli.command, Some(Command::Doctor(d)) if d.data.is_some()));
+        let cli = Cli::try_parse_from(["gpuprof", "compare", "a", "b", "--markdown"]).unwrap();
+        assert!(
+            matches!(cli.command, Some(Command::Compare(c)) if c.markdown && c.b.as_os_str() == "b")
+        );
     }
 
     #[test]

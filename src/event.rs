@@ -355,6 +355,9 @@ pub struct OpenFile {
     pub path: String,
     /// `major:minor` of the filesystem holding it.
     pub dev: String,
+    /// Size in bytes when first seen.
+    #[serde(default)]
+    pub size: u64,
 }
 
 /// Every event of a recording. The serialized tag is `k`.

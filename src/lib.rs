@@ -6,7 +6,9 @@
 pub mod analysis;
 pub mod cli;
 pub mod collect;
+pub mod compare;
 pub mod diagnose;
+pub mod doctor;
 pub mod event;
 pub mod export;
 pub mod launch;

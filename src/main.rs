@@ -8,6 +8,8 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Some(Command::Report(r)) => report(r),
         Some(Command::Record(args)) => record(args),
+        Some(Command::Doctor(args)) => doctor(args),
+        Some(Command::Compare(args)) => compare(args),
         None => record(cli.record),
     };
     match result {
@@ -44,6 +46,30 @@ fn report(args: gpuprof::cli::ReportArgs) -> anyhow::Result<i32> {
     if !args.quiet {
         eprint!("{}", outcome.terminal_summary);
         eprintln!("gpuprof: outputs written to {}", out.display());
+    }
+    Ok(0)
+}
+
+fn doctor(args: gpuprof::cli::DoctorArgs) -> anyhow::Result<i32> {
+    let opts = gpuprof::doctor::DoctorOptions {
+        data: args.data,
+        python: args.python,
+    };
+    let checks = gpuprof::doctor::run(&opts)?;
+    print!("{}", gpuprof::doctor::render(&checks));
+    let problem = checks
+        .iter()
+        .any(|c| c.status == gpuprof::doctor::Status::Problem);
+    Ok(if problem { 1 } else { 0 })
+}
+
+fn compare(args: gpuprof::cli::CompareArgs) -> anyhow::Result<i32> {
+    let opts = args.into_options();
+    let c = gpuprof::compare::run(&opts)?;
+    if opts.markdown {
+        print!("{}", c.markdown());
+    } else {
+        print!("{}", c.terminal());
     }
     Ok(0)
 }

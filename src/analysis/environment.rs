@@ -79,6 +79,8 @@ pub struct FilesOnMount<'a> {
     pub dev: String,
     /// Distinct (pid, path) pairs (capped by the collector).
     pub files: usize,
+    /// Their total size (when first seen).
+    pub bytes: u64,
     pub example: String,
     pub pids: BTreeSet<Pid>,
 }
@@ -113,6 +115,23 @@ fn longest_prefix<'a>(cands: &[&'a MountInfo], path: &str) -> Option<&'a MountIn
         })
         .max_by_key(|m| m.mount_point.len())
         .copied()
+}
+
+/// Files that are not training data: source and bytecode, shared objects,
+/// `.pth` path hooks, anything inside a Python installation or virtual
+/// environment (site-packages, lib/pythonX.Y).
+pub fn is_code_or_environment(path: &str) -> bool {
+    let name = file_name(path);
+    name.ends_with(".py")
+        || name.ends_with(".pyc")
+        || name.ends_with(".pth")
+        || crate::collect::files::is_shared_object(path)
+        || path.contains("/site-packages/")
+        || path.contains("/dist-packages/")
+        || path.split('/').any(|c| {
+            c.strip_prefix("python")
+                .is_some_and(|v| v.starts_with(|ch: char| ch.is_ascii_digit()))
+        }) && path.contains("/lib/")
 }
 
 fn file_name(path: &str) -> &str {
@@ -215,7 +234,8 @@ impl Environment {
     }
 
     /// The job's open files grouped by filesystem, only for `pids` (e.g. the
-    /// input processes), skipping code (`.py`, `.pyc`, shared objects).
+    /// input processes), skipping code and the Python installation (see
+    /// [`is_code_or_environment`]).
     pub fn files_by_mount(&self, pids: &BTreeSet<Pid>) -> Vec<FilesOnMount<'_>> {
         let mut by_dev: BTreeMap<String, FilesOnMount<'_>> = BTreeMap::new();
         for (pid, files) in &self.open_files {
@@ -223,21 +243,19 @@ impl Environment {
                 continue;
             }
             for f in files {
-                let name = file_name(&f.path);
-                if name.ends_with(".py")
-                    || name.ends_with(".pyc")
-                    || crate::collect::files::is_shared_object(&f.path)
-                {
+                if is_code_or_environment(&f.path) {
                     continue;
                 }
                 let e = by_dev.entry(f.dev.clone()).or_insert_with(|| FilesOnMount {
                     mount: self.mount_of(f),
                     dev: f.dev.clone(),
                     files: 0,
+                    bytes: 0,
                     example: f.path.clone(),
                     pids: BTreeSet::new(),
                 });
                 e.files += 1;
+                e.bytes += f.size;
                 e.pids.insert(*pid);
             }
         }
@@ -299,12 +317,21 @@ mod tests {
         let f = OpenFile {
             path: "/data/shard-0001.tar".into(),
             dev: "0:50".into(),
+            size: 1 << 30,
         };
         assert_eq!(env.mount_of(&f).unwrap().fs_type, "nfs4");
         let f = OpenFile {
             path: "/home/u/x.bin".into(),
             dev: "9:9".into(),
+            size: 0,
         };
+        assert!(is_code_or_environment(
+            "/root/.pyenv/versions/3.11.7/lib/python3.11/site-packages/x.pth"
+        ));
+        assert!(is_code_or_environment(
+            "/usr/lib/python3.11/encodings/x.bin"
+        ));
+        assert!(!is_code_or_environment("/data/imagenet/train/n01/x.JPEG"));
         assert_eq!(env.mount_of(&f).unwrap().mount_point, "/");
     }
 }

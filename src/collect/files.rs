@@ -202,7 +202,11 @@ fn new_open_files(pid: i32, st: &mut ProcFiles) -> Vec<OpenFile> {
         }
         *n += 1;
         st.files.insert(path.clone());
-        out.push(OpenFile { path, dev });
+        out.push(OpenFile {
+            path,
+            dev,
+            size: md.len(),
+        });
     }
     out.sort_by(|a, b| a.path.cmp(&b.path));
     out

@@ -159,7 +159,7 @@ fn describe_threads(ths: &[InputThread]) -> String {
         .into_iter()
         .collect();
     names.truncate(3);
-    format!("{} thread(s) {}", ths.len(), names.join(", "))
+    format!("{} input thread(s) ({})", ths.len(), names.join(", "))
 }
 
 /// Most worker processes alive at once (workers restarted per epoch are
@@ -193,7 +193,7 @@ fn io_bound(
     let d_share =
         inputs.iter().map(|t| t.state_share('D')).sum::<f64>() / inputs.len().max(1) as f64;
     let mut ev = vec![format!(
-        "The input {} were blocked in D state (uninterruptible, waiting for storage) {} of their time; for {:.1} s ({} of the run) most of them were.",
+        "The {} were blocked in D state (uninterruptible, waiting for storage) {} of their time; for {:.1} s ({} of the run) most of them were.",
         describe_threads(inputs),
         pct(d_share),
         io_s,
@@ -308,6 +308,9 @@ fn slow_storage(a: &Analysis, tl: &Timeline, io: Option<&Finding>) -> Option<Fin
     let mut kinds = Vec::new();
     for f in a.env.files_by_mount(&pids) {
         let Some(m) = f.mount else { continue };
+        if f.bytes < th::DATASET_MIN_BYTES && f.files < th::DATASET_MIN_FILES {
+            continue;
+        }
         if is_network_fs(&m.fs_type) {
             ev.push(format!(
                 "The job read {} file(s) such as `{}` from {} on {}, a network filesystem ({}).",
@@ -319,8 +322,9 @@ fn slow_storage(a: &Analysis, tl: &Timeline, io: Option<&Finding>) -> Option<Fin
             let read = a.system.disks.get(&disk).map_or(0, |d| d.read_bytes);
             if read >= th::SLOW_STORAGE_MIN_READ_BYTES {
                 ev.push(format!(
-                    "The job read {} file(s) such as `{}` from {} ({}, on {disk}, a rotational disk); {} were read from {disk} during the run.",
+                    "The job read {} file(s) ({}) such as `{}` from {} ({}, on {disk}, which the kernel reports as rotational, i.e. a spinning disk); {disk} served {} of reads during the run (all processes).",
                     f.files,
+                    mb(f.bytes as f64),
                     f.example,
                     m.mount_point,
                     m.fs_type,
@@ -646,7 +650,7 @@ fn cuda_mismatch(a: &Analysis, g: &GpuEvidence) -> Option<Finding> {
                 .map(|v| format!(" {v}"))
                 .unwrap_or_default()
         );
-        if worst.as_ref().is_none_or(|(m, _)| !*m && major_newer) {
+        if worst.as_ref().map_or(true, |(m, _)| !*m && major_newer) {
             worst = Some((major_newer, line));
         }
     }

@@ -38,6 +38,11 @@ pub const GPU_MEMORY_PRESSURE: f64 = 0.95;
 /// A rotational disk is only a finding when the run read at least this
 /// much from it (a few MB of code and configuration are not a dataset).
 pub const SLOW_STORAGE_MIN_READ_BYTES: u64 = 10_000_000;
+/// Files the input processes held open on one filesystem count as a
+/// dataset when they total at least this many bytes ...
+pub const DATASET_MIN_BYTES: u64 = 10_000_000;
+/// ... or are at least this many distinct files (small-file datasets).
+pub const DATASET_MIN_FILES: usize = 16;
 /// Recordings shorter than this many sampling intervals give too few
 /// samples for shares to mean anything.
 pub const MIN_INTERVALS: f64 = 20.0;

@@ -1,0 +1,460 @@
+//! Diagnosis scenarios: the real gpuprof binary records the real
+//! `samples/train_sim.py` and the top finding is asserted, together with
+//! the absence of false alarms on a healthy run. Also `gpuprof doctor` on
+//! this machine and `gpuprof compare` of two runs.
+//!
+//! The scenario runs are serialised (one lock): on a small machine two
+//! CPU-heavy jobs at once would change each other's diagnosis.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::Mutex;
+
+use serde_json::Value;
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn gpuprof() -> &'static str {
+    env!("CARGO_BIN_EXE_gpuprof")
+}
+
+fn sim() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("samples/train_sim.py")
+}
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Record `train_sim.py ARGS` into `out`; returns the report.
+fn record(out: &Path, args: &[&str]) -> Value {
+    let o = Command::new(gpuprof())
+        .arg("-o")
+        .arg(out)
+        .arg("--")
+        .arg("python3")
+        .arg(sim())
+        .args(args)
+        .env_remove("GPUPROF_NVML_LIB")
+        .output()
+        .expect("gpuprof runs");
+    check_recorded(&o, out)
+}
+
+fn check_recorded(o: &Output, out: &Path) -> Value {
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "gpuprof failed: {stderr}");
+    assert!(
+        stderr.contains("== gpuprof diagnosis =="),
+        "the terminal summary starts with the diagnosis: {stderr}"
+    );
+    let report: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap()).unwrap();
+    let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
+    assert!(summary.contains("## Diagnosis"), "{summary}");
+    report
+}
+
+fn findings(report: &Value) -> Vec<(String, String)> {
+    report["findings"]
+        .as_array()
+        .expect("report.json has findings")
+        .iter()
+        .map(|f| {
+            (
+                f["id"].as_str().unwrap().to_string(),
+                f["severity"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+fn top(report: &Value) -> (String, String) {
+    findings(report)
+        .into_iter()
+        .next()
+        .unwrap_or_else(|| ("none".into(), "none".into()))
+}
+
+fn no_alarm(report: &Value) {
+    for (id, sev) in findings(report) {
+        assert!(
+            sev == "info",
+            "false alarm on a healthy run: {id} ({sev}): {}",
+            serde_json::to_string_pretty(&report["findings"]).unwrap()
+        );
+    }
+}
+
+/// Every finding carries its evidence, fix, GPU time basis and docs link.
+fn well_formed(report: &Value) {
+    for f in report["findings"].as_array().unwrap() {
+        let id = f["id"].as_str().unwrap();
+        assert_eq!(f["docs"], format!("docs/findings.md#{id}"));
+        assert!(!f["fix"].as_str().unwrap().is_empty());
+        assert!(!f["evidence"].as_array().unwrap().is_empty(), "{f}");
+        if !f["gpu_time_s"].is_null() {
+            // No GPU is measured in these runs: every time is an estimate.
+            assert_eq!(f["gpu_time_basis"], "estimated", "{f}");
+            assert!(f["gpu_time_method"].as_str().is_some());
+        }
+    }
+    assert_eq!(report["diagnosis"]["gpu_measured"], false);
+}
+
+const HEALTHY: &[&str] = &[
+    "--workers",
+    "4",
+    "--augment-ms",
+    "3",
+    "--gpu-ms",
+    "20",
+    "--steps",
+    "150",
+];
+const ONE_WORKER_HEAVY: &[&str] = &[
+    "--workers",
+    "1",
+    "--augment-ms",
+    "40",
+    "--gpu-ms",
+    "10",
+    "--steps",
+    "70",
+];
+
+#[test]
+fn healthy_pipeline_raises_no_alarm() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("healthy");
+    let report = record(&out, HEALTHY);
+    well_formed(&report);
+    no_alarm(&report);
+    // The GPU side was not measured, and the summary says so.
+    let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
+    assert!(summary.contains("GPU side was not measured"), "{summary}");
+}
+
+#[test]
+fn preprocessing_in_the_main_process() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("main");
+    let report = record(
+        &out,
+        &[
+            "--workers",
+            "0",
+            "--augment-ms",
+            "40",
+            "--gpu-ms",
+            "10",
+            "--steps",
+            "70",
+        ],
+    );
+    well_formed(&report);
+    let (id, sev) = top(&report);
+    assert_eq!(id, "main-process-preprocessing", "{}", report["findings"]);
+    assert_ne!(sev, "info");
+    // `gpuprof report` re-derives the same findings from the recording.
+    let again = dir.path().join("again");
+    let o = Command::new(gpuprof())
+        .args(["report", "-q", "-o"])
+        .arg(&again)
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let r2: Value =
+        serde_json::from_str(&std::fs::read_to_string(again.join("report.json")).unwrap()).unwrap();
+    assert_eq!(findings(&r2), findings(&report));
+}
+
+#[test]
+fn one_saturated_worker_is_input_bound_and_compare_shows_the_fix() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let before = dir.path().join("one-worker");
+    let report = record(&before, ONE_WORKER_HEAVY);
+    well_formed(&report);
+    let (id, sev) = top(&report);
+    assert!(
+        id == "input-pipeline-bound" || id == "too-few-workers",
+        "top finding {id}: {}",
+        report["findings"]
+    );
+    assert_eq!(sev, "critical", "{}", report["findings"]);
+
+    let after = dir.path().join("four-workers");
+    let healthy = record(&after, HEALTHY);
+    no_alarm(&healthy);
+
+    // The job's output is the user's: save a log with a steps/s line.
+    let log_a = dir.path().join("a.log");
+    let log_b = dir.path().join("b.log");
+    std::fs::write(&log_a, "70 steps in 4.00 s: 17.50 steps/s\n").unwrap();
+    std::fs::write(&log_b, "150 steps in 3.10 s: 48.39 steps/s\n").unwrap();
+    let o = Command::new(gpuprof())
+        .arg("compare")
+        .arg(&before)
+        .arg(after.join("report.json"))
+        .arg("--log-a")
+        .arg(&log_a)
+        .arg("--log-b")
+        .arg(&log_b)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let fixed = text
+        .lines()
+        .find(|l| l.starts_with("findings fixed:"))
+        .unwrap_or_default();
+    assert!(fixed.contains(&id), "{id} should be fixed: {text}");
+    assert!(text.contains("steps/s") && text.contains("17.50") && text.contains("48.39"));
+    assert!(text.contains("worker CPU"), "{text}");
+
+    let o = Command::new(gpuprof())
+        .arg("compare")
+        .arg("--markdown")
+        .arg(&before)
+        .arg(&after)
+        .output()
+        .unwrap();
+    let md = String::from_utf8_lossy(&o.stdout);
+    assert!(md.contains("| wall time |"), "{md}");
+    assert!(md.contains(&format!("**Findings fixed:** {id}")), "{md}");
+}
+
+#[test]
+fn compare_rejects_what_is_not_a_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = Command::new(gpuprof())
+        .arg("compare")
+        .arg(dir.path())
+        .arg(dir.path().join("missing"))
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("not a gpuprof output folder"), "{err}");
+    let bad = dir.path().join("bad.json");
+    std::fs::write(&bad, "{\"x\": 1}").unwrap();
+    let o = Command::new(gpuprof())
+        .arg("compare")
+        .arg(&bad)
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("not a gpuprof report.json"));
+}
+
+#[test]
+fn doctor_without_a_driver_reports_it_and_checks_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data.bin");
+    std::fs::write(&data, vec![7u8; 1 << 20]).unwrap();
+    let o = Command::new(gpuprof())
+        .arg("doctor")
+        .arg("--data")
+        .arg(&data)
+        .env_remove("GPUPROF_NVML_LIB")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    if Path::new("/dev/nvidiactl").exists() {
+        eprintln!("skipping the no-driver assertions: this machine has an NVIDIA driver");
+        return;
+    }
+    assert_eq!(o.status.code(), Some(1), "a problem gives exit 1: {text}");
+    let gpu = text
+        .lines()
+        .find(|l| l.contains("no NVIDIA driver"))
+        .unwrap_or_else(|| panic!("no driver line: {text}"));
+    assert!(gpu.contains("PROBLEM"), "{gpu}");
+    assert!(text.contains("fix: install the NVIDIA driver"), "{text}");
+    for area in ["cpu", "memory", "data", "python"] {
+        assert!(
+            text.lines().any(|l| l.contains(&format!("] {area}"))),
+            "{area} was not checked: {text}"
+        );
+    }
+    assert!(text.contains("filesystem at"), "{text}");
+
+    let o = Command::new(gpuprof())
+        .args(["doctor", "--data", "/nonexistent/gpuprof-data"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("--data /nonexistent/gpuprof-data"), "{err}");
+}
+
+#[test]
+fn every_finding_has_a_docs_section() {
+    let docs =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/findings.md"))
+            .unwrap();
+    for k in gpuprof::diagnose::FindingKind::ALL {
+        assert!(
+            docs.lines().any(|l| l == format!("## {}", k.id())),
+            "docs/findings.md has no section for {}",
+            k.id()
+        );
+        assert_eq!(gpuprof::diagnose::FindingKind::from_id(k.id()), Some(k));
+    }
+}
+
+/// A throttled slow disk: a file-backed loop device with an ext4 holding
+/// the data, read through a cgroup-v1 blkio limit with the page cache
+/// dropped. Everything is removed again by `Drop`.
+struct SlowDisk {
+    image: PathBuf,
+    mnt: PathBuf,
+    loopdev: Option<String>,
+    mounted: bool,
+    cgroup: Option<PathBuf>,
+}
+
+impl Drop for SlowDisk {
+    fn drop(&mut self) {
+        if self.mounted {
+            let _ = Command::new("umount").arg(&self.mnt).status();
+        }
+        if let Some(l) = &self.loopdev {
+            let _ = Command::new("losetup").args(["-d", l]).status();
+        }
+        if let Some(cg) = &self.cgroup {
+            let _ = std::fs::remove_dir(cg);
+        }
+        let _ = std::fs::remove_file(&self.image);
+    }
+}
+
+fn sh(cmd: &str, args: &[&str]) -> Result<String, String> {
+    let o = Command::new(cmd)
+        .args(args)
+        .output()
+        .map_err(|e| format!("{cmd}: {e}"))?;
+    if !o.status.success() {
+        return Err(format!(
+            "{cmd} {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&o.stderr).trim()
+        ));
+    }
+    Ok(String::from_utf8_lossy(&o.stdout).trim().to_string())
+}
+
+fn slow_disk(dir: &Path) -> Result<SlowDisk, String> {
+    if unsafe { libc::geteuid() } != 0 {
+        return Err("needs root (loop device, mount, cgroup)".into());
+    }
+    let blkio = Path::new("/sys/fs/cgroup/blkio");
+    if !blkio.join("blkio.throttle.read_bps_device").exists() {
+        return Err("no cgroup-v1 blkio controller at /sys/fs/cgroup/blkio".into());
+    }
+    let mut d = SlowDisk {
+        image: dir.join("disk.img"),
+        mnt: dir.join("mnt"),
+        loopdev: None,
+        mounted: false,
+        cgroup: None,
+    };
+    std::fs::create_dir_all(&d.mnt).map_err(|e| e.to_string())?;
+    sh("truncate", &["-s", "64M", d.image.to_str().unwrap()])?;
+    let l = sh("losetup", &["-f", "--show", d.image.to_str().unwrap()])?;
+    d.loopdev = Some(l.clone());
+    sh("mkfs.ext4", &["-q", &l])?;
+    sh("mount", &[&l, d.mnt.to_str().unwrap()])?;
+    d.mounted = true;
+    let data = d.mnt.join("data");
+    sh(
+        "dd",
+        &[
+            "if=/dev/urandom",
+            &format!("of={}", data.display()),
+            "bs=1M",
+            "count=24",
+            "status=none",
+        ],
+    )?;
+    sh("sync", &[])?;
+    std::fs::write("/proc/sys/vm/drop_caches", "3").map_err(|e| e.to_string())?;
+    let name = Path::new(&l)
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    let majmin =
+        std::fs::read_to_string(format!("/sys/block/{name}/dev")).map_err(|e| e.to_string())?;
+    let cg = blkio.join(format!("gpuprof-test-{}", std::process::id()));
+    std::fs::create_dir(&cg).map_err(|e| format!("{}: {e}", cg.display()))?;
+    d.cgroup = Some(cg.clone());
+    // 5 MB/s: the 16 MB the job reads take about 3 s.
+    std::fs::write(
+        cg.join("blkio.throttle.read_bps_device"),
+        format!("{} 5242880", majmin.trim()),
+    )
+    .map_err(|e| format!("blkio throttle: {e}"))?;
+    Ok(d)
+}
+
+#[test]
+fn throttled_reads_are_io_bound() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let disk = match slow_disk(dir.path()) {
+        Ok(d) => d,
+        Err(why) => {
+            eprintln!("skipping the IO-bound scenario: {why}");
+            return;
+        }
+    };
+    let out = dir.path().join("io");
+    let cg = disk.cgroup.as_ref().unwrap();
+    let script = format!("echo $$ > {}/cgroup.procs && exec \"$@\"", cg.display());
+    let o = Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .arg("sh")
+        .arg(gpuprof())
+        .arg("-o")
+        .arg(&out)
+        .arg("--")
+        .arg("python3")
+        .arg(sim())
+        .args([
+            "--workers",
+            "2",
+            "--augment-ms",
+            "2",
+            "--gpu-ms",
+            "10",
+            "--steps",
+            "16",
+            "--read-mb",
+            "1",
+            "--data",
+        ])
+        .arg(disk.mnt.join("data"))
+        .env_remove("GPUPROF_NVML_LIB")
+        .output()
+        .unwrap();
+    let report = check_recorded(&o, &out);
+    well_formed(&report);
+    let (id, sev) = top(&report);
+    assert_eq!(id, "io-bound", "{}", report["findings"]);
+    assert_eq!(sev, "critical", "{}", report["findings"]);
+    let f = &report["findings"][0];
+    let ev = f["evidence"].to_string();
+    assert!(ev.contains("D state"), "{ev}");
+    // The data file's filesystem is named from the open files.
+    assert!(ev.contains(disk.mnt.to_str().unwrap()), "{ev}");
+    drop(disk);
+}
