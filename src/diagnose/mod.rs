@@ -272,3 +272,6 @@ pub fn diagnose_analysis(a: &Analysis) -> Diagnosis {
     let stacks = evidence::stacks_from_analysis(a);
     diagnose(a, gpu.as_ref(), stacks.as_ref())
 }
+
+#[cfg(test)]
+mod tests;

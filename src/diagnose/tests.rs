@@ -1,0 +1,429 @@
+//! Rules on hand-built recordings: a main process and workers whose thread
+//! states and CPU are written tick by tick, with GPU evidence built by hand
+//! where a rule needs it.
+
+use super::*;
+use crate::analysis::analyze_events;
+use crate::event::{CpuTimes, Event, Footer, Header, JobStatus, MonoNs, Pid, Tid};
+
+const MS: u64 = 1_000_000;
+const START: u64 = 1_000 * MS;
+/// Ticks of 100 ms: a 10 s run.
+const TICKS: u64 = 100;
+
+fn t(tick: u64) -> MonoNs {
+    MonoNs(START + tick * 100 * MS)
+}
+
+fn header(cpus: u32) -> Header {
+    Header {
+        format: "gpuprof-recording".into(),
+        version: 1,
+        gpuprof_version: "test".into(),
+        command: vec!["python3".into(), "train.py".into()],
+        host: "h".into(),
+        start: MonoNs(START),
+        anchor_realtime_ns: 0,
+        anchor_monotonic_ns: START,
+        interval_ns: 100 * MS,
+        cpus,
+        page_size: 4096,
+        clock_ticks_per_s: 100,
+        rank: None,
+        job_pid: Pid(10),
+        boottime_offset_ns: 0,
+    }
+}
+
+/// A thread that is in `state(tick)` and uses `busy(tick)` of a core.
+struct Th {
+    pid: i32,
+    tid: i32,
+    state: fn(u64) -> char,
+    busy: fn(u64) -> f64,
+}
+
+/// A run: main process 10 with thread 10, optional worker processes
+/// (named like PyTorch's), machine busy share per tick.
+fn run(cpus: u32, threads: &[Th], workers: &[i32], sys_busy: fn(u64) -> f64) -> Vec<Event> {
+    let mut evs = vec![Event::WindowStart { t: t(0) }];
+    evs.push(Event::Process {
+        t: t(0),
+        pid: Pid(10),
+        ppid: Pid(1),
+        start_boot_ns: 0,
+        comm: "python3".into(),
+        cmdline: vec!["python3".into(), "train.py".into()],
+        exe: None,
+    });
+    for w in workers {
+        evs.push(Event::Process {
+            t: t(0),
+            pid: Pid(*w),
+            ppid: Pid(10),
+            start_boot_ns: 0,
+            comm: "pt_data_worker".into(),
+            cmdline: vec!["python3".into(), "train.py".into()],
+            exe: None,
+        });
+    }
+    let mut cum = vec![0.0f64; threads.len()];
+    let mut sys = CpuTimes::default();
+    for tick in 0..=TICKS {
+        for (i, th) in threads.iter().enumerate() {
+            if tick > 0 {
+                cum[i] += (th.busy)(tick) * 100.0;
+            }
+            evs.push(Event::ThreadCpu {
+                t: t(tick),
+                pid: Pid(th.pid),
+                tid: Tid(th.tid),
+                user_ns: cum[i] as u64 * MS,
+                sys_ns: 0,
+                state: (th.state)(tick),
+                cpu: 0,
+            });
+        }
+        if tick > 0 {
+            let all = 100 * MS * cpus as u64;
+            let busy = (sys_busy(tick) * all as f64) as u64;
+            sys.user += busy;
+            sys.idle += all - busy;
+        }
+        evs.push(Event::SystemCpu {
+            t: t(tick),
+            total: sys,
+            per_cpu: vec![],
+            procs_running: 1,
+            procs_blocked: 0,
+        });
+    }
+    evs.push(Event::Footer(Footer {
+        t: t(TICKS),
+        status: JobStatus::Exited(0),
+        reason: "job exited".into(),
+        dropped_events: 0,
+        profiler_cpu_ns: 0,
+        profiler_max_rss_bytes: 0,
+    }));
+    evs
+}
+
+fn analysis(cpus: u32, threads: &[Th], workers: &[i32], sys_busy: fn(u64) -> f64) -> Analysis {
+    analyze_events(
+        header(cpus),
+        run(cpus, threads, workers, sys_busy).into_iter(),
+    )
+}
+
+fn ids(d: &Diagnosis) -> Vec<&'static str> {
+    d.findings.iter().map(|f| f.kind.id()).collect()
+}
+
+fn sleeping_main() -> Th {
+    Th {
+        pid: 10,
+        tid: 10,
+        state: |_| 'S',
+        busy: |_| 0.02,
+    }
+}
+
+fn saturated_worker(pid: i32) -> Th {
+    Th {
+        pid,
+        tid: pid,
+        state: |_| 'R',
+        busy: |_| 1.0,
+    }
+}
+
+/// GPU 0 used by the job, idle in every other 100 ms from 1 s to 9 s.
+fn gpu_with_gaps() -> GpuEvidence {
+    let gaps: Vec<(MonoNs, MonoNs)> = (10..90).step_by(2).map(|k| (t(k), t(k + 1))).collect();
+    GpuEvidence {
+        devices: vec![GpuDeviceEvidence {
+            index: 0,
+            name: "Fake GPU".into(),
+            busy_fraction: Some(0.6),
+            idle_gaps: gaps,
+            resolution_s: 1.0 / 6.0,
+            job_processes: 1,
+            mem_total: Some(80 << 30),
+            mem_used_max: Some(10 << 30),
+            pcie_best: Some((5, 16)),
+            pcie_max: Some((5, 16)),
+            ..Default::default()
+        }],
+        driver_version: Some("550.54.15".into()),
+        driver_cuda: Some((12, 4)),
+        attribution_available: true,
+    }
+}
+
+#[test]
+fn saturated_worker_with_idle_cores_is_too_few_workers() {
+    let a = analysis(4, &[sleeping_main(), saturated_worker(20)], &[20], |_| 0.27);
+    let d = diagnose(&a, None, None);
+    let top = d.top().unwrap();
+    assert_eq!(top.kind, FindingKind::TooFewWorkers, "{:?}", ids(&d));
+    assert!(top.fix.contains("from 1 to"), "{}", top.fix);
+    let gt = top.gpu_time.as_ref().unwrap();
+    assert_eq!(gt.basis, Basis::Estimated);
+    assert!(gt.share > 0.8, "{gt:?}");
+    assert_eq!(top.severity, Severity::Critical);
+    assert!(!d.gpu_measured);
+    assert!(d.notes[0].contains("not measured"));
+}
+
+#[test]
+fn saturated_workers_on_a_busy_machine_are_input_bound() {
+    let a = analysis(2, &[sleeping_main(), saturated_worker(20)], &[20], |_| 0.97);
+    let d = diagnose(&a, None, None);
+    assert_eq!(d.top().unwrap().kind, FindingKind::InputPipelineBound);
+}
+
+#[test]
+fn measured_gap_time_is_attributed_to_the_cause_of_its_bins() {
+    let a = analysis(4, &[sleeping_main(), saturated_worker(20)], &[20], |_| 0.27);
+    let g = gpu_with_gaps();
+    let d = diagnose(&a, Some(&g), None);
+    let top = d.top().unwrap();
+    assert_eq!(top.kind, FindingKind::TooFewWorkers);
+    let gt = top.gpu_time.as_ref().unwrap();
+    assert_eq!(gt.basis, Basis::Measured);
+    // 40 gaps of 100 ms, all while the worker was saturated.
+    assert!((gt.seconds - 4.0).abs() < 0.05, "{gt:?}");
+    assert!((gt.share - 0.4).abs() < 0.01, "{gt:?}");
+    assert!(top.evidence.iter().any(|e| e.contains("GPU 0 idle 40%")));
+    assert!(d.gpu_measured);
+}
+
+#[test]
+fn unexplained_gaps_are_noted() {
+    // Nothing saturated: the gaps have no cause.
+    let a = analysis(4, &[sleeping_main()], &[], |_| 0.05);
+    let d = diagnose(&a, Some(&gpu_with_gaps()), None);
+    assert!(
+        d.findings.iter().all(|f| f.severity == Severity::Info),
+        "{:?}",
+        ids(&d)
+    );
+    assert!(
+        d.notes.iter().any(|n| n.contains("not explained")),
+        "{:?}",
+        d.notes
+    );
+}
+
+#[test]
+fn main_thread_computing_without_workers() {
+    let main = Th {
+        pid: 10,
+        tid: 10,
+        state: |k| if k % 5 == 0 { 'S' } else { 'R' },
+        busy: |k| if k % 5 == 0 { 0.0 } else { 1.0 },
+    };
+    let a = analysis(4, &[main], &[], |_| 0.25);
+    let d = diagnose(&a, None, None);
+    let top = d.top().unwrap();
+    assert_eq!(
+        top.kind,
+        FindingKind::MainProcessPreprocessing,
+        "{:?}",
+        ids(&d)
+    );
+    assert!(top.fix.contains("num_workers=3"), "{}", top.fix);
+}
+
+#[test]
+fn workers_blocked_on_io() {
+    let w = |pid| Th {
+        pid,
+        tid: pid,
+        state: |_| 'D',
+        busy: |_| 0.05,
+    };
+    let a = analysis(4, &[sleeping_main(), w(20), w(21)], &[20, 21], |_| 0.05);
+    let d = diagnose(&a, None, None);
+    let top = d.top().unwrap();
+    assert_eq!(top.kind, FindingKind::IoBound, "{:?}", ids(&d));
+    assert_eq!(top.severity, Severity::Critical);
+    assert!(top.evidence[0].contains("D state"));
+}
+
+#[test]
+fn more_runnable_threads_than_cores_is_oversubscription() {
+    let ths: Vec<Th> = (0..8)
+        .map(|i| Th {
+            pid: 20 + i,
+            tid: 20 + i,
+            state: |_| 'R',
+            busy: |_| 0.25,
+        })
+        .chain([sleeping_main()])
+        .collect();
+    let workers: Vec<i32> = (20..28).collect();
+    let a = analysis(2, &ths, &workers, |_| 1.0);
+    let d = diagnose(&a, None, None);
+    assert_eq!(
+        d.top().unwrap().kind,
+        FindingKind::CpuOversubscribed,
+        "{:?}",
+        ids(&d)
+    );
+}
+
+#[test]
+fn idle_job_has_no_alarm() {
+    let a = analysis(4, &[sleeping_main()], &[], |_| 0.05);
+    let d = diagnose(&a, None, None);
+    assert_eq!(ids(&d), vec!["low-sample-coverage"]);
+    assert_eq!(d.findings[0].severity, Severity::Info);
+}
+
+#[test]
+fn gpu_hardware_findings() {
+    let a = analysis(4, &[sleeping_main()], &[], |_| 0.05);
+    let mut g = gpu_with_gaps();
+    {
+        let d0 = &mut g.devices[0];
+        d0.thermal = ThrottleEvidence {
+            active_s: 5.0,
+            active_busy_s: 4.0,
+            clock_ratio: Some(0.75),
+            reasons: vec![("hw_thermal_slowdown".into(), 5.0)],
+        };
+        d0.mem_used_max = Some((80 << 30) - (1 << 30));
+        d0.pcie_best = Some((3, 16));
+    }
+    let d = diagnose(&a, Some(&g), None);
+    let thermal = d
+        .findings
+        .iter()
+        .find(|f| f.kind == FindingKind::ThermalThrottling)
+        .expect("thermal finding");
+    let gt = thermal.gpu_time.as_ref().unwrap();
+    assert!((gt.seconds - 1.0).abs() < 1e-9, "4 s busy × 25% clock lost");
+    assert!(thermal.evidence[0].contains("hw_thermal_slowdown 5.0 s"));
+    assert_eq!(thermal.severity, Severity::Warning);
+    let kinds = ids(&d);
+    assert!(kinds.contains(&"gpu-memory-pressure"), "{kinds:?}");
+    assert!(kinds.contains(&"pcie-degraded"), "{kinds:?}");
+    assert!(!kinds.contains(&"gpu-not-used"));
+    assert_eq!(kinds[0], "thermal-throttling", "{kinds:?}");
+}
+
+fn with_libs(mut a: Analysis, libs: &[&str]) -> Analysis {
+    a.env.event(&Event::Libraries {
+        t: t(1),
+        pid: Pid(10),
+        added: libs.iter().map(|s| s.to_string()).collect(),
+    });
+    a
+}
+
+#[test]
+fn job_never_on_the_gpu_with_a_cpu_only_framework() {
+    let a = with_libs(
+        analysis(4, &[sleeping_main()], &[], |_| 0.05),
+        &["/venv/lib/python3.11/site-packages/torch/lib/libtorch_cpu.so"],
+    );
+    let mut g = gpu_with_gaps();
+    g.devices[0].job_processes = 0;
+    let d = diagnose(&a, Some(&g), None);
+    let top = d.top().unwrap();
+    assert_eq!(top.kind, FindingKind::GpuNotUsed, "{:?}", ids(&d));
+    assert_eq!(top.severity, Severity::Critical);
+    assert!(top.evidence.iter().any(|e| e.contains("CPU-only build")));
+    assert!(top.fix.contains("CUDA build"));
+}
+
+#[test]
+fn cuda_runtime_newer_than_the_driver() {
+    // Same major, newer minor, job on the GPU: a warning.
+    let a = with_libs(
+        analysis(4, &[sleeping_main()], &[], |_| 0.05),
+        &["/usr/local/cuda-12.6/lib64/libcudart.so.12.6.77"],
+    );
+    let d = diagnose(&a, Some(&gpu_with_gaps()), None);
+    let f = d
+        .findings
+        .iter()
+        .find(|f| f.kind == FindingKind::CudaDriverMismatch)
+        .expect("mismatch");
+    assert_eq!(f.severity, Severity::Warning);
+    assert!(
+        f.evidence[0].contains("CUDA runtime 12.6"),
+        "{}",
+        f.evidence[0]
+    );
+
+    // Newer major, never on the GPU: critical, and ranked before the
+    // gpu-not-used symptom.
+    let a = with_libs(
+        analysis(4, &[sleeping_main()], &[], |_| 0.05),
+        &["/x/libcudart.so.13.0.1", "/x/libtorch_cuda.so"],
+    );
+    let mut g = gpu_with_gaps();
+    g.devices[0].job_processes = 0;
+    let d = diagnose(&a, Some(&g), None);
+    assert_eq!(
+        &ids(&d)[..2],
+        &["cuda-driver-mismatch", "gpu-not-used"],
+        "{:?}",
+        ids(&d)
+    );
+    assert_eq!(d.findings[0].severity, Severity::Critical);
+
+    // An older runtime is fine.
+    let a = with_libs(
+        analysis(4, &[sleeping_main()], &[], |_| 0.05),
+        &["/x/libcudart.so.11.8.89"],
+    );
+    let d = diagnose(&a, Some(&gpu_with_gaps()), None);
+    assert!(!ids(&d).contains(&"cuda-driver-mismatch"));
+}
+
+#[test]
+fn no_gpu_attribution_is_not_gpu_not_used() {
+    let a = analysis(4, &[sleeping_main()], &[], |_| 0.05);
+    let mut g = gpu_with_gaps();
+    g.devices[0].job_processes = 0;
+    g.attribution_available = false;
+    let d = diagnose(&a, Some(&g), None);
+    assert!(!ids(&d).contains(&"gpu-not-used"), "{:?}", ids(&d));
+}
+
+#[test]
+fn stacks_name_the_hot_function() {
+    let a = analysis(4, &[sleeping_main(), saturated_worker(20)], &[20], |_| 0.27);
+    let mut s = StackEvidence::default();
+    s.top_functions.insert(
+        crate::analysis::Role::Worker,
+        vec![evidence::FunctionShare {
+            name: "augment".into(),
+            self_share: 0.8,
+            total_share: 0.91,
+        }],
+    );
+    let d = diagnose(&a, None, Some(&s));
+    let top = d.top().unwrap();
+    assert!(
+        top.evidence.iter().any(|e| e.contains("`augment` 91%")),
+        "{:?}",
+        top.evidence
+    );
+    assert!(d.stacks_measured);
+}
+
+#[test]
+fn short_runs_are_inconclusive() {
+    let mut h = header(4);
+    h.interval_ns = 1_000 * MS; // 10 intervals in 10 s
+    let a = analyze_events(h, run(4, &[sleeping_main()], &[], |_| 0.05).into_iter());
+    let d = diagnose(&a, None, None);
+    let f = d.findings.last().unwrap();
+    assert_eq!(f.kind, FindingKind::LowSampleCoverage);
+    assert_eq!(f.severity, Severity::Warning);
+}
