@@ -205,6 +205,18 @@ impl Environment {
         out
     }
 
+    /// Whether any process of the job mapped a CUDA library (every CUDA
+    /// user maps the driver's `libcuda.so`); None when maps were not read.
+    pub fn cuda_mapped(&self) -> Option<bool> {
+        if !self.maps_recorded {
+            return None;
+        }
+        Some(self.libraries.values().any(|libs| {
+            libs.iter()
+                .any(|l| CUDA_LIBS.iter().any(|c| file_name(l).starts_with(c)))
+        }))
+    }
+
     /// Frameworks mapped, and whether the same process mapped any CUDA
     /// library.
     pub fn frameworks(&self) -> Vec<(Framework, bool)> {

@@ -575,10 +575,14 @@ fn oversubscribed(a: &Analysis, tl: &Timeline, gpu: Option<&GpuEvidence>) -> Opt
 }
 
 fn gpu_not_used(a: &Analysis, g: &GpuEvidence) -> Option<Finding> {
-    if g.devices.is_empty() || !g.attribution_available {
+    if g.devices.is_empty() || g.devices.iter().any(|d| d.job_processes > 0) {
         return None;
     }
-    if g.devices.iter().any(|d| d.job_processes > 0) {
+    // Without per-process attribution (PID namespace) the driver's process
+    // lists cannot tell; the libraries can: a process that uses CUDA maps
+    // the driver's libcuda.so.
+    let cuda_mapped = a.env.cuda_mapped();
+    if !g.attribution_available && cuda_mapped != Some(false) {
         return None;
     }
     let dur = a.duration_s();
@@ -587,11 +591,19 @@ fn gpu_not_used(a: &Analysis, g: &GpuEvidence) -> Option<Finding> {
         .iter()
         .map(|d| format!("GPU {} ({})", d.index, d.name))
         .collect();
-    let mut ev = vec![format!(
-        "{} GPU(s) present: {}; no process of the job ever held a context on any of them.",
-        g.devices.len(),
-        names.join(", ")
-    )];
+    let mut ev = vec![if g.attribution_available {
+        format!(
+            "{} GPU(s) present: {}; no process of the job ever held a context on any of them.",
+            g.devices.len(),
+            names.join(", ")
+        )
+    } else {
+        format!(
+            "{} GPU(s) present: {}; the driver's process lists cannot be matched to the job (PID namespace?), but no process of the job loaded a CUDA library, so none used a GPU.",
+            g.devices.len(),
+            names.join(", ")
+        )
+    }];
     let mut fix = "Make the job use the GPU: check `CUDA_VISIBLE_DEVICES` (empty or wrong indices hide the GPUs), that the code moves the model and batches to the device (`.to(\"cuda\")`), and that `python -c 'import torch; print(torch.cuda.is_available())'` prints True.".to_string();
     let fws = a.env.frameworks();
     for (fw, cuda) in &fws {
@@ -604,10 +616,8 @@ fn gpu_not_used(a: &Analysis, g: &GpuEvidence) -> Option<Finding> {
     }
     if fws.iter().any(|(_, c)| !c) {
         fix = "Install the CUDA build of the framework (e.g. `pip install torch --index-url https://download.pytorch.org/whl/cu124` matching the driver), then check `torch.cuda.is_available()`.".into();
-    } else if a.env.maps_recorded && a.env.cuda_runtimes().is_empty() {
-        ev.push(
-            "No CUDA runtime library (`libcudart`) was mapped by any process of the job.".into(),
-        );
+    } else if cuda_mapped == Some(false) && g.attribution_available {
+        ev.push("No process of the job mapped a CUDA library (`libcuda`, `libcudart`).".into());
     }
     Some(Finding {
         kind: FindingKind::GpuNotUsed,

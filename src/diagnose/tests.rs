@@ -387,12 +387,28 @@ fn cuda_runtime_newer_than_the_driver() {
 
 #[test]
 fn no_gpu_attribution_is_not_gpu_not_used() {
-    let a = analysis(4, &[sleeping_main()], &[], |_| 0.05);
     let mut g = gpu_with_gaps();
     g.devices[0].job_processes = 0;
     g.attribution_available = false;
+    // Maps not recorded, or a CUDA library mapped: cannot tell.
+    let a = analysis(4, &[sleeping_main()], &[], |_| 0.05);
     let d = diagnose(&a, Some(&g), None);
     assert!(!ids(&d).contains(&"gpu-not-used"), "{:?}", ids(&d));
+    let a = with_libs(a, &["/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15"]);
+    let d = diagnose(&a, Some(&g), None);
+    assert!(!ids(&d).contains(&"gpu-not-used"), "{:?}", ids(&d));
+    // Maps read and no CUDA library anywhere: it did not use a GPU.
+    let a = with_libs(
+        analysis(4, &[sleeping_main()], &[], |_| 0.05),
+        &["/usr/lib/libpython3.11.so.1.0"],
+    );
+    let d = diagnose(&a, Some(&g), None);
+    assert_eq!(
+        d.top().unwrap().kind,
+        FindingKind::GpuNotUsed,
+        "{:?}",
+        ids(&d)
+    );
 }
 
 #[test]
