@@ -15,24 +15,25 @@ fn t(tick: u64) -> MonoNs {
     MonoNs(START + tick * 100 * MS)
 }
 
+/// Built from JSON so that header fields added later (all `serde(default)`)
+/// do not break these tests.
 fn header(cpus: u32) -> Header {
-    Header {
-        format: "gpuprof-recording".into(),
-        version: 1,
-        gpuprof_version: "test".into(),
-        command: vec!["python3".into(), "train.py".into()],
-        host: "h".into(),
-        start: MonoNs(START),
-        anchor_realtime_ns: 0,
-        anchor_monotonic_ns: START,
-        interval_ns: 100 * MS,
-        cpus,
-        page_size: 4096,
-        clock_ticks_per_s: 100,
-        rank: None,
-        job_pid: Pid(10),
-        boottime_offset_ns: 0,
-    }
+    serde_json::from_value(serde_json::json!({
+        "format": "gpuprof-recording",
+        "version": 1,
+        "gpuprof_version": "test",
+        "command": ["python3", "train.py"],
+        "host": "h",
+        "start": START,
+        "anchor_realtime_ns": 0,
+        "anchor_monotonic_ns": START,
+        "interval_ns": 100 * MS,
+        "cpus": cpus,
+        "page_size": 4096,
+        "clock_ticks_per_s": 100,
+        "job_pid": 10,
+    }))
+    .expect("a valid header")
 }
 
 /// A thread that is in `state(tick)` and uses `busy(tick)` of a core.
