@@ -36,6 +36,17 @@ pub fn all(
     out
 }
 
+/// "1 worker", "3 workers", "2 processes".
+fn plural(n: usize, what: &str) -> String {
+    if n == 1 {
+        format!("1 {what}")
+    } else if what.ends_with('s') {
+        format!("{n} {what}es")
+    } else {
+        format!("{n} {what}s")
+    }
+}
+
 fn pct(x: f64) -> String {
     format!("{:.0}%", x * 100.0)
 }
@@ -159,7 +170,11 @@ fn describe_threads(ths: &[InputThread]) -> String {
         .into_iter()
         .collect();
     names.truncate(3);
-    format!("{} input thread(s) ({})", ths.len(), names.join(", "))
+    format!(
+        "{} ({})",
+        plural(ths.len(), "input thread"),
+        names.join(", ")
+    )
 }
 
 /// Most worker processes alive at once (workers restarted per epoch are
@@ -313,8 +328,13 @@ fn slow_storage(a: &Analysis, tl: &Timeline, io: Option<&Finding>) -> Option<Fin
         }
         if is_network_fs(&m.fs_type) {
             ev.push(format!(
-                "The job read {} file(s) such as `{}` from {} on {}, a network filesystem ({}).",
-                f.files, f.example, m.source, m.mount_point, m.fs_type
+                "The job read {} ({}) such as `{}` from {} on {}, a network filesystem ({}).",
+                plural(f.files, "file"),
+                mb(f.bytes as f64),
+                f.example,
+                m.source,
+                m.mount_point,
+                m.fs_type
             ));
             kinds.push("network filesystem");
         } else if m.rotational == Some(true) {
@@ -322,8 +342,8 @@ fn slow_storage(a: &Analysis, tl: &Timeline, io: Option<&Finding>) -> Option<Fin
             let read = a.system.disks.get(&disk).map_or(0, |d| d.read_bytes);
             if read >= th::SLOW_STORAGE_MIN_READ_BYTES {
                 ev.push(format!(
-                    "The job read {} file(s) ({}) such as `{}` from {} ({}, on {disk}, which the kernel reports as rotational, i.e. a spinning disk); {disk} served {} of reads during the run (all processes).",
-                    f.files,
+                    "The job read {} ({}) such as `{}` from {} ({}, on {disk}, which the kernel reports as rotational, i.e. a spinning disk); {disk} served {} of reads during the run (all processes).",
+                    plural(f.files, "file"),
                     mb(f.bytes as f64),
                     f.example,
                     m.mount_point,
@@ -442,9 +462,20 @@ fn pipeline(
     let main_cpu = tl
         .mean_of(Cause::PipelineSaturated, &tl.main_cpu)
         .unwrap_or(0.0);
+    // Who used the CPU while the workers were saturated: the job, or
+    // other programs on the machine competing with it.
+    let spans = tl.spans(Cause::PipelineSaturated);
+    let job_cores: f64 = a
+        .processes
+        .values()
+        .filter_map(|p| Timeline::mean_over(&p.cpu, &spans))
+        .sum();
+    let busy_cores = cores - idle;
+    let others = (busy_cores - job_cores).max(0.0);
     let mut ev = vec![
         format!(
-            "{n} input worker process(es): running or waiting for a CPU {} of their time, using {} of a core each on average; all saturated for {:.1} s ({} of the run).",
+            "{}: running or waiting for a CPU {} of their time, using {} of a core each on average; all saturated for {:.1} s ({} of the run).",
+            plural(n, "input worker process"),
             pct(r),
             pct(cpu),
             sat_s,
@@ -455,6 +486,11 @@ fn pipeline(
             pct(main_cpu)
         ),
     ];
+    if others >= 0.5 {
+        ev.push(format!(
+            "Meanwhile the job used {job_cores:.1} cores and other programs on this machine {others:.1}: they compete with the workers for CPU."
+        ));
+    }
     ev.extend(gpu_gap_lines(
         tl,
         gpu,
@@ -490,8 +526,8 @@ fn pipeline(
         )
     } else {
         (
-            format!("The input pipeline cannot keep up: its {n} worker(s) are saturated and no core is idle"),
-            "Make each batch cheaper: preprocess once offline (store decoded/resized data), use cheaper augmentation or run it on the GPU (e.g. NVIDIA DALI, torchvision transforms on GPU tensors), or use a machine with more CPU cores per GPU. `pin_memory=True` and a larger `prefetch_factor` only smooth bursts.".to_string(),
+            format!("The input pipeline cannot keep up: its {} saturated and no core is idle", if n == 1 { "worker is".to_string() } else { format!("{n} workers are") }),
+            format!("{}Make each batch cheaper: preprocess once offline (store decoded/resized data), use cheaper augmentation or run it on the GPU (e.g. NVIDIA DALI, torchvision transforms on GPU tensors), or use a machine with more CPU cores per GPU. `pin_memory=True` and a larger `prefetch_factor` only smooth bursts.", if others >= 0.5 { format!("Other programs took {others:.1} cores: run the job where it has the CPUs to itself, or stop them. ") } else { String::new() }),
         )
     };
     Some(Finding {
@@ -532,8 +568,8 @@ fn oversubscribed(a: &Analysis, tl: &Timeline, gpu: Option<&GpuEvidence>) -> Opt
         .max();
     if let Some((t, role)) = max_threads {
         ev.push(format!(
-            "{} {role} process(es); the largest has {t} threads (thread pools of OpenMP/MKL/BLAS or the framework multiply with the worker count).",
-            a.processes_with_role(role).count()
+            "{} ({role}); the largest has {t} threads (thread pools of OpenMP/MKL/BLAS or the framework multiply with the worker count).",
+            plural(a.processes_with_role(role).count(), "process")
         ));
     }
     ev.extend(gpu_gap_lines(
