@@ -181,7 +181,7 @@ fn describe_threads(ths: &[InputThread]) -> String {
 /// not counted twice).
 fn concurrent_workers(tl: &Timeline) -> usize {
     (0..tl.n)
-        .map(|i| tl.workers.iter().map(|w| w.alive[i]).sum::<f32>())
+        .map(|i| tl.workers_alive[i])
         .fold(0.0f32, f32::max)
         .round()
         .max(if tl.workers.is_empty() { 0.0 } else { 1.0 }) as usize

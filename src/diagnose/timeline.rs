@@ -31,7 +31,8 @@ pub enum Cause {
 }
 
 /// One thread feeding the GPU: a worker's busiest thread, or the main
-/// process's busiest thread.
+/// process's busiest thread. Per-bin figures are only kept in aggregate
+/// (see [`Timeline`]), so memory does not grow with the number of workers.
 #[derive(Clone, Debug)]
 pub struct InputThread {
     pub pid: Pid,
@@ -40,22 +41,18 @@ pub struct InputThread {
     pub name: String,
     pub cpu_s: f64,
     pub life_s: f64,
-    /// Per bin: share alive, share in R, share in D, cores used.
-    pub alive: Vec<f32>,
-    pub r: Vec<f32>,
-    pub d: Vec<f32>,
-    pub cpu: Vec<f32>,
+    /// Seconds observed in each scheduler state.
+    pub state_ns: std::collections::BTreeMap<char, u64>,
 }
 
 impl InputThread {
-    /// Share of its life the thread spent in `state` (R or D).
+    /// Share of its observed life the thread spent in `state`.
     pub fn state_share(&self, state: char) -> f64 {
-        let v = if state == 'D' { &self.d } else { &self.r };
-        let alive: f64 = self.alive.iter().map(|x| *x as f64).sum();
-        if alive <= 0.0 {
+        let total: u64 = self.state_ns.values().sum();
+        if total == 0 {
             return 0.0;
         }
-        v.iter().map(|x| *x as f64).sum::<f64>() / alive
+        self.state_ns.get(&state).copied().unwrap_or(0) as f64 / total as f64
     }
     /// Mean cores used while alive.
     pub fn cpu_share(&self) -> f64 {
@@ -76,6 +73,8 @@ pub struct Timeline {
     pub cores: f64,
     pub workers: Vec<InputThread>,
     pub mains: Vec<InputThread>,
+    /// Worker processes alive in the bin (fractional at their edges).
+    pub workers_alive: Vec<f32>,
     /// Mean cores used by the main threads alive in the bin.
     pub main_cpu: Vec<f32>,
     /// Mean share in D of the input threads alive (workers, or the main
@@ -143,37 +142,62 @@ fn busiest_thread(p: &Process) -> Option<&Thread> {
         .max_by_key(|t| (t.user_ns + t.sys_ns, std::cmp::Reverse(t.tid)))
 }
 
-fn input_thread(
-    p: &Process,
-    t: &Thread,
-    end: MonoNs,
-    start: MonoNs,
-    bin_ns: u64,
-    n: usize,
-) -> InputThread {
-    let (from, to) = p.lifetime(end);
-    let mut alive = vec![0.0f32; n];
-    spread(&mut alive, start, bin_ns, from, to, 1.0);
-    let mut r = vec![0.0f32; n];
-    let mut d = vec![0.0f32; n];
-    for (a, b, s) in &t.state_runs {
-        match s {
-            'R' => spread(&mut r, start, bin_ns, *a, *b, 1.0),
-            'D' => spread(&mut d, start, bin_ns, *a, *b, 1.0),
-            _ => {}
+/// Per-bin sums over a group of threads: alive, R, D, cores used.
+struct Sums {
+    alive: Vec<f32>,
+    r: Vec<f32>,
+    d: Vec<f32>,
+    cpu: Vec<f32>,
+}
+
+impl Sums {
+    fn new(n: usize) -> Sums {
+        Sums {
+            alive: vec![0.0; n],
+            r: vec![0.0; n],
+            d: vec![0.0; n],
+            cpu: vec![0.0; n],
         }
     }
-    InputThread {
-        pid: p.pid,
-        tid: t.tid,
-        role: p.role,
-        name: t.comm.clone(),
-        cpu_s: (t.user_ns + t.sys_ns) as f64 / 1e9,
-        life_s: to.secs_since(from.max(start)),
-        alive,
-        r,
-        d,
-        cpu: series_bins(&t.cpu, start, bin_ns, n, 1.0),
+
+    /// Add one thread; returns its summary.
+    fn add(
+        &mut self,
+        p: &Process,
+        t: &Thread,
+        start: MonoNs,
+        end: MonoNs,
+        bin_ns: u64,
+    ) -> InputThread {
+        let (from, to) = p.lifetime(end);
+        spread(&mut self.alive, start, bin_ns, from, to, 1.0);
+        for (a, b, s) in &t.state_runs {
+            match s {
+                'R' => spread(&mut self.r, start, bin_ns, *a, *b, 1.0),
+                'D' => spread(&mut self.d, start, bin_ns, *a, *b, 1.0),
+                _ => {}
+            }
+        }
+        for pt in t.cpu.points() {
+            spread(&mut self.cpu, start, bin_ns, pt.t0, pt.t1, pt.v);
+        }
+        InputThread {
+            pid: p.pid,
+            tid: t.tid,
+            role: p.role,
+            name: t.comm.clone(),
+            cpu_s: (t.user_ns + t.sys_ns) as f64 / 1e9,
+            life_s: to.secs_since(from.max(start)),
+            state_ns: t.state_ns.clone(),
+        }
+    }
+
+    /// Per bin: `v` divided by the threads alive (NaN when none is).
+    fn mean(&self, v: &[f32]) -> Vec<f32> {
+        v.iter()
+            .zip(&self.alive)
+            .map(|(x, a)| if *a <= 0.01 { f32::NAN } else { x / a })
+            .collect()
     }
 }
 
@@ -189,9 +213,10 @@ impl Timeline {
         let n = (dur.div_ceil(bin_ns) as usize).max(1);
         let cores = a.system.cpus.max(1) as f64;
 
+        let mut wsum = Sums::new(n);
         let workers: Vec<InputThread> = a
             .processes_with_role(Role::Worker)
-            .filter_map(|p| busiest_thread(p).map(|t| input_thread(p, t, end, start, bin_ns, n)))
+            .filter_map(|p| busiest_thread(p).map(|t| wsum.add(p, t, start, end, bin_ns)))
             .collect();
         // Main processes that did real work: a wrapper shell or launcher
         // with next to no CPU does not dilute the main thread's figures.
@@ -199,35 +224,27 @@ impl Timeline {
             .processes_with_role(Role::Main)
             .map(|p| p.cpu_s())
             .fold(0.0, f64::max);
+        let mut msum = Sums::new(n);
         let mut mains: Vec<InputThread> = a
             .processes_with_role(Role::Main)
             .filter(|p| p.cpu_s() >= 0.1 * main_cpu_max)
-            .filter_map(|p| busiest_thread(p).map(|t| input_thread(p, t, end, start, bin_ns, n)))
+            .filter_map(|p| busiest_thread(p).map(|t| msum.add(p, t, start, end, bin_ns)))
             .collect();
         if mains.is_empty() {
             if let Some(p) = a.processes.values().find(|p| p.is_job) {
                 if let Some(t) = busiest_thread(p) {
-                    mains.push(input_thread(p, t, end, start, bin_ns, n));
+                    mains.push(msum.add(p, t, start, end, bin_ns));
                 }
             }
         }
-
-        let mean_alive = |ths: &[InputThread], f: &dyn Fn(&InputThread, usize) -> f32| {
-            (0..n)
-                .map(|i| {
-                    let alive: f32 = ths.iter().map(|t| t.alive[i]).sum();
-                    if alive <= 0.01 {
-                        f32::NAN
-                    } else {
-                        ths.iter().map(|t| f(t, i)).sum::<f32>() / alive
-                    }
-                })
-                .collect::<Vec<f32>>()
+        let main_cpu = msum.mean(&msum.cpu);
+        let input_d = if workers.is_empty() {
+            msum.mean(&msum.d)
+        } else {
+            wsum.mean(&wsum.d)
         };
-        let main_cpu = mean_alive(&mains, &|t, i| t.cpu[i]);
-        let inputs: &[InputThread] = if workers.is_empty() { &mains } else { &workers };
-        let input_d = mean_alive(inputs, &|t, i| t.d[i]);
-        let workers_r = mean_alive(&workers, &|t, i| t.r[i]);
+        let workers_r = wsum.mean(&wsum.r);
+        let workers_alive = wsum.alive;
 
         let mut job_runnable = vec![0.0f32; n];
         for p in a.processes.values() {
@@ -257,6 +274,7 @@ impl Timeline {
             cores,
             workers,
             mains,
+            workers_alive,
             main_cpu,
             input_d,
             workers_r,
