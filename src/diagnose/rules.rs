@@ -231,11 +231,21 @@ fn io_bound(
         .filter(|p| pids.contains(&p.pid))
         .filter_map(|p| Timeline::mean_over(&p.read_bps, &spans))
         .sum();
+    let write_bps: f64 = a
+        .processes
+        .values()
+        .filter(|p| pids.contains(&p.pid))
+        .filter_map(|p| Timeline::mean_over(&p.write_bps, &spans))
+        .sum();
     let read_total: u64 = a.processes.values().map(|p| p.read_bytes).sum();
+    // Blocked while writing more than reading: checkpoints or logs, not
+    // the dataset.
+    let writes = write_bps > read_bps;
     ev.push(format!(
-        "The job read {} from storage in all, at {}/s while blocked.",
+        "The job read {} from storage in all; while blocked its input processes read {}/s and wrote {}/s.",
         mb(read_total as f64),
-        mb(read_bps)
+        mb(read_bps),
+        mb(write_bps)
     ));
     let mut busiest_disk = 0.0f64;
     for d in s.disks.values().filter(|d| d.read_bytes > 0) {
@@ -296,10 +306,14 @@ fn io_bound(
         "time most input threads were blocked waiting for storage (nothing was being prepared for the GPU)",
     );
     let mem = a.system.mem_total as f64;
-    let mut fix = format!(
+    let mut fix = if writes {
+        "The waits are writes (checkpoints, logs, dumps): write them less often, from a background thread or process, or to faster local storage and copy them off afterwards.".to_string()
+    } else {
+        format!(
         "Feed the GPU from faster storage: copy the dataset to local NVMe, or keep it in the page cache when it fits (this machine has {} of RAM); pack many small files into large preprocessed shards (WebDataset, TFRecord, LMDB) read sequentially; overlap reads with more DataLoader workers or a larger `prefetch_factor`.",
         mb(mem)
-    );
+    )
+    };
     if throttled_hint {
         fix.push_str(" Check for an IO limit on the job's cgroup or volume.");
     }
@@ -307,7 +321,8 @@ fn io_bound(
         kind: FindingKind::IoBound,
         severity: Severity::from_share(gt.share),
         title: format!(
-            "IO-bound input: the input threads waited for storage {} of the run",
+            "IO-bound: the input threads waited for storage {} {} of the run",
+            if writes { "writes" } else { "reads" },
             pct(io_s / dur)
         ),
         gpu_time: Some(gt),

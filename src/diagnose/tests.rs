@@ -444,3 +444,37 @@ fn short_runs_are_inconclusive() {
     assert_eq!(f.kind, FindingKind::LowSampleCoverage);
     assert_eq!(f.severity, Severity::Warning);
 }
+
+#[test]
+fn blocked_on_writes_is_said_to_be_writes() {
+    let main = Th {
+        pid: 10,
+        tid: 10,
+        state: |_| 'D',
+        busy: |_| 0.02,
+    };
+    let mut evs = run(4, &[main], &[], |_| 0.05);
+    let footer = evs.pop().unwrap();
+    for tick in 0..=TICKS {
+        evs.push(Event::ProcessSample {
+            t: t(tick),
+            pid: Pid(10),
+            user_ns: 0,
+            sys_ns: 0,
+            rss_bytes: 1 << 20,
+            read_bytes: 0,
+            write_bytes: tick * 1_000_000,
+            rchar: 0,
+            wchar: tick * 1_000_000,
+            threads: 1,
+        });
+    }
+    evs.sort_by_key(|e| e.time());
+    evs.push(footer);
+    let a = analyze_events(header(4), evs.into_iter());
+    let d = diagnose(&a, None, None);
+    let top = d.top().unwrap();
+    assert_eq!(top.kind, FindingKind::IoBound, "{:?}", ids(&d));
+    assert!(top.title.contains("writes"), "{}", top.title);
+    assert!(top.fix.contains("checkpoints"), "{}", top.fix);
+}
