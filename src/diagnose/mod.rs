@@ -197,7 +197,7 @@ impl Finding {
                 g.seconds,
                 g.share * 100.0,
                 if g.basis == Basis::Estimated {
-                    ", estimated: GPU not measured"
+                    ", estimated from the CPU side"
                 } else {
                     ", measured"
                 }
