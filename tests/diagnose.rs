@@ -458,3 +458,64 @@ fn throttled_reads_are_io_bound() {
     assert!(ev.contains(disk.mnt.to_str().unwrap()), "{ev}");
     drop(disk);
 }
+
+/// The maps and open-files collector on a real process: stand-in shared
+/// objects with the real names (built here with gcc) and a data file held
+/// open show up in report.json `environment` and in summary.md.
+#[test]
+fn libraries_and_data_files_of_the_job_are_recorded() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = dir.path().join("empty.c");
+    std::fs::write(&c, "int stand_in(void) { return 0; }\n").unwrap();
+    let mut libs = Vec::new();
+    for name in ["libtorch_cpu.so", "libcudart.so.12.4.127"] {
+        let so = dir.path().join(name);
+        let ok = Command::new("gcc")
+            .args(["-shared", "-fPIC", "-o"])
+            .arg(&so)
+            .arg(&c)
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        if !ok {
+            eprintln!("skipping: gcc cannot build a shared object here");
+            return;
+        }
+        libs.push(so);
+    }
+    let data = dir.path().join("shard-0000.bin");
+    std::fs::write(&data, vec![1u8; 1 << 20]).unwrap();
+    let out = dir.path().join("env");
+    let script = "import ctypes, sys, time\n\
+                  ctypes.CDLL(sys.argv[1]); ctypes.CDLL(sys.argv[2])\n\
+                  f = open(sys.argv[3], 'rb'); f.read(); time.sleep(1.5)\n";
+    let o = Command::new(gpuprof())
+        .arg("-o")
+        .arg(&out)
+        .args(["--", "python3", "-c", script])
+        .arg(&libs[0])
+        .arg(&libs[1])
+        .arg(&data)
+        .output()
+        .unwrap();
+    let report = check_recorded(&o, &out);
+    let env = &report["environment"];
+    assert_eq!(env["libraries_recorded"], true, "{env}");
+    let fw = &env["frameworks"][0];
+    assert_eq!(fw["name"], "PyTorch", "{env}");
+    assert_eq!(fw["cuda"], true, "libcudart is mapped too: {env}");
+    let rt = &env["cuda_runtimes"][0];
+    assert_eq!(
+        (rt["major"].as_u64(), rt["minor"].as_u64()),
+        (Some(12), Some(4))
+    );
+    let fs = env["data_filesystems"].as_array().unwrap();
+    assert!(
+        fs.iter()
+            .any(|f| f["example"] == data.to_str().unwrap() && f["bytes"] == 1 << 20),
+        "{env}"
+    );
+    let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
+    assert!(summary.contains("## Software and data"), "{summary}");
+    assert!(summary.contains("CUDA runtime 12.4"), "{summary}");
+}

@@ -215,6 +215,132 @@ pub struct Diagnosis {
     pub stacks_measured: bool,
     /// Caveats that apply to the whole diagnosis.
     pub notes: Vec<String>,
+    /// What the job loaded and where its data came from.
+    pub environment: EnvironmentSummary,
+}
+
+/// A framework library mapped by the job, and whether CUDA came with it.
+#[derive(Clone, Debug, Serialize)]
+pub struct FrameworkUse {
+    pub pid: i32,
+    pub name: &'static str,
+    pub path: String,
+    pub cuda: bool,
+}
+
+/// A filesystem the input processes read data files from.
+#[derive(Clone, Debug, Serialize)]
+pub struct DataFilesystem {
+    pub mount_point: Option<String>,
+    pub fs_type: Option<String>,
+    pub source: Option<String>,
+    pub disk: Option<String>,
+    pub rotational: Option<bool>,
+    pub network: bool,
+    /// Distinct files seen open (capped by the collector) and their size.
+    pub files: usize,
+    pub bytes: u64,
+    pub example: String,
+}
+
+/// The job's software and data, from its maps and open files.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct EnvironmentSummary {
+    /// False for recordings made without the maps collector.
+    pub libraries_recorded: bool,
+    pub frameworks: Vec<FrameworkUse>,
+    pub cuda_runtimes: Vec<crate::analysis::environment::CudaRuntime>,
+    pub data_filesystems: Vec<DataFilesystem>,
+}
+
+impl EnvironmentSummary {
+    fn build(a: &Analysis, tl: &Timeline) -> EnvironmentSummary {
+        let mut pids = tl.input_pids();
+        pids.extend(tl.mains.iter().map(|t| t.pid));
+        let data_filesystems = a
+            .env
+            .files_by_mount(&pids)
+            .into_iter()
+            .map(|f| DataFilesystem {
+                mount_point: f.mount.map(|m| m.mount_point.clone()),
+                fs_type: f.mount.map(|m| m.fs_type.clone()),
+                source: f.mount.map(|m| m.source.clone()),
+                disk: f.mount.and_then(|m| m.disk.clone()),
+                rotational: f.mount.and_then(|m| m.rotational),
+                network: f
+                    .mount
+                    .is_some_and(|m| crate::analysis::environment::is_network_fs(&m.fs_type)),
+                files: f.files,
+                bytes: f.bytes,
+                example: f.example,
+            })
+            .collect();
+        EnvironmentSummary {
+            libraries_recorded: a.env.maps_recorded,
+            frameworks: a
+                .env
+                .frameworks()
+                .into_iter()
+                .map(|(f, cuda)| FrameworkUse {
+                    pid: f.pid,
+                    name: f.name,
+                    path: f.path,
+                    cuda,
+                })
+                .collect(),
+            cuda_runtimes: a.env.cuda_runtimes(),
+            data_filesystems,
+        }
+    }
+
+    /// One line per fact, for the summary.
+    pub fn lines(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for f in &self.frameworks {
+            out.push(format!(
+                "{} loaded by process {} from `{}`{}.",
+                f.name,
+                f.pid,
+                f.path,
+                if f.cuda {
+                    " with CUDA libraries"
+                } else {
+                    ": a CPU-only build (no CUDA library mapped)"
+                }
+            ));
+        }
+        for r in &self.cuda_runtimes {
+            out.push(format!(
+                "CUDA runtime {}{} mapped by process {} (`{}`).",
+                r.major,
+                r.minor.map(|m| format!(".{m}")).unwrap_or_default(),
+                r.pid,
+                r.path
+            ));
+        }
+        for d in &self.data_filesystems {
+            let kind = if d.network {
+                ", a network filesystem"
+            } else if d.rotational == Some(true) {
+                ", a rotational disk"
+            } else {
+                ""
+            };
+            out.push(format!(
+                "Data files such as `{}` ({} seen, {:.1} MB) on {} ({}{}{kind}).",
+                d.example,
+                d.files,
+                d.bytes as f64 / 1e6,
+                d.mount_point.as_deref().unwrap_or("an unknown mount"),
+                d.fs_type.as_deref().unwrap_or("?"),
+                d.disk
+                    .as_ref()
+                    .map(|x| format!(" on {x}"))
+                    .unwrap_or_default()
+            ));
+        }
+        out
+    }
 }
 
 impl Diagnosis {
@@ -262,6 +388,7 @@ pub fn diagnose(
         gpu_measured,
         stacks_measured: stacks.is_some(),
         notes,
+        environment: EnvironmentSummary::build(a, &tl),
     }
 }
 

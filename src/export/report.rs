@@ -211,5 +211,9 @@ pub fn add_diagnosis(report: &mut Value, d: &Diagnosis) {
                 "notes": d.notes,
             }),
         );
+        obj.insert(
+            "environment".into(),
+            serde_json::to_value(&d.environment).unwrap_or(Value::Null),
+        );
     }
 }

@@ -230,6 +230,13 @@ pub fn findings_terminal(d: &Diagnosis) -> String {
 pub fn markdown(a: &Analysis, d: &Diagnosis) -> String {
     let mut s = String::from("# gpuprof summary\n");
     s.push_str(&findings_markdown(d));
+    let env = d.environment.lines();
+    if !env.is_empty() {
+        s.push_str("\n## Software and data\n\n");
+        for l in env {
+            s.push_str(&format!("- {l}\n"));
+        }
+    }
     for (title, lines) in sections(a) {
         s.push_str(&format!("\n## {title}\n\n"));
         for l in lines {
