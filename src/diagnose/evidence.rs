@@ -51,6 +51,37 @@ pub struct GpuDeviceEvidence {
     pub pcie_max: Option<(u32, u32)>,
 }
 
+/// A device's idle gaps split into start-up (the gap the recording begins
+/// with: imports, model build, DataLoader start), steady state, and
+/// shutdown (the gap it ends with).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct GapSplit {
+    pub startup_s: f64,
+    pub steady: Vec<(MonoNs, MonoNs)>,
+    pub shutdown_s: f64,
+}
+
+impl GpuDeviceEvidence {
+    /// Split the gaps of a recording spanning [start, end): a gap that
+    /// begins within one sample period of the start is start-up, one that
+    /// ends within one period of the end is shutdown.
+    pub fn split_gaps(&self, start: MonoNs, end: MonoNs) -> GapSplit {
+        let tol = (self.resolution_s * 1e9) as u64;
+        let mut out = GapSplit::default();
+        let n = self.idle_gaps.len();
+        for (i, (a, b)) in self.idle_gaps.iter().enumerate() {
+            if i == 0 && a.0 <= start.0 + tol {
+                out.startup_s += b.secs_since((*a).max(start));
+            } else if i + 1 == n && b.0 + tol >= end.0 {
+                out.shutdown_s += (*b).min(end).secs_since(*a);
+            } else {
+                out.steady.push((*a, *b));
+            }
+        }
+        out
+    }
+}
+
 /// The GPU side of a run.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct GpuEvidence {

@@ -374,6 +374,7 @@ pub fn diagnose(
                 .to_string(),
         );
     } else if let Some(g) = gpu {
+        notes.extend(rules::edge_gap_notes(a, g));
         let unexplained = rules::unexplained_gap_s(a, &tl, g);
         if unexplained > thresholds::MIN_SHARE * a.duration_s() {
             notes.push(format!(

@@ -95,7 +95,7 @@ fn gpu_time(
     let mut secs = 0.0;
     for d in &devs {
         secs += tl
-            .gap_time_by_cause(&d.idle_gaps)
+            .gap_time_by_cause(&d.split_gaps(a.start, a.end).steady)
             .into_iter()
             .filter(|(c, _)| *c == Some(cause))
             .map(|(_, s)| s)
@@ -112,12 +112,13 @@ fn gpu_time(
     }
 }
 
-/// GPU idle time in no cause's bins.
-pub fn unexplained_gap_s(_a: &Analysis, tl: &Timeline, g: &GpuEvidence) -> f64 {
+/// GPU idle time of the steady state (start-up and shutdown left out) in
+/// no cause's bins.
+pub fn unexplained_gap_s(a: &Analysis, tl: &Timeline, g: &GpuEvidence) -> f64 {
     measured_devices(Some(g))
         .iter()
         .map(|d| {
-            tl.gap_time_by_cause(&d.idle_gaps)
+            tl.gap_time_by_cause(&d.split_gaps(a.start, a.end).steady)
                 .into_iter()
                 .filter(|(c, _)| c.is_none())
                 .map(|(_, s)| s)
@@ -126,8 +127,25 @@ pub fn unexplained_gap_s(_a: &Analysis, tl: &Timeline, g: &GpuEvidence) -> f64 {
         .sum()
 }
 
+/// Start-up and shutdown idle time per measured GPU, for the notes.
+pub fn edge_gap_notes(a: &Analysis, g: &GpuEvidence) -> Vec<String> {
+    measured_devices(Some(g))
+        .iter()
+        .filter_map(|d| {
+            let s = d.split_gaps(a.start, a.end);
+            (s.startup_s + s.shutdown_s >= 0.05).then(|| {
+                format!(
+                    "GPU {} was idle {:.1} s before its first work (start-up: imports, model build, workers starting) and {:.1} s after its last (shutdown); findings attribute only the idle time in between.",
+                    d.index, s.startup_s, s.shutdown_s
+                )
+            })
+        })
+        .collect()
+}
+
 /// "GPU 0 idle 68% of the run in 412 gaps (median 85 ms); 9.1 s of it while …".
 fn gpu_gap_lines(
+    a: &Analysis,
     tl: &Timeline,
     gpu: Option<&GpuEvidence>,
     cause: Cause,
@@ -139,7 +157,7 @@ fn gpu_gap_lines(
         lens.sort_by(f64::total_cmp);
         let median = lens.get(lens.len() / 2).copied().unwrap_or(0.0);
         let in_cause: f64 = tl
-            .gap_time_by_cause(&d.idle_gaps)
+            .gap_time_by_cause(&d.split_gaps(a.start, a.end).steady)
             .into_iter()
             .filter(|(c, _)| *c == Some(cause))
             .map(|(_, s)| s)
@@ -286,6 +304,7 @@ fn io_bound(
         }
     }
     ev.extend(gpu_gap_lines(
+        a,
         tl,
         gpu,
         Cause::Io,
@@ -422,6 +441,7 @@ fn main_preprocessing(
         ),
     ];
     ev.extend(gpu_gap_lines(
+        a,
         tl,
         gpu,
         Cause::MainPreprocessing,
@@ -507,6 +527,7 @@ fn pipeline(
         ));
     }
     ev.extend(gpu_gap_lines(
+        a,
         tl,
         gpu,
         Cause::PipelineSaturated,
@@ -588,6 +609,7 @@ fn oversubscribed(a: &Analysis, tl: &Timeline, gpu: Option<&GpuEvidence>) -> Opt
         ));
     }
     ev.extend(gpu_gap_lines(
+        a,
         tl,
         gpu,
         Cause::Oversubscribed,

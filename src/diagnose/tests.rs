@@ -478,3 +478,22 @@ fn blocked_on_writes_is_said_to_be_writes() {
     assert!(top.title.contains("writes"), "{}", top.title);
     assert!(top.fix.contains("checkpoints"), "{}", top.fix);
 }
+
+#[test]
+fn start_up_and_shutdown_idle_is_not_attributed() {
+    let a = analysis(4, &[sleeping_main(), saturated_worker(20)], &[20], |_| 0.27);
+    let mut g = gpu_with_gaps();
+    // Idle for the first second and the last half second as well.
+    g.devices[0].idle_gaps.insert(0, (t(0), t(10)));
+    g.devices[0].idle_gaps.push((t(95), t(TICKS)));
+    let d = diagnose(&a, Some(&g), None);
+    let gt = d.top().unwrap().gpu_time.as_ref().unwrap();
+    assert!((gt.seconds - 4.0).abs() < 0.05, "{gt:?}");
+    assert!(
+        d.notes
+            .iter()
+            .any(|n| n.contains("idle 1.0 s before its first work") && n.contains("0.5 s after")),
+        "{:?}",
+        d.notes
+    );
+}
