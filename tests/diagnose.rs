@@ -229,6 +229,47 @@ fn one_saturated_worker_is_input_bound_and_compare_shows_the_fix() {
 }
 
 #[test]
+fn more_busy_workers_than_cores_is_oversubscription() {
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    if cores > 8 {
+        eprintln!(
+            "skipping: {cores} cores would need {} busy workers",
+            3 * cores
+        );
+        return;
+    }
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("oversubscribed");
+    let workers = (3 * cores).to_string();
+    let steps = (60 * cores).to_string();
+    let report = record(
+        &out,
+        &[
+            "--workers",
+            &workers,
+            "--augment-ms",
+            "30",
+            "--gpu-ms",
+            "5",
+            "--steps",
+            &steps,
+        ],
+    );
+    well_formed(&report);
+    let (id, sev) = top(&report);
+    assert_eq!(id, "cpu-oversubscribed", "{}", report["findings"]);
+    assert_ne!(sev, "info");
+    let fix = report["findings"][0]["fix"].as_str().unwrap();
+    assert!(
+        fix.contains(&format!("`num_workers` from {workers}")),
+        "{fix}"
+    );
+}
+
+#[test]
 fn compare_rejects_what_is_not_a_report() {
     let dir = tempfile::tempdir().unwrap();
     let o = Command::new(gpuprof())

@@ -596,18 +596,31 @@ fn oversubscribed(a: &Analysis, tl: &Timeline, gpu: Option<&GpuEvidence>) -> Opt
             pct(p)
         ));
     }
-    let max_threads = a
+    // Who was runnable: many processes with one busy thread each (more
+    // workers than cores) or few processes with many (thread pools).
+    let spans = tl.spans(Cause::Oversubscribed);
+    let busy: Vec<(f64, usize, Role)> = a
         .processes
         .values()
-        .filter(|p| p.role != Role::Other)
-        .map(|p| (p.threads.len(), p.role))
-        .max();
-    if let Some((t, role)) = max_threads {
-        ev.push(format!(
-            "{} ({role}); the largest has {t} threads (thread pools of OpenMP/MKL/BLAS or the framework multiply with the worker count).",
-            plural(a.processes_with_role(role).count(), "process")
-        ));
-    }
+        .map(|p| {
+            let r: f64 = p
+                .threads
+                .values()
+                .map(|t| runs_in_spans(&t.state_runs, 'R', &spans))
+                .sum();
+            (r / os, p.threads.len(), p.role)
+        })
+        .filter(|(r, _, _)| *r >= 0.5)
+        .collect();
+    let busy_procs = busy.len().max(1);
+    let per_proc = runnable / busy_procs as f64;
+    let pools = per_proc >= th::THREAD_POOL_RUNNABLE_PER_PROCESS;
+    let max_threads = busy.iter().map(|b| b.1).max().unwrap_or(0);
+    ev.push(format!(
+        "{} had runnable threads then, {per_proc:.1} each on average; the largest has {max_threads} threads.",
+        plural(busy_procs, "process")
+    ));
+    let workers = concurrent_workers(tl);
     ev.extend(gpu_gap_lines(
         a,
         tl,
@@ -640,11 +653,44 @@ fn oversubscribed(a: &Analysis, tl: &Timeline, gpu: Option<&GpuEvidence>) -> Opt
         ),
         gpu_time: Some(gt),
         evidence: ev,
-        fix: format!(
-            "Cap the threads per process so that all of them fit the {:.0} cores: `OMP_NUM_THREADS=1` (and `MKL_NUM_THREADS=1`) for DataLoader workers, `torch.set_num_threads(k)` in the main process, and `num_workers` no higher than the cores left.",
-            tl.cores
-        ),
+        fix: if pools {
+            format!(
+                "Cap the threads per process so that all of them fit the {:.0} cores: thread pools (OpenMP/MKL/BLAS, the framework's intra-op threads) multiply with the worker count. Set `OMP_NUM_THREADS=1` (and `MKL_NUM_THREADS=1`) for DataLoader workers, `torch.set_num_threads(k)` in the main process, and keep `num_workers` no higher than the cores left.",
+                tl.cores
+            )
+        } else {
+            format!(
+                "More busy processes than cores: lower `num_workers` from {workers} to at most {} (one core left for the main process, so it can launch GPU work promptly). The CPU itself is then the limit: make each batch cheaper or use more cores per GPU.",
+                (tl.cores as usize).saturating_sub(1).max(1)
+            )
+        },
     })
+}
+
+/// Seconds of `state` runs falling inside `spans` (both sorted by time).
+fn runs_in_spans(
+    runs: &[(crate::event::MonoNs, crate::event::MonoNs, char)],
+    state: char,
+    spans: &[(crate::event::MonoNs, crate::event::MonoNs)],
+) -> f64 {
+    let mut total = 0.0;
+    for (a, b, s) in runs {
+        if *s != state {
+            continue;
+        }
+        let first = spans.partition_point(|sp| sp.1 <= *a);
+        for sp in &spans[first..] {
+            if sp.0 >= *b {
+                break;
+            }
+            let lo = (*a).max(sp.0);
+            let hi = (*b).min(sp.1);
+            if hi > lo {
+                total += hi.secs_since(lo);
+            }
+        }
+    }
+    total
 }
 
 fn gpu_not_used(a: &Analysis, g: &GpuEvidence) -> Option<Finding> {

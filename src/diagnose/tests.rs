@@ -267,11 +267,42 @@ fn more_runnable_threads_than_cores_is_oversubscription() {
     let workers: Vec<i32> = (20..28).collect();
     let a = analysis(2, &ths, &workers, |_| 1.0);
     let d = diagnose(&a, None, None);
-    assert_eq!(
-        d.top().unwrap().kind,
-        FindingKind::CpuOversubscribed,
+    let top = d.top().unwrap();
+    assert_eq!(top.kind, FindingKind::CpuOversubscribed, "{:?}", ids(&d));
+    // One busy thread per process: too many workers, not thread pools.
+    assert!(
+        top.fix.contains("`num_workers` from 8 to at most 1"),
+        "{}",
+        top.fix
+    );
+}
+
+#[test]
+fn thread_pools_in_workers_are_oversubscription_by_threads() {
+    // Two workers, each with four threads always runnable, on 2 cores.
+    let mut ths: Vec<Th> = Vec::new();
+    for pid in [20, 21] {
+        for k in 0..4 {
+            ths.push(Th {
+                pid,
+                tid: pid * 100 + k,
+                state: |_| 'R',
+                busy: |_| 0.25,
+            });
+        }
+    }
+    ths.push(sleeping_main());
+    let a = analysis(2, &ths, &[20, 21], |_| 1.0);
+    let d = diagnose(&a, None, None);
+    let top = d.top().unwrap();
+    assert_eq!(top.kind, FindingKind::CpuOversubscribed, "{:?}", ids(&d));
+    assert!(top.fix.contains("OMP_NUM_THREADS=1"), "{}", top.fix);
+    assert!(
+        top.evidence
+            .iter()
+            .any(|e| e.contains("2 processes had runnable threads then, 4.0 each")),
         "{:?}",
-        ids(&d)
+        top.evidence
     );
 }
 

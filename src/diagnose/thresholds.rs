@@ -32,6 +32,10 @@ pub const OVERSUBSCRIBED_RUNNABLE_PER_CORE: f64 = 1.5;
 /// ... and some task stalled waiting for a CPU at least this share of the
 /// time (PSI cpu "some"), when the kernel reports pressure.
 pub const OVERSUBSCRIBED_PSI_CPU: f64 = 0.25;
+/// When oversubscribed, busy processes with at least this many runnable
+/// threads each point at thread pools (OpenMP/MKL/intra-op) rather than at
+/// too many worker processes.
+pub const THREAD_POOL_RUNNABLE_PER_PROCESS: f64 = 1.5;
 /// GPU memory used at or above this share of the total leaves no room for
 /// the allocator's fragmentation: the next larger batch fails with OOM.
 pub const GPU_MEMORY_PRESSURE: f64 = 0.95;
