@@ -346,7 +346,14 @@ impl Comparison {
 /// Load both runs and compare them.
 pub fn run(opts: &CompareOptions) -> Result<Comparison> {
     let pattern = opts.steps_regex.as_deref().unwrap_or(DEFAULT_STEPS_REGEX);
-    let re = Regex::new(pattern).map_err(|e| anyhow::anyhow!("--steps-regex: {e}"))?;
+    let re = Regex::new(pattern).map_err(|e| {
+        // The regex error draws a caret under the pattern over several
+        // lines; keep the message on one.
+        let why = e.to_string();
+        let last = why.lines().last().unwrap_or("").trim();
+        let last = last.strip_prefix("error: ").unwrap_or(last);
+        anyhow::anyhow!("--steps-regex `{pattern}` is not a valid regex: {last}")
+    })?;
     if re.captures_len() < 2 {
         bail!("--steps-regex `{pattern}` needs a capture group around the number, e.g. `([0-9.]+) steps/s`");
     }

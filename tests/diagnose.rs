@@ -292,6 +292,14 @@ fn compare_rejects_what_is_not_a_report() {
         .unwrap();
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("not a gpuprof report.json"));
+    let o = Command::new(gpuprof())
+        .args(["compare", "a", "b", "--steps-regex", "([0-9"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("not a valid regex"), "{err}");
 }
 
 #[test]
