@@ -513,6 +513,7 @@ fn throttled_reads_are_io_bound() {
 /// open show up in report.json `environment` and in summary.md.
 #[test]
 fn libraries_and_data_files_of_the_job_are_recorded() {
+    let _g = serial();
     let dir = tempfile::tempdir().unwrap();
     let c = dir.path().join("empty.c");
     std::fs::write(&c, "int stand_in(void) { return 0; }\n").unwrap();
@@ -537,7 +538,7 @@ fn libraries_and_data_files_of_the_job_are_recorded() {
     let out = dir.path().join("env");
     let script = "import ctypes, sys, time\n\
                   ctypes.CDLL(sys.argv[1]); ctypes.CDLL(sys.argv[2])\n\
-                  f = open(sys.argv[3], 'rb'); f.read(); time.sleep(1.5)\n";
+                  f = open(sys.argv[3], 'rb'); f.read(); time.sleep(2.5)\n";
     let o = Command::new(gpuprof())
         .arg("-o")
         .arg(&out)
