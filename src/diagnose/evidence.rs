@@ -9,6 +9,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::analysis::gpu::GpuDeviceAnalysis;
 use crate::analysis::{Analysis, Role};
 use crate::event::MonoNs;
 
@@ -151,11 +152,95 @@ impl StackEvidence {
     }
 }
 
-/// The GPU evidence held by an analysis. This build's recordings carry no
-/// GPU events (the NVML collector is not part of it), so there is none;
-/// the diagnosis then states that the GPU side was not measured.
-pub fn gpu_from_analysis(_a: &Analysis) -> Option<GpuEvidence> {
-    None
+/// Clock-event ("throttle") reasons that mean "too hot", by NVML name.
+pub const THERMAL_REASONS: &[&str] = &["hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown"];
+/// Reasons that mean "at the power limit".
+pub const POWER_REASONS: &[&str] = &["sw_power_cap", "hw_power_brake_slowdown"];
+
+/// The GPU evidence held by an analysis: None when NVML was not opened or
+/// saw no GPU (the diagnosis then says the GPU side was not measured).
+pub fn gpu_from_analysis(a: &Analysis) -> Option<GpuEvidence> {
+    let g = &a.gpu;
+    if !g.available || g.devices.is_empty() {
+        return None;
+    }
+    Some(GpuEvidence {
+        devices: g.devices.iter().map(device).collect(),
+        driver_version: g.driver_version.clone(),
+        driver_cuda: g
+            .cuda_driver_version
+            .filter(|v| *v > 0)
+            .map(|v| ((v / 1000) as u32, ((v % 1000) / 10) as u32)),
+        attribution_available: !g.attribution_unavailable,
+    })
+}
+
+/// Union of sorted-by-start intervals.
+fn union(mut v: Vec<(MonoNs, MonoNs)>) -> Vec<(MonoNs, MonoNs)> {
+    v.sort();
+    let mut out: Vec<(MonoNs, MonoNs)> = Vec::with_capacity(v.len());
+    for (a, b) in v {
+        match out.last_mut() {
+            Some(last) if a <= last.1 => last.1 = last.1.max(b),
+            _ => out.push((a, b)),
+        }
+    }
+    out
+}
+
+fn throttle(d: &GpuDeviceAnalysis, names: &[&str]) -> ThrottleEvidence {
+    let uses: Vec<_> = d
+        .throttle
+        .iter()
+        .filter(|t| names.contains(&t.reason.as_str()))
+        .collect();
+    let runs = union(uses.iter().flat_map(|t| t.runs.iter().copied()).collect());
+    let mut ev = ThrottleEvidence {
+        reasons: uses.iter().map(|t| (t.reason.clone(), t.seconds)).collect(),
+        ..Default::default()
+    };
+    let (mut clock_sum, mut clock_s) = (0.0, 0.0);
+    for (a, b) in &runs {
+        let dur = b.secs_since(*a);
+        ev.active_s += dur;
+        // Busy time inside the run: mean utilization × duration (all of it
+        // when utilization is not reported).
+        ev.active_busy_s += match d.util.mean_in(*a, *b) {
+            Some(u) => dur * u / 100.0,
+            None => dur,
+        };
+        if let Some(mhz) = d.sm_mhz.series.mean_in(*a, *b) {
+            clock_sum += mhz * dur;
+            clock_s += dur;
+        }
+    }
+    if let Some(max) = d.max_sm_mhz.filter(|m| *m > 0) {
+        if clock_s > 0.0 {
+            ev.clock_ratio = Some((clock_sum / clock_s / max as f64).min(1.0));
+        }
+    }
+    ev
+}
+
+fn device(d: &GpuDeviceAnalysis) -> GpuDeviceEvidence {
+    GpuDeviceEvidence {
+        index: d.index,
+        name: d.name.clone(),
+        busy_fraction: d.busy_fraction,
+        idle_gaps: d.idle_gaps.clone(),
+        resolution_s: d.resolution_ns as f64 / 1e9,
+        job_processes: d.processes.iter().filter(|p| p.in_job).count(),
+        thermal: throttle(d, THERMAL_REASONS),
+        power: throttle(d, POWER_REASONS),
+        mem_total: d.mem_total,
+        mem_used_max: d.mem_used.max,
+        pcie_best: d
+            .pcie_gen
+            .max
+            .zip(d.pcie_width.max)
+            .map(|(g, w)| (g as u32, w as u32)),
+        pcie_max: d.pcie_max_gen.zip(d.pcie_max_width),
+    }
 }
 
 /// The stack evidence held by an analysis. This build records no stack

@@ -1,0 +1,352 @@
+//! Diagnosis with GPU data: the real gpuprof binary loads the fake
+//! libnvidia-ml (tests/fake-nvml) driven by the scenarios in samples/gpu/,
+//! profiles real processes, and the findings are asserted — the top one,
+//! its GPU time where the scenario fixes it, and no false alarm.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Mutex, OnceLock};
+
+use common::*;
+use serde_json::Value;
+
+/// CPU-heavy scenarios one at a time: two at once on a small machine
+/// would change each other's diagnosis.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The fake NVML, built once per test binary into its own target folder
+/// (as tests/gpu.rs does: a nested build on the test's target folder would
+/// wait for the lock `cargo test` holds).
+fn fake_lib() -> &'static Path {
+    static LIB: OnceLock<PathBuf> = OnceLock::new();
+    LIB.get_or_init(|| {
+        let exe = std::env::current_exe().expect("test executable path");
+        let target = exe
+            .ancestors()
+            .nth(3)
+            .expect("test executable inside a cargo target folder")
+            .join("fake-nvml");
+        let cargo = option_env!("CARGO").unwrap_or("cargo");
+        let status = Command::new(cargo)
+            .args(["build", "--quiet", "-p", "fake-nvml"])
+            .arg("--target-dir")
+            .arg(&target)
+            .current_dir(repo())
+            .status()
+            .expect("run cargo to build the fake NVML");
+        assert!(status.success(), "building tests/fake-nvml failed");
+        target.join("debug/libfake_nvml.so")
+    })
+}
+
+/// Record `job` with the fake NVML and `scenario`; returns the report.
+fn run(out: &Path, scenario: &str, env: &[(&str, &Path)], job: &[&str]) -> Value {
+    let mut c = gpuprof();
+    c.env("GPUPROF_NVML_LIB", fake_lib())
+        .env(
+            "FAKE_NVML_SCENARIO",
+            sample(&format!("gpu/{scenario}.json")),
+        )
+        .arg("-o")
+        .arg(out)
+        .arg("--")
+        .args(job);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let o = c.output().expect("run gpuprof");
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "gpuprof failed: {stderr}");
+    assert!(stderr.contains("== gpuprof diagnosis =="), "{stderr}");
+    let r = report(out);
+    assert_eq!(r["diagnosis"]["gpu_measured"], true, "{}", r["diagnosis"]);
+    r
+}
+
+fn train_sim(args: &[&str]) -> Vec<String> {
+    let mut v = vec![
+        "python3".to_string(),
+        sample("train_sim.py").to_string_lossy().into_owned(),
+    ];
+    v.extend(args.iter().map(|s| s.to_string()));
+    v
+}
+
+fn strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(|s| s.as_str()).collect()
+}
+
+fn finding<'a>(r: &'a Value, id: &str) -> Option<&'a Value> {
+    r["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["id"] == id)
+}
+
+fn ids(r: &Value) -> Vec<String> {
+    r["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            format!(
+                "{} ({})",
+                f["id"].as_str().unwrap(),
+                f["severity"].as_str().unwrap()
+            )
+        })
+        .collect()
+}
+
+fn top_id(r: &Value) -> &str {
+    r["findings"][0]["id"].as_str().unwrap_or("none")
+}
+
+const HEALTHY: &[&str] = &[
+    "--workers",
+    "4",
+    "--augment-ms",
+    "3",
+    "--gpu-ms",
+    "20",
+    "--steps",
+    "150",
+];
+
+#[test]
+fn thermal_throttling_with_its_seconds() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let job = train_sim(HEALTHY);
+    let r = run(
+        &dir.path().join("thermal"),
+        "thermal-throttle",
+        &[],
+        &strs(&job),
+    );
+    assert_eq!(top_id(&r), "thermal-throttling", "{:?}", ids(&r));
+    let f = finding(&r, "thermal-throttling").unwrap();
+    // The scenario throttles from 1.0 s to 2.5 s after NVML is opened.
+    let ev = f["evidence"][0].as_str().unwrap();
+    let secs: f64 = ev
+        .split("throttled ")
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no throttled seconds in {ev}"));
+    assert!((secs - 1.5).abs() <= 0.25, "{ev}");
+    assert!(ev.contains("hw_thermal_slowdown"), "{ev}");
+    assert_eq!(f["gpu_time_basis"], "measured");
+    // The clock fell from 1980 to 1100 MHz: 44% of the throttled busy time.
+    let cost = f["gpu_time_s"].as_f64().unwrap();
+    assert!(cost > 0.4 && cost < 0.9, "{f}");
+}
+
+#[test]
+fn memory_nearly_full() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let job = train_sim(HEALTHY);
+    let r = run(&dir.path().join("mem"), "memory-full", &[], &strs(&job));
+    let f = finding(&r, "gpu-memory-pressure").unwrap_or_else(|| panic!("{:?}", ids(&r)));
+    assert_eq!(f["severity"], "warning");
+    assert!(
+        f["evidence"][0].as_str().unwrap().contains("memory used"),
+        "{f}"
+    );
+}
+
+#[test]
+fn job_that_never_touches_the_gpu() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    // h100.json puts processes whose command line contains train_sim.py on
+    // the GPU; this job is not one of them.
+    let r = run(
+        &dir.path().join("idle"),
+        "h100",
+        &[],
+        &["python3", "-c", "import time; time.sleep(2.5)"],
+    );
+    assert_eq!(top_id(&r), "gpu-not-used", "{:?}", ids(&r));
+    let f = finding(&r, "gpu-not-used").unwrap();
+    assert_eq!(f["severity"], "critical");
+    assert_eq!(f["gpu_time_share"], 1.0);
+}
+
+#[test]
+fn cuda_runtime_newer_than_the_driver() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    // A stand-in CUDA runtime: an empty shared object with the real name.
+    let c = dir.path().join("empty.c");
+    std::fs::write(&c, "int cudart_stand_in(void) { return 0; }\n").unwrap();
+    let so = dir.path().join("libcudart.so.13.0.48");
+    let st = Command::new("gcc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&so)
+        .arg(&c)
+        .status();
+    if !st.map(|s| s.success()).unwrap_or(false) {
+        eprintln!("skipping: gcc cannot build a shared object here");
+        return;
+    }
+    let script = format!(
+        "import ctypes, time; ctypes.CDLL({:?}); time.sleep(2.5)",
+        so.to_str().unwrap()
+    );
+    // cuda-driver-old.json: driver CUDA 12.0; the job is not on the GPU.
+    let r = run(
+        &dir.path().join("mismatch"),
+        "cuda-driver-old",
+        &[],
+        &["python3", "-c", &script],
+    );
+    assert_eq!(top_id(&r), "cuda-driver-mismatch", "{:?}", ids(&r));
+    let f = finding(&r, "cuda-driver-mismatch").unwrap();
+    assert_eq!(f["severity"], "critical");
+    let ev = f["evidence"][0].as_str().unwrap();
+    assert!(
+        ev.contains("CUDA runtime 13.0") && ev.contains("12.0"),
+        "{ev}"
+    );
+}
+
+#[test]
+fn measured_input_bound_then_fixed() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let log1 = dir.path().join("one.log");
+    let one = dir.path().join("one-worker");
+    let r = run(
+        &one,
+        "activity",
+        &[("GPUPROF_ACTIVITY_LOG", &log1)],
+        &strs(&train_sim(&[
+            "--workers",
+            "1",
+            "--augment-ms",
+            "40",
+            "--gpu-ms",
+            "10",
+            "--steps",
+            "60",
+        ])),
+    );
+    let top = top_id(&r).to_string();
+    assert!(
+        top == "input-pipeline-bound" || top == "too-few-workers",
+        "{:?}",
+        ids(&r)
+    );
+    let f = &r["findings"][0];
+    assert_eq!(f["gpu_time_basis"], "measured", "{f}");
+    assert_eq!(f["severity"], "critical", "{f}");
+    assert!(
+        f["evidence"].to_string().contains("GPU 0 idle"),
+        "{}",
+        f["evidence"]
+    );
+
+    let log4 = dir.path().join("four.log");
+    let four = dir.path().join("four-workers");
+    let r4 = run(
+        &four,
+        "activity",
+        &[("GPUPROF_ACTIVITY_LOG", &log4)],
+        &strs(&train_sim(HEALTHY)),
+    );
+    for f in r4["findings"].as_array().unwrap() {
+        assert_eq!(f["severity"], "info", "false alarm: {f}");
+    }
+
+    let o = gpuprof()
+        .arg("compare")
+        .arg(&one)
+        .arg(&four)
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    let text = String::from_utf8_lossy(&o.stdout);
+    let busy = text
+        .lines()
+        .find(|l| l.starts_with("GPU 0 busy"))
+        .unwrap_or_else(|| panic!("{text}"));
+    let pcts: Vec<f64> = busy
+        .split_whitespace()
+        .filter_map(|w| w.strip_suffix('%'))
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    assert!(
+        pcts.len() >= 2 && pcts[1] > pcts[0],
+        "busy should rise: {busy}"
+    );
+    let fixed = text
+        .lines()
+        .find(|l| l.starts_with("findings fixed:"))
+        .unwrap();
+    assert!(fixed.contains(&top), "{text}");
+}
+
+#[test]
+fn doctor_reports_the_scenarios_pcie_and_throttling() {
+    let doctor = |scenario: &Path| {
+        let o = gpuprof()
+            .arg("doctor")
+            .env("GPUPROF_NVML_LIB", fake_lib())
+            .env("FAKE_NVML_SCENARIO", scenario)
+            .output()
+            .unwrap();
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stdout).into_owned(),
+        )
+    };
+    let line = |text: &str, what: &str| -> String {
+        text.lines()
+            .find(|l| l.contains(what))
+            .unwrap_or_else(|| panic!("no `{what}` line: {text}"))
+            .to_string()
+    };
+    // Gen 3 x8 on a gen 5 x16 card: fewer lanes is a problem.
+    let (code, text) = doctor(&sample("gpu/pcie-degraded.json"));
+    let pcie = line(&text, "PCIe link");
+    assert!(
+        pcie.contains("PROBLEM") && pcie.contains("gen 3 x8"),
+        "{pcie}"
+    );
+    assert!(line(&text, "NVIDIA driver").contains("ok"), "{text}");
+    assert_eq!(code, Some(1), "{text}");
+
+    // The power-cap scenario: a warning, not a problem.
+    let (_, text) = doctor(&sample("gpu/power-cap.json"));
+    let reasons = line(&text, "clock-event reasons now");
+    assert!(
+        reasons.contains("warning") && reasons.contains("sw_power_cap"),
+        "{reasons}"
+    );
+
+    // The thermal scenario, throttled from the first instant.
+    let dir = tempfile::tempdir().unwrap();
+    let mut scen: Value = serde_json::from_str(
+        &std::fs::read_to_string(sample("gpu/thermal-throttle.json")).unwrap(),
+    )
+    .unwrap();
+    scen["devices"][0]["throttle_reasons"] = serde_json::json!([[0, ["hw_thermal_slowdown"]]]);
+    let hot = dir.path().join("hot.json");
+    std::fs::write(&hot, scen.to_string()).unwrap();
+    let (code, text) = doctor(&hot);
+    let reasons = line(&text, "clock-event reasons now");
+    assert!(
+        reasons.contains("PROBLEM") && reasons.contains("hw_thermal_slowdown"),
+        "{reasons}"
+    );
+    assert_eq!(code, Some(1));
+}
