@@ -39,6 +39,9 @@ pub struct GpuDeviceEvidence {
     pub idle_gaps: Vec<(MonoNs, MonoNs)>,
     /// The utilization sample period: gaps shorter than this are not seen.
     pub resolution_s: f64,
+    /// Start of the first and end of the last utilization sample window
+    /// (NVML opens a little after the recording starts).
+    pub sampled: Option<(MonoNs, MonoNs)>,
     /// Processes of the job seen on this GPU.
     pub job_processes: usize,
     /// Thermal reasons (HW/SW thermal slowdown, HW slowdown).
@@ -67,6 +70,10 @@ impl GpuDeviceEvidence {
     /// begins within one sample period of the start is start-up, one that
     /// ends within one period of the end is shutdown.
     pub fn split_gaps(&self, start: MonoNs, end: MonoNs) -> GapSplit {
+        let (start, end) = match self.sampled {
+            Some((s, e)) => (start.max(s), end.min(e)),
+            None => (start, end),
+        };
         let tol = (self.resolution_s * 1e9) as u64;
         let mut out = GapSplit::default();
         let n = self.idle_gaps.len();
@@ -229,6 +236,7 @@ fn device(d: &GpuDeviceAnalysis) -> GpuDeviceEvidence {
         busy_fraction: d.busy_fraction,
         idle_gaps: d.idle_gaps.clone(),
         resolution_s: d.resolution_ns as f64 / 1e9,
+        sampled: d.sampled,
         job_processes: d.processes.iter().filter(|p| p.in_job).count(),
         thermal: throttle(d, THERMAL_REASONS),
         power: throttle(d, POWER_REASONS),
