@@ -18,10 +18,8 @@ use nvml_wrapper::Nvml;
 
 use crate::analysis::environment::is_network_fs;
 use crate::collect::files::{dev_string, parse_mountinfo};
+use crate::collect::gpu::NVML_LIB_ENV;
 use crate::event::MountInfo;
-
-/// Environment variable naming the NVML library to load (as for recording).
-pub const NVML_LIB_ENV: &str = "GPUPROF_NVML_LIB";
 
 /// Sequential reads slower than this are HDD-class: a training input
 /// pipeline reading raw samples at this rate starves any modern GPU.
@@ -103,8 +101,10 @@ pub fn run(opts: &DoctorOptions) -> anyhow::Result<Vec<Check>> {
     Ok(out)
 }
 
-/// Open NVML the way the recorder does: `GPUPROF_NVML_LIB` when set, the
-/// system's libnvidia-ml.so.1 otherwise. The error is one line with the fix.
+/// Open NVML the way the recorder does (`collect::gpu`): `GPUPROF_NVML_LIB`
+/// when set, the system's libnvidia-ml.so.1 otherwise. Unlike the
+/// recorder's, the error comes as (what, fix), each one line, since doctor
+/// prints the fix on a line of its own.
 pub fn nvml_open() -> Result<Nvml, (String, String)> {
     let lib = std::env::var_os(NVML_LIB_ENV).filter(|p| !p.is_empty());
     let mut b = Nvml::builder();
