@@ -186,6 +186,13 @@ fn one_saturated_worker_is_input_bound_and_compare_shows_the_fix() {
         report["findings"]
     );
     assert_eq!(sev, "critical", "{}", report["findings"]);
+    // With stack samples, the evidence names the augmentation function.
+    if report["diagnosis"]["stacks_measured"] == true {
+        let ev = report["findings"][0]["evidence"].to_string();
+        assert!(ev.contains("augment"), "{ev}");
+    } else {
+        eprintln!("no stack samples (perf refused?): the function is not named");
+    }
 
     let after = dir.path().join("four-workers");
     let healthy = record(&after, HEALTHY);

@@ -133,9 +133,9 @@ pub struct FunctionShare {
 pub struct StackEvidence {
     /// Samples per role.
     pub samples: BTreeMap<Role, u64>,
-    /// Hottest functions per role, the application's own first (frames of
-    /// the interpreter and of process start-up left out by the stack
-    /// analysis), most samples first.
+    /// Per role, the functions the threads were running, most samples
+    /// first: the innermost Python function of each sample when there are
+    /// Python frames, else the hottest native functions by self time.
     pub top_functions: BTreeMap<Role, Vec<FunctionShare>>,
     /// Records the kernel dropped, and samples taken.
     pub lost_records: u64,
@@ -251,8 +251,65 @@ fn device(d: &GpuDeviceAnalysis) -> GpuDeviceEvidence {
     }
 }
 
-/// The stack evidence held by an analysis. This build records no stack
-/// samples, so there is none; the diagnosis then works from /proc alone.
-pub fn stacks_from_analysis(_a: &Analysis) -> Option<StackEvidence> {
-    None
+/// Is a merged frame name a Python function (`name (file.py)`)?
+fn is_python_frame(name: &str) -> bool {
+    name.ends_with(".py)") || name.ends_with(".pyx)")
+}
+
+/// The stack evidence held by an analysis: None when no stack was sampled.
+/// Per role, the application's own functions: for each sample the
+/// innermost Python frame (the Python function the thread was running),
+/// ranked by share of the role's samples; roles without Python frames fall
+/// back to the hottest native functions by self time.
+pub fn stacks_from_analysis(a: &Analysis) -> Option<StackEvidence> {
+    let s = &a.stacks;
+    if s.samples.is_empty() {
+        return None;
+    }
+    let mut ev = StackEvidence {
+        lost_records: s.report.lost_records,
+        total_samples: s.report.samples,
+        ..Default::default()
+    };
+    for role in Role::ALL {
+        let mut innermost: BTreeMap<String, u64> = BTreeMap::new();
+        let mut count = 0u64;
+        for smp in s.role_samples(role.as_str()) {
+            count += 1;
+            if let Some(f) = s.stack(smp.stack).filter(|f| is_python_frame(f)).last() {
+                *innermost.entry(f.to_string()).or_default() += 1;
+            }
+        }
+        if count == 0 {
+            continue;
+        }
+        ev.samples.insert(role, count);
+        let mut fs: Vec<FunctionShare> = innermost
+            .into_iter()
+            .map(|(name, n)| FunctionShare {
+                name,
+                self_share: n as f64 / count as f64,
+                total_share: n as f64 / count as f64,
+            })
+            .collect();
+        fs.sort_by(|x, y| {
+            y.self_share
+                .total_cmp(&x.self_share)
+                .then(x.name.cmp(&y.name))
+        });
+        if fs.is_empty() {
+            fs = s
+                .top_functions(role.as_str(), 3)
+                .into_iter()
+                .map(|t| FunctionShare {
+                    name: t.function,
+                    self_share: t.self_pct / 100.0,
+                    total_share: t.self_pct / 100.0,
+                })
+                .collect();
+        }
+        fs.truncate(5);
+        ev.top_functions.insert(role, fs);
+    }
+    Some(ev)
 }
