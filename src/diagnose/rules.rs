@@ -1000,8 +1000,22 @@ fn coverage(
         );
         fixes.push("record on a machine with the NVIDIA driver (or point GPUPROF_NVML_LIB at libnvidia-ml.so.1)");
     }
-    if stacks.is_none() && !a.coverage.contains_key("stacks") {
-        ev.push("stacks: no stack samples in this recording; findings cannot name the functions involved.".into());
+    if stacks.is_none() {
+        // The samplers' coverage entries (native-stacks, python-stacks) say
+        // why when they could not run; otherwise say what is missing.
+        let entries: Vec<_> = a
+            .coverage
+            .values()
+            .filter(|c| c.source.contains("stacks"))
+            .collect();
+        if entries.is_empty() {
+            ev.push("stacks: no stack samples in this recording; findings cannot name the functions involved.".into());
+        } else if entries.iter().all(|c| c.available) {
+            ev.push(
+                "stacks: the samplers ran but recorded no sample of the job (too short a run?)."
+                    .into(),
+            );
+        }
     }
     if let Some(s) = stacks {
         let total = s.total_samples + s.lost_records;
