@@ -175,6 +175,13 @@ fn new_open_files(pid: i32, st: &mut ProcFiles) -> Vec<OpenFile> {
     };
     let mut out = Vec::new();
     for ent in rd.flatten().take(MAX_FDS_PER_PASS) {
+        // stdin/stdout/stderr are the job's terminal or log files, not data.
+        let Some(fd) = ent.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        if fd <= 2 {
+            continue;
+        }
         let Ok(target) = std::fs::read_link(ent.path()) else {
             continue;
         };
@@ -195,6 +202,11 @@ fn new_open_files(pid: i32, st: &mut ProcFiles) -> Vec<OpenFile> {
         if !ft.is_file() || ft.is_fifo() || ft.is_socket() {
             continue;
         }
+        // Only files opened for reading only: logs and checkpoints being
+        // written are not where the input comes from.
+        if !opened_read_only(pid, fd) {
+            continue;
+        }
         let dev = dev_string(md.dev());
         let n = st.per_dev.entry(dev.clone()).or_default();
         if *n >= MAX_FILES_PER_DEVICE {
@@ -210,6 +222,24 @@ fn new_open_files(pid: i32, st: &mut ProcFiles) -> Vec<OpenFile> {
     }
     out.sort_by(|a, b| a.path.cmp(&b.path));
     out
+}
+
+/// Whether `/proc/PID/fdinfo/FD` shows the file open with `O_RDONLY`
+/// (access mode bits of `flags:`, octal). Unknown counts as no.
+fn opened_read_only(pid: i32, fd: u32) -> bool {
+    let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}")) else {
+        return false;
+    };
+    flags_read_only(&text)
+}
+
+/// The access mode of an fdinfo text is O_RDONLY.
+pub fn flags_read_only(fdinfo: &str) -> bool {
+    fdinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("flags:"))
+        .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
+        .is_some_and(|f| f & libc::O_ACCMODE as u32 == libc::O_RDONLY as u32)
 }
 
 /// `major:minor` of a `st_dev`, as `/proc/self/mountinfo` writes it.
@@ -318,6 +348,14 @@ mod tests {
         assert!(is_shared_object("/x/_C.cpython-311-x86_64-linux-gnu.so"));
         assert!(!is_shared_object("/usr/bin/python3.11"));
         assert!(!is_shared_object("/data/some.sorted"));
+    }
+
+    #[test]
+    fn fdinfo_access_mode() {
+        assert!(flags_read_only("pos:\t0\nflags:\t0100000\nmnt_id:\t22\n"));
+        assert!(!flags_read_only("pos:\t0\nflags:\t0100001\nmnt_id:\t22\n"));
+        assert!(!flags_read_only("pos:\t0\nflags:\t02100002\n"));
+        assert!(!flags_read_only("garbage"));
     }
 
     #[test]
