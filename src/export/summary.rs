@@ -218,7 +218,7 @@ pub fn findings_terminal(d: &Diagnosis) -> String {
             continue;
         }
         s.push_str(&format!("   {}\n", capitalize(&f.gpu_time_text())));
-        for e in f.evidence.iter().take(4) {
+        for e in &f.evidence {
             s.push_str(&format!("   - {}\n", e.replace('`', "")));
         }
         s.push_str(&format!("   Fix: {}\n", f.fix.replace('`', "")));
