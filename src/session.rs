@@ -323,7 +323,13 @@ async fn run(
     let started = tokio::time::Instant::now();
     let window_start = started + cfg.delay.unwrap_or_default();
     let window_end = cfg.duration.map(|d| window_start + d);
-    let mut recording = Some((samplers, gpu, sink, writer, stacks));
+    let mut recording = Some(Recording {
+        samplers,
+        gpu,
+        sink,
+        writer,
+        stacks,
+    });
     let mut interrupts = 0u32;
     let mut job_status: Option<JobStatus> = None;
     let mut stop_reason: Option<&str> = None;
@@ -333,7 +339,7 @@ async fn run(
     loop {
         // Reap first: the SIGCHLD that ends the job may have arrived before
         // the select below was armed.
-        let samplers_ref = recording.as_ref().map(|(s, _, _, _, _)| s);
+        let samplers_ref = recording.as_ref().map(|r| &r.samplers);
         if let Some(st) = reap(job, samplers_ref) {
             job_status = Some(st);
         }
@@ -343,7 +349,7 @@ async fn run(
         let delay_pending = delayed
             && recording
                 .as_ref()
-                .is_some_and(|(s, _, _, _, _)| !s.active.load(Ordering::Acquire));
+                .is_some_and(|r| !r.samplers.active.load(Ordering::Acquire));
         tokio::select! {
             _ = sigchld.recv() => {}
             _ = tick.tick() => {}
@@ -361,9 +367,9 @@ async fn run(
             _ = sigusr1.recv() => { let _ = kill(nix::unistd::Pid::from_raw(job.0), Signal::SIGUSR1); }
             _ = sigusr2.recv() => { let _ = kill(nix::unistd::Pid::from_raw(job.0), Signal::SIGUSR2); }
             _ = tokio::time::sleep_until(window_start), if delay_pending => {
-                if let Some((s, _, sink, _, _)) = recording.as_ref() {
-                    sink.send_blocking(Event::WindowStart { t: MonoNs::now() });
-                    s.active.store(true, Ordering::Release);
+                if let Some(r) = recording.as_ref() {
+                    r.sink.send_blocking(Event::WindowStart { t: MonoNs::now() });
+                    r.samplers.active.store(true, Ordering::Release);
                     say(cfg.quiet, "--delay elapsed: recording started");
                 }
             }
@@ -420,20 +426,23 @@ fn reap(job: Pid, samplers: Option<&SamplerThread>) -> Option<JobStatus> {
     job_status
 }
 
-fn finish_recording(
-    rec: (
-        SamplerThread,
-        Option<GpuCollector>,
-        Sink,
-        record::Writer,
-        StackCollectors,
-    ),
-    out: &Path,
-    status: JobStatus,
-    reason: &str,
-    quiet: bool,
-) {
-    let (mut samplers, gpu, sink, writer, stacks) = rec;
+/// Everything that records while the window is open.
+struct Recording {
+    samplers: SamplerThread,
+    gpu: Option<GpuCollector>,
+    sink: Sink,
+    writer: record::Writer,
+    stacks: StackCollectors,
+}
+
+fn finish_recording(rec: Recording, out: &Path, status: JobStatus, reason: &str, quiet: bool) {
+    let Recording {
+        mut samplers,
+        gpu,
+        sink,
+        writer,
+        stacks,
+    } = rec;
     if let Some(g) = gpu {
         g.stop();
     }
