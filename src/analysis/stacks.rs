@@ -67,6 +67,49 @@ struct RawSample {
     complete: bool,
 }
 
+/// Samples kept in memory by the analysis: at most [`ANALYSIS_MAX_SAMPLES`].
+/// Past that half of the kept samples are dropped and only one new sample in
+/// `stride` is kept, so a day-long recording is analysed in the same memory
+/// as a 20-minute one; shares (flamegraph widths, top functions) stay
+/// unbiased, absolute counts are divided by `stride` (reported).
+#[derive(Default)]
+struct Thinned {
+    kept: Vec<RawSample>,
+    stride: u64,
+    seen: u64,
+}
+
+/// Bound on native (and, separately, Python) samples held by the analysis:
+/// ~24 bytes each here and again once merged, so ~100 MB at the bound.
+pub const ANALYSIS_MAX_SAMPLES: usize = 2_000_000;
+
+impl Thinned {
+    fn push(&mut self, s: RawSample) {
+        let stride = self.stride.max(1);
+        self.seen += 1;
+        // A pseudo-random (but deterministic: outputs must be reproducible)
+        // choice of which samples to keep: taking every k-th would alias
+        // with periodic work and bias the shares.
+        if splitmix64(self.seen) % stride != 0 {
+            return;
+        }
+        self.kept.push(s);
+        if self.kept.len() >= ANALYSIS_MAX_SAMPLES {
+            let salt = stride.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            self.kept
+                .retain(|k| splitmix64(k.t.0 ^ salt ^ ((k.tid.0 as u64) << 40)) & 1 == 0);
+            self.stride = stride * 2;
+        }
+    }
+}
+
+fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
 /// The stack events of a recording, collected in one pass.
 #[derive(Default)]
 pub struct StackData {
@@ -76,8 +119,8 @@ pub struct StackData {
     symbols: HashMap<u32, String>,
     native_nodes: HashMap<u32, (Option<u32>, u32)>,
     py_nodes: HashMap<u32, (Option<u32>, u32)>,
-    native: Vec<RawSample>,
-    python: Vec<RawSample>,
+    native: Thinned,
+    python: Thinned,
     stats: Vec<StackStats>,
     /// From perf task records: (time, comm, exec) per pid, and parents.
     comms: BTreeMap<Pid, Vec<(MonoNs, String, bool)>>,
@@ -247,12 +290,12 @@ impl StackData {
 
     /// Processes with native samples.
     pub fn sampled_pids(&self) -> std::collections::BTreeSet<Pid> {
-        self.native.iter().map(|s| s.pid).collect()
+        self.native.kept.iter().map(|s| s.pid).collect()
     }
 
     /// Whether the recording holds any stack sample.
     pub fn is_empty(&self) -> bool {
-        self.native.is_empty() && self.python.is_empty()
+        self.native.kept.is_empty() && self.python.kept.is_empty()
     }
 
     /// Process names and roles from perf's task records alone, for
@@ -356,6 +399,10 @@ pub struct StacksReport {
     pub merged_missing_python: u64,
     /// CPU time of the samplers (perf reader + py-spy), in seconds.
     pub sampler_cpu_s: f64,
+    /// 1 normally; k when the recording held more native samples than the
+    /// analysis keeps in memory and only every k-th was analysed
+    /// (see [`ANALYSIS_MAX_SAMPLES`]). Counts here are of analysed samples.
+    pub analysis_stride: u64,
     pub roles: BTreeMap<String, RoleStacks>,
 }
 
@@ -602,7 +649,8 @@ pub fn analyze(
     window: (MonoNs, MonoNs),
     meta: &dyn Fn(Pid) -> ProcMeta,
 ) -> Stacks {
-    let mut native = std::mem::take(&mut d.native);
+    let stride = d.native.stride.max(1);
+    let mut native = std::mem::take(&mut d.native.kept);
     native.retain(|s| s.t >= window.0 && s.t <= window.1);
     native.sort_by_key(|s| (s.pid, s.tid, s.t));
     let d: &StackData = d;
@@ -628,7 +676,7 @@ pub fn analyze(
 
     // Python stacks per thread, sorted by time.
     let mut py: BTreeMap<(Pid, Tid), Vec<(MonoNs, u32)>> = BTreeMap::new();
-    for s in &d.python {
+    for s in &d.python.kept {
         py.entry((s.pid, s.tid)).or_default().push((s.t, s.stack));
     }
     let mut py_gap: BTreeMap<(Pid, Tid), u64> = BTreeMap::new();
@@ -712,6 +760,7 @@ pub fn analyze(
     }
 
     rep.samples = samples.len() as u64;
+    rep.analysis_stride = stride;
     rep.unwind_coverage = if samples.is_empty() {
         0.0
     } else {
@@ -1127,6 +1176,33 @@ mod tests {
     /// A hand-built recording: one Python thread whose native stack is
     /// _start → main → _PyEval_EvalFrameDefault → zlib_compress → deflate,
     /// and whose Python stack is <module> → augment.
+    #[test]
+    fn analysis_keeps_a_bounded_unbiased_share_of_samples() {
+        let mut t = Thinned::default();
+        let n = ANALYSIS_MAX_SAMPLES as u64 * 5;
+        for i in 0..n {
+            t.push(RawSample {
+                t: MonoNs(i),
+                pid: Pid(1),
+                tid: Tid(1),
+                // Two stacks, one in four samples on stack 1.
+                stack: (i % 4 == 0) as u32,
+                complete: true,
+            });
+        }
+        assert!(t.kept.len() < ANALYSIS_MAX_SAMPLES);
+        assert!(
+            t.kept.len() > ANALYSIS_MAX_SAMPLES / 4,
+            "kept {}",
+            t.kept.len()
+        );
+        assert!(t.stride >= 4);
+        let ones = t.kept.iter().filter(|s| s.stack == 1).count() as f64;
+        let share = ones / t.kept.len() as f64;
+        assert!((share - 0.25).abs() < 0.01, "share {share}");
+        assert!(t.kept.windows(2).all(|w| w[0].t < w[1].t));
+    }
+
     fn data() -> StackData {
         let mut d = StackData::new();
         let evs = vec![
