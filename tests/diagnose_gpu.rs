@@ -7,7 +7,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 
 use common::*;
 use serde_json::Value;
@@ -20,29 +20,9 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The fake NVML, built once per test binary into its own target folder
-/// (as tests/gpu.rs does: a nested build on the test's target folder would
-/// wait for the lock `cargo test` holds).
-fn fake_lib() -> &'static Path {
-    static LIB: OnceLock<PathBuf> = OnceLock::new();
-    LIB.get_or_init(|| {
-        let exe = std::env::current_exe().expect("test executable path");
-        let target = exe
-            .ancestors()
-            .nth(3)
-            .expect("test executable inside a cargo target folder")
-            .join("fake-nvml");
-        let cargo = option_env!("CARGO").unwrap_or("cargo");
-        let status = Command::new(cargo)
-            .args(["build", "--quiet", "-p", "fake-nvml"])
-            .arg("--target-dir")
-            .arg(&target)
-            .current_dir(repo())
-            .status()
-            .expect("run cargo to build the fake NVML");
-        assert!(status.success(), "building tests/fake-nvml failed");
-        target.join("debug/libfake_nvml.so")
-    })
+/// The fake NVML driver (built once per test binary by `common`).
+fn fake_lib() -> PathBuf {
+    fake_nvml_dir().join("libfake_nvml.so")
 }
 
 /// Record `job` with the fake NVML and `scenario`; returns the report.

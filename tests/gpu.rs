@@ -5,37 +5,11 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-use std::sync::{OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::process::Output;
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use common::*;
 use serde_json::Value;
-
-/// Build both fake drivers once per test run, into a target folder of
-/// their own beside this test's (a nested `cargo build` on the same target
-/// folder would wait for the lock `cargo test` holds).
-fn fake_dir() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let exe = std::env::current_exe().expect("test executable path");
-        // <target>/<profile>/deps/gpu-<hash>
-        let target = exe
-            .ancestors()
-            .nth(3)
-            .expect("test executable inside a cargo target folder")
-            .join("fake-nvml");
-        let cargo = option_env!("CARGO").unwrap_or("cargo");
-        let status = Command::new(cargo)
-            .args(["build", "--quiet", "-p", "fake-nvml", "-p", "fake-nvml-old"])
-            .arg("--target-dir")
-            .arg(&target)
-            .current_dir(repo())
-            .status()
-            .expect("run cargo to build the fake NVML");
-        assert!(status.success(), "building tests/fake-nvml failed");
-        target.join("debug")
-    })
-}
 
 /// The activity test measures how busy a simulated GPU is, which depends
 /// on the job's workers getting CPU: it runs alone, the other tests of this
@@ -51,11 +25,11 @@ fn exclusive() -> RwLockWriteGuard<'static, ()> {
 }
 
 fn fake_lib() -> PathBuf {
-    fake_dir().join("libfake_nvml.so")
+    fake_nvml_dir().join("libfake_nvml.so")
 }
 
 fn old_fake_lib() -> PathBuf {
-    fake_dir().join("libfake_nvml_old.so")
+    fake_nvml_dir().join("libfake_nvml_old.so")
 }
 
 fn scenario(name: &str) -> PathBuf {

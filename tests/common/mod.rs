@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
 
 use serde_json::Value;
 
@@ -111,4 +112,32 @@ pub fn check_trace(path: &Path) -> Value {
         }
     }
     t
+}
+
+/// Build both fake NVML drivers (`tests/fake-nvml`, `tests/fake-nvml-old`)
+/// once per test binary, into a target folder of their own beside this
+/// test's (a nested `cargo build` on the same target folder would wait for
+/// the lock `cargo test` holds). Returns the folder holding
+/// `libfake_nvml.so` and `libfake_nvml_old.so`.
+pub fn fake_nvml_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let exe = std::env::current_exe().expect("test executable path");
+        // <target>/<profile>/deps/<test>-<hash>
+        let target = exe
+            .ancestors()
+            .nth(3)
+            .expect("test executable inside a cargo target folder")
+            .join("fake-nvml");
+        let cargo = option_env!("CARGO").unwrap_or("cargo");
+        let status = Command::new(cargo)
+            .args(["build", "--quiet", "-p", "fake-nvml", "-p", "fake-nvml-old"])
+            .arg("--target-dir")
+            .arg(&target)
+            .current_dir(repo())
+            .status()
+            .expect("run cargo to build the fake NVML");
+        assert!(status.success(), "building tests/fake-nvml failed");
+        target.join("debug")
+    })
 }
