@@ -6,6 +6,9 @@
 //! The scenario runs are serialised (one lock): on a small machine two
 //! CPU-heavy jobs at once would change each other's diagnosis.
 
+#[macro_use]
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::Mutex;
@@ -241,11 +244,7 @@ fn more_busy_workers_than_cores_is_oversubscription() {
         .map(|n| n.get())
         .unwrap_or(1);
     if cores > 8 {
-        eprintln!(
-            "skipping: {cores} cores would need {} busy workers",
-            3 * cores
-        );
-        return;
+        skip!("{cores} cores would need {} busy workers", 3 * cores);
     }
     let _g = serial();
     let dir = tempfile::tempdir().unwrap();
@@ -323,8 +322,7 @@ fn doctor_without_a_driver_reports_it_and_checks_the_rest() {
         .unwrap();
     let text = String::from_utf8_lossy(&o.stdout);
     if Path::new("/dev/nvidiactl").exists() {
-        eprintln!("skipping the no-driver assertions: this machine has an NVIDIA driver");
-        return;
+        skip!("the no-driver assertions: this machine has an NVIDIA driver");
     }
     assert_eq!(o.status.code(), Some(1), "a problem gives exit 1: {text}");
     let gpu = text
@@ -468,8 +466,7 @@ fn throttled_reads_are_io_bound() {
     let disk = match slow_disk(dir.path()) {
         Ok(d) => d,
         Err(why) => {
-            eprintln!("skipping the IO-bound scenario: {why}");
-            return;
+            skip!("the IO-bound scenario: {why}");
         }
     };
     let out = dir.path().join("io");
@@ -535,8 +532,7 @@ fn libraries_and_data_files_of_the_job_are_recorded() {
             .map(|s| s.success())
             .unwrap_or(false);
         if !ok {
-            eprintln!("skipping: gcc cannot build a shared object here");
-            return;
+            skip!("gcc cannot build a shared object here");
         }
         libs.push(so);
     }

@@ -3,6 +3,7 @@
 //! profiles real processes, and the findings are asserted — the top one,
 //! its GPU time where the scenario fixes it, and no false alarm.
 
+#[macro_use]
 mod common;
 
 use std::path::{Path, PathBuf};
@@ -175,8 +176,7 @@ fn cuda_runtime_newer_than_the_driver() {
         .arg(&c)
         .status();
     if !st.map(|s| s.success()).unwrap_or(false) {
-        eprintln!("skipping: gcc cannot build a shared object here");
-        return;
+        skip!("gcc cannot build a shared object here");
     }
     let script = format!(
         "import ctypes, time; ctypes.CDLL({:?}); time.sleep(2.5)",

@@ -1,6 +1,7 @@
 //! The launcher, process tree, /proc collection, recording and exporters,
 //! tested by running the real binary on real processes.
 
+#[macro_use]
 mod common;
 
 use std::io::Write;

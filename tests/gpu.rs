@@ -2,6 +2,7 @@
 //! libnvidia-ml (tests/fake-nvml) through `GPUPROF_NVML_LIB`, driven by the
 //! scenarios in samples/gpu/, and profiles real processes.
 
+#[macro_use]
 mod common;
 
 use std::path::{Path, PathBuf};
@@ -763,8 +764,7 @@ fn gpu_idle_flamegraph_shows_what_ran_while_the_gpu_waited() {
     );
     let out = tmp.join("idle-flame");
     if r["stacks"]["samples"].as_u64().unwrap_or(0) == 0 {
-        eprintln!("SKIPPED: no CPU stack samples (perf refused here)");
-        return;
+        skip!("no CPU stack samples (perf refused here)");
     }
     assert!(r["gpus"][0]["idle_gaps"]["total_s"].as_f64().unwrap() > 0.0);
     let count = |name: &str| -> u64 {

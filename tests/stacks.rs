@@ -6,6 +6,9 @@
 //! `perf_event_open` is refused; the refused path itself is tested with a
 //! seccomp helper that denies the syscall.
 
+#[macro_use]
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -47,8 +50,7 @@ fn perf_refused() -> Option<String> {
 macro_rules! need_perf {
     () => {
         if let Some(why) = perf_refused() {
-            eprintln!("SKIPPED: {why}");
-            return;
+            skip!("{why}");
         }
     };
 }
@@ -396,8 +398,7 @@ fn unreadable_python_falls_back_to_native_stacks_with_a_note() {
     // EACCES (with EPERM py-spy falls back to /proc/PID/mem, which a real
     // ptrace restriction refuses as well).
     let Some(helper) = deny_helper("seccomp-vmread", "__NR_process_vm_readv", "EACCES") else {
-        eprintln!("SKIPPED: gcc could not build the seccomp helper");
-        return;
+        skip!("gcc could not build the seccomp helper");
     };
     let _one_at_a_time = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let out = tmp("ptrace");
@@ -433,8 +434,7 @@ fn unreadable_python_falls_back_to_native_stacks_with_a_note() {
 #[test]
 fn refused_perf_is_explained_and_the_job_still_runs() {
     let Some(helper) = deny_perf_helper() else {
-        eprintln!("SKIPPED: gcc could not build the seccomp helper");
-        return;
+        skip!("gcc could not build the seccomp helper");
     };
     let out = tmp("refused");
     let o = Command::new(&helper)

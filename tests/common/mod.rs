@@ -141,3 +141,83 @@ pub fn fake_nvml_dir() -> &'static Path {
         target.join("debug")
     })
 }
+
+/// Say that the running test skipped its checks, and why. The line goes to
+/// stderr and, when `.ci/run` sets `GPUPROF_TEST_SKIPS`, into that file, so
+/// the run counts the test as skipped rather than passed. Use [`skip!`].
+pub fn note_skip(why: &str) {
+    let name = std::thread::current()
+        .name()
+        .filter(|n| *n != "main")
+        .unwrap_or("(unnamed test)")
+        .to_string();
+    eprintln!("SKIPPED: {name}: {why}");
+    if let Some(path) = std::env::var_os("GPUPROF_TEST_SKIPS") {
+        use std::io::Write;
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+        {
+            let _ = writeln!(f, "{name}\t{}", why.replace(['\n', '\t'], " "));
+        }
+    }
+}
+
+/// Skip the rest of the test with a reason (counted as skipped by `.ci/run`).
+#[allow(unused_macros)]
+macro_rules! skip {
+    ($($arg:tt)*) => {{
+        $crate::common::note_skip(&format!($($arg)*));
+        return;
+    }};
+}
+
+/// The interpreter of Python 3.`minor` when one is installed: pyenv's
+/// (`$PYENV_ROOT` or `~/.pyenv`), else the system's `/usr/bin/python3.N`.
+pub fn python_minor(minor: u32) -> Option<PathBuf> {
+    let root = std::env::var_os("PYENV_ROOT")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".pyenv")));
+    if let Some(root) = root {
+        let prefix = format!("3.{minor}.");
+        let mut found: Vec<PathBuf> = std::fs::read_dir(root.join("versions"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| {
+                e.file_name().to_str().is_some_and(|n| {
+                    n.starts_with(&prefix) && n[prefix.len()..].chars().all(|c| c.is_ascii_digit())
+                })
+            })
+            .map(|e| e.path().join("bin").join(format!("python3.{minor}")))
+            .filter(|p| p.is_file())
+            .collect();
+        found.sort();
+        if let Some(p) = found.pop() {
+            return Some(p);
+        }
+    }
+    let sys = PathBuf::from(format!("/usr/bin/python3.{minor}"));
+    sys.is_file().then_some(sys)
+}
+
+/// The Python of the virtual environment that `.ci/run` fills with PyTorch
+/// (CPU is enough), from `GPUPROF_TEST_TORCH_PYTHON` or the default place
+/// `~/.cache/gpuprof-ci/torch-venv`; `None` when there is none.
+pub fn torch_python() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("GPUPROF_TEST_TORCH_PYTHON") {
+        let p = PathBuf::from(p);
+        return p.is_file().then_some(p);
+    }
+    let p =
+        PathBuf::from(std::env::var_os("HOME")?).join(".cache/gpuprof-ci/torch-venv/bin/python");
+    let ok = p.is_file()
+        && Command::new(&p)
+            .args(["-c", "import torch"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+    ok.then_some(p)
+}
