@@ -95,9 +95,14 @@ pub fn resolve_program(name: &OsStr) -> Result<PathBuf, LaunchError> {
     Err(first_err.unwrap_or(LaunchError::NotFound(shown)))
 }
 
-/// Fork the job, blocked before exec. Stdio, environment, working directory,
-/// signal mask and dispositions are inherited unchanged.
-pub fn spawn_suspended(argv: &[OsString]) -> Result<Suspended, LaunchError> {
+/// Fork the job, blocked before exec. Stdio, working directory, signal mask
+/// and dispositions are inherited unchanged; so is the environment, except
+/// for the variables in `env`, which are set (replacing any of the same
+/// name) for the job alone.
+pub fn spawn_suspended(
+    argv: &[OsString],
+    env: &[(OsString, OsString)],
+) -> Result<Suspended, LaunchError> {
     let first = argv.first().ok_or(LaunchError::Empty)?;
     let program = resolve_program(first)?;
     let shown = first.to_string_lossy().into_owned();
@@ -112,12 +117,35 @@ pub fn spawn_suspended(argv: &[OsString]) -> Result<Suspended, LaunchError> {
         .map_err(|_| LaunchError::Exec(shown.clone(), "NUL byte in an argument".into()))?;
     let mut arg_ptrs: Vec<*const libc::c_char> = args_c.iter().map(|a| a.as_ptr()).collect();
     arg_ptrs.push(std::ptr::null());
+    let env_c: Option<Vec<CString>> = if env.is_empty() {
+        None
+    } else {
+        let mut vars: Vec<(OsString, OsString)> = std::env::vars_os()
+            .filter(|(k, _)| !env.iter().any(|(e, _)| e == k))
+            .collect();
+        vars.extend(env.iter().cloned());
+        Some(
+            vars.iter()
+                .filter_map(|(k, v)| {
+                    let mut kv = k.as_bytes().to_vec();
+                    kv.push(b'=');
+                    kv.extend_from_slice(v.as_bytes());
+                    CString::new(kv).ok()
+                })
+                .collect(),
+        )
+    };
+    let env_ptrs: Option<Vec<*const libc::c_char>> = env_c.as_ref().map(|vars| {
+        let mut p: Vec<*const libc::c_char> = vars.iter().map(|v| v.as_ptr()).collect();
+        p.push(std::ptr::null());
+        p
+    });
 
     let (gate_r, gate_w) = pipe2(OFlag::O_CLOEXEC).map_err(LaunchError::Fork)?;
     let (err_r, err_w) = pipe2(OFlag::O_CLOEXEC).map_err(LaunchError::Fork)?;
 
     // SAFETY: the child only calls async-signal-safe functions (read,
-    // execv, write, _exit) on memory prepared before the fork.
+    // execv/execve, write, _exit) on memory prepared before the fork.
     match unsafe { fork() }.map_err(LaunchError::Fork)? {
         ForkResult::Child => unsafe {
             let mut b = [0u8; 1];
@@ -130,7 +158,10 @@ pub fn spawn_suspended(argv: &[OsString]) -> Result<Suspended, LaunchError> {
             // the default (as std::process::Command also restores), or a
             // `job | head` pipeline would behave differently under gpuprof.
             libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-            libc::execv(prog_c.as_ptr(), arg_ptrs.as_ptr());
+            match &env_ptrs {
+                Some(envp) => libc::execve(prog_c.as_ptr(), arg_ptrs.as_ptr(), envp.as_ptr()),
+                None => libc::execv(prog_c.as_ptr(), arg_ptrs.as_ptr()),
+            };
             let errno = *libc::__errno_location();
             let bytes = errno.to_ne_bytes();
             libc::write(err_w.as_raw_fd(), bytes.as_ptr().cast(), bytes.len());

@@ -3,6 +3,7 @@
 //! Pipeline: `launch` → `collect::*` → `event`s → `record` (streamed to disk)
 //! → `analysis` → `export::*`. See `docs/` and DESIGN.md.
 
+pub mod agent;
 pub mod analysis;
 pub mod cli;
 pub mod collect;

@@ -223,7 +223,7 @@ fn make_header(cfg: &RecordConfig, job_pid: Pid) -> Header {
 /// job's).
 pub fn record(cfg: RecordConfig) -> Result<i32> {
     let (out, created) = prepare_output(cfg.output.as_deref())?;
-    let suspended = match launch::spawn_suspended(&cfg.command) {
+    let suspended = match launch::spawn_suspended(&cfg.command, &[]) {
         Ok(s) => s,
         Err(e) => {
             if created {
