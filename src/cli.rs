@@ -39,6 +39,43 @@ pub enum Command {
     /// Compare two runs (output folders or report.json files): wall time,
     /// GPU busy, CPU and IO per role, findings fixed / remaining / new.
     Compare(CompareArgs),
+    /// Record a job that is already running — PID and every process below
+    /// it — until Ctrl-C, --duration or the job's end, without stopping or
+    /// restarting it: `gpuprof attach 4242 --duration 2m`.
+    Attach(AttachArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct AttachArgs {
+    /// The running job's process: its main Python process, or the
+    /// `torchrun` agent to record every rank.
+    #[arg(value_name = "PID")]
+    pub pid: String,
+    #[command(flatten)]
+    pub record: RecordArgs,
+}
+
+impl AttachArgs {
+    pub fn into_config(self) -> Result<RecordConfig, String> {
+        let pid: i32 = match self.pid.trim().parse() {
+            Ok(p) if p > 0 => p,
+            _ => {
+                return Err(format!(
+                    "`{}` is not a process id: give the PID of the running job, e.g. `gpuprof attach $(pgrep -f train.py | head -1)`",
+                    self.pid
+                ))
+            }
+        };
+        if !self.record.command.is_empty() {
+            return Err(
+                "attach records a process that is already running and takes no command: use `gpuprof -- CMD` to launch one"
+                    .into(),
+            );
+        }
+        let mut cfg = self.record.validated()?;
+        cfg.attach = Some(crate::event::Pid(pid));
+        Ok(cfg)
+    }
 }
 
 #[derive(Debug, Args)]
@@ -180,16 +217,23 @@ pub struct RecordConfig {
     pub idle_threshold_pct: f64,
     /// Stack sampling settings; `None` with `--no-stacks`.
     pub stacks: Option<crate::collect::perf::PerfOptions>,
+    /// `gpuprof attach PID`: the running process to record (no command).
+    pub attach: Option<crate::event::Pid>,
 }
 
 impl RecordArgs {
     pub fn into_config(self) -> Result<RecordConfig, String> {
         if self.command.is_empty() {
             return Err(
-                "no command to profile: put the job after `--`, e.g. `gpuprof -- python train.py`"
+                "no command to profile: put the job after `--`, e.g. `gpuprof -- python train.py` (or `gpuprof attach PID` for a running job)"
                     .into(),
             );
         }
+        self.validated()
+    }
+
+    /// Check every setting but the command.
+    fn validated(self) -> Result<RecordConfig, String> {
         if self.interval < Duration::from_millis(10) || self.interval > Duration::from_secs(60) {
             return Err(format!(
                 "--interval {:?} is out of range: use 10ms to 60s (default 100ms)",
@@ -236,6 +280,7 @@ impl RecordArgs {
             no_gpu: self.no_gpu,
             gpu_interval: self.gpu_interval,
             idle_threshold_pct: self.idle_threshold,
+            attach: None,
         })
     }
 }
@@ -357,5 +402,29 @@ mod tests {
             .contains("--stack-size"));
         let cli = Cli::try_parse_from(["gpuprof", "--no-stacks", "--", "true"]).unwrap();
         assert!(cli.record.into_config().unwrap().stacks.is_none());
+    }
+
+    #[test]
+    fn attach_takes_a_pid_and_no_command() {
+        let cfg = |args: &[&str]| {
+            let mut v = vec!["gpuprof", "attach"];
+            v.extend(args);
+            match Cli::try_parse_from(v).unwrap().command {
+                Some(Command::Attach(a)) => a.into_config(),
+                other => panic!("not attach: {other:?}"),
+            }
+        };
+        let c = cfg(&["4242", "--duration", "30s", "-o", "x"]).unwrap();
+        assert_eq!(c.attach, Some(crate::event::Pid(4242)));
+        assert_eq!(c.duration, Some(Duration::from_secs(30)));
+        assert!(c.command.is_empty());
+        assert!(cfg(&["abc"]).unwrap_err().contains("not a process id"));
+        assert!(cfg(&["0"]).unwrap_err().contains("not a process id"));
+        assert!(cfg(&["12", "--", "python"])
+            .unwrap_err()
+            .contains("takes no command"));
+        assert!(cfg(&["12", "--interval", "1ms"])
+            .unwrap_err()
+            .contains("--interval"));
     }
 }

@@ -101,6 +101,21 @@ pub struct Header {
     /// sample at or below it is idle.
     #[serde(default)]
     pub gpu_idle_threshold_pct: Option<f64>,
+    /// Set by `gpuprof attach`: the job was already running and is not
+    /// gpuprof's child; `job_pid` is the process attached to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attached: Option<Attached>,
+}
+
+/// How `gpuprof attach` found the job.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Attached {
+    /// When the attached process started, on the monotonic axis of the
+    /// recording (before `Header::start`).
+    pub process_start: MonoNs,
+    /// Its threads and the processes below it when gpuprof attached.
+    pub processes: u32,
+    pub threads: u32,
 }
 
 /// How the job ended.
@@ -112,6 +127,9 @@ pub enum JobStatus {
     /// gpuprof stopped recording (window end, second Ctrl-C) while the job
     /// was still running.
     StillRunning,
+    /// The job ended while `gpuprof attach` recorded it; only its parent
+    /// learns how.
+    EndedUnknown,
 }
 
 impl JobStatus {
@@ -120,7 +138,7 @@ impl JobStatus {
         match self {
             JobStatus::Exited(c) => Some(c),
             JobStatus::Signaled(s) => Some(128 + s),
-            JobStatus::StillRunning => None,
+            JobStatus::StillRunning | JobStatus::EndedUnknown => None,
         }
     }
 }

@@ -5,6 +5,7 @@
 
 pub mod agent;
 pub mod analysis;
+pub mod attach;
 pub mod cli;
 pub mod collect;
 pub mod compare;

@@ -10,6 +10,10 @@ fn main() -> ExitCode {
         Some(Command::Record(args)) => record(args),
         Some(Command::Doctor(args)) => doctor(args),
         Some(Command::Compare(args)) => compare(args),
+        Some(Command::Attach(args)) => args
+            .into_config()
+            .map_err(anyhow::Error::msg)
+            .and_then(gpuprof::attach::attach),
         None => record(cli.record),
     };
     match result {

@@ -23,7 +23,7 @@ use crate::launch;
 use crate::record::{self, Sink};
 
 /// Collectors sampled together on one thread at `--interval`.
-struct Samplers {
+pub(crate) struct Samplers {
     tree: TreeCollector,
     system: SystemCollector,
     files: FilesCollector,
@@ -38,7 +38,7 @@ impl Samplers {
     }
 }
 
-struct SamplerThread {
+pub(crate) struct SamplerThread {
     shared: Arc<Mutex<Option<Samplers>>>,
     stop: Arc<AtomicBool>,
     active: Arc<AtomicBool>,
@@ -46,9 +46,20 @@ struct SamplerThread {
 }
 
 impl SamplerThread {
-    fn start(sink: &Sink, interval: Duration, active: bool) -> Result<SamplerThread> {
+    /// `root`: record that running process's tree (`gpuprof attach`)
+    /// instead of gpuprof's children.
+    pub(crate) fn start(
+        sink: &Sink,
+        interval: Duration,
+        active: bool,
+        root: Option<Pid>,
+    ) -> Result<SamplerThread> {
+        let tree = match root {
+            Some(r) => TreeCollector::with_root(sink.clone(), r),
+            None => TreeCollector::new(sink.clone()),
+        };
         let shared = Arc::new(Mutex::new(Some(Samplers {
-            tree: TreeCollector::new(sink.clone()),
+            tree,
             system: SystemCollector::new(sink.clone()),
             files: FilesCollector::new(sink.clone()),
         })));
@@ -114,7 +125,7 @@ impl SamplerThread {
 
 /// Choose and create the output folder, and prove it is writable, before
 /// the job starts: a bad `-o` must never cost a training run.
-fn prepare_output(requested: Option<&Path>) -> Result<(PathBuf, bool)> {
+pub(crate) fn prepare_output(requested: Option<&Path>) -> Result<(PathBuf, bool)> {
     let dir = match requested {
         Some(p) => p.to_path_buf(),
         None => default_output_name(),
@@ -190,7 +201,7 @@ fn realtime_ns() -> u64 {
         .unwrap_or(0)
 }
 
-fn make_header(cfg: &RecordConfig, job_pid: Pid) -> Header {
+pub(crate) fn make_header(cfg: &RecordConfig, job_pid: Pid) -> Header {
     let start = MonoNs::now();
     let anchor_realtime_ns = realtime_ns();
     Header {
@@ -216,6 +227,7 @@ fn make_header(cfg: &RecordConfig, job_pid: Pid) -> Header {
         job_pid,
         boottime_offset_ns: MonoNs::boottime_offset(),
         gpu_idle_threshold_pct: Some(cfg.idle_threshold_pct),
+        attached: None,
     }
 }
 
@@ -244,7 +256,7 @@ pub fn record(cfg: RecordConfig) -> Result<i32> {
     rt.block_on(run(cfg, out, created, suspended))
 }
 
-fn say(quiet: bool, msg: &str) {
+pub(crate) fn say(quiet: bool, msg: &str) {
     if !quiet {
         eprintln!("gpuprof: {msg}");
     }
@@ -280,23 +292,10 @@ async fn run(
     };
     sink.send_blocking(Event::Header(header.clone()));
     let delayed = cfg.delay.is_some_and(|d| !d.is_zero());
-    let mut samplers = SamplerThread::start(&sink, cfg.interval, !delayed)?;
+    let mut samplers = SamplerThread::start(&sink, cfg.interval, !delayed, None)?;
     // The GPU thread starts before the job is released; it opens NVML on
     // its own time and takes the driver's samples from this moment on.
-    let gpu = if cfg.no_gpu {
-        sink.send_blocking(Event::Coverage(crate::event::Coverage {
-            source: "gpu".into(),
-            available: false,
-            detail: "disabled with --no-gpu".into(),
-        }));
-        None
-    } else {
-        let opts = GpuOptions::from_env(cfg.gpu_interval);
-        Some(
-            GpuCollector::start(&opts, sink.clone(), cfg.quiet)
-                .context("cannot start the GPU collector thread")?,
-        )
-    };
+    let gpu = start_gpu(&cfg, &sink)?;
     // Between fork and exec: perf events enabled by the job's exec.
     let stacks = StackCollectors::start(cfg.stacks.as_ref(), suspended.pid, &sink, cfg.quiet);
     if !delayed {
@@ -391,6 +390,23 @@ async fn run(
     Ok(status.exit_code().unwrap_or(0))
 }
 
+/// The GPU collector, unless `--no-gpu` (then a coverage entry says so).
+pub(crate) fn start_gpu(cfg: &RecordConfig, sink: &Sink) -> Result<Option<GpuCollector>> {
+    if cfg.no_gpu {
+        sink.send_blocking(Event::Coverage(crate::event::Coverage {
+            source: "gpu".into(),
+            available: false,
+            detail: "disabled with --no-gpu".into(),
+        }));
+        return Ok(None);
+    }
+    let opts = GpuOptions::from_env(cfg.gpu_interval);
+    Ok(Some(
+        GpuCollector::start(&opts, sink.clone(), cfg.quiet)
+            .context("cannot start the GPU collector thread")?,
+    ))
+}
+
 /// Reap every exited child (the job and reparented orphans); return the
 /// job's status once it has exited.
 fn reap(job: Pid, samplers: Option<&SamplerThread>) -> Option<JobStatus> {
@@ -427,15 +443,21 @@ fn reap(job: Pid, samplers: Option<&SamplerThread>) -> Option<JobStatus> {
 }
 
 /// Everything that records while the window is open.
-struct Recording {
-    samplers: SamplerThread,
-    gpu: Option<GpuCollector>,
-    sink: Sink,
-    writer: record::Writer,
-    stacks: StackCollectors,
+pub(crate) struct Recording {
+    pub(crate) samplers: SamplerThread,
+    pub(crate) gpu: Option<GpuCollector>,
+    pub(crate) sink: Sink,
+    pub(crate) writer: record::Writer,
+    pub(crate) stacks: StackCollectors,
 }
 
-fn finish_recording(rec: Recording, out: &Path, status: JobStatus, reason: &str, quiet: bool) {
+pub(crate) fn finish_recording(
+    rec: Recording,
+    out: &Path,
+    status: JobStatus,
+    reason: &str,
+    quiet: bool,
+) {
     let Recording {
         mut samplers,
         gpu,

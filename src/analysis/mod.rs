@@ -286,7 +286,11 @@ impl Builder {
             }
             Event::WindowStart { t } => {
                 if self.window_started.is_none() {
-                    self.delayed = t.0 > self.a.header.start.0 + interval;
+                    // Attached to a running job, or a delayed window: the
+                    // processes already there are measured from their
+                    // first sample, not from their start.
+                    self.delayed =
+                        t.0 > self.a.header.start.0 + interval || self.a.header.attached.is_some();
                     self.window_started = Some(t);
                     self.a.start = t;
                 }
@@ -782,6 +786,7 @@ mod tests {
             job_pid: Pid(10),
             boottime_offset_ns: 0,
             gpu_idle_threshold_pct: None,
+            attached: None,
         }
     }
 

@@ -1377,6 +1377,7 @@ mod tests {
             job_pid: Pid(10),
             boottime_offset_ns: 0,
             gpu_idle_threshold_pct: None,
+            attached: None,
         };
         let comm = |t: u64, pid: i32, c: &str| Event::TaskComm {
             t: MonoNs(t * ms),

@@ -41,6 +41,9 @@ struct ProcState {
 pub struct TreeCollector {
     sink: Sink,
     self_pid: i32,
+    /// `gpuprof attach`: the running process whose tree is recorded (it is
+    /// not gpuprof's child). `None`: gpuprof's own children.
+    root: Option<i32>,
     ns_per_tick: u64,
     page_size: u64,
     procs: HashMap<i32, ProcState>,
@@ -52,17 +55,31 @@ impl TreeCollector {
         TreeCollector {
             sink,
             self_pid: std::process::id() as i32,
+            root: None,
             ns_per_tick: 1_000_000_000 / tps,
             page_size: procfs::page_size(),
             procs: HashMap::new(),
         }
     }
 
-    /// Every live process below gpuprof (the job and reparented orphans).
+    /// Record the tree of a running process instead of gpuprof's children.
+    pub fn with_root(sink: Sink, root: Pid) -> TreeCollector {
+        TreeCollector {
+            root: Some(root.0),
+            ..TreeCollector::new(sink)
+        }
+    }
+
+    /// Every live process below gpuprof (the job and reparented orphans), or
+    /// the attached root and every process below it.
     fn discover(&self) -> Vec<i32> {
         let mut seen = HashSet::new();
         let mut order = Vec::new();
-        let mut stack = children_of(self.self_pid);
+        let mut stack = match self.root {
+            Some(r) if std::path::Path::new(&format!("/proc/{r}")).exists() => vec![r],
+            Some(_) => Vec::new(),
+            None => children_of(self.self_pid),
+        };
         while let Some(pid) = stack.pop() {
             if !seen.insert(pid) {
                 continue;

@@ -42,10 +42,13 @@ impl PySampler {
     /// Start following the Python processes among gpuprof's descendants.
     /// `tree_changes` is bumped by the perf reader on every new process and
     /// exec; without it the process list is polled.
+    /// `root`: follow that running process and its descendants instead
+    /// (`gpuprof attach`).
     pub fn start(
         frequency: u64,
         sink: Sink,
         tree_changes: Option<Arc<AtomicU64>>,
+        root: Option<Pid>,
     ) -> std::io::Result<PySampler> {
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
@@ -53,6 +56,7 @@ impl PySampler {
             .name("gpuprof-python".into())
             .spawn(move || {
                 let mut s = Sampler::new(frequency, sink, tree_changes);
+                s.root = root;
                 s.run(&stop2);
                 s.finish()
             })?;
@@ -93,6 +97,7 @@ struct Sampler {
     tree_changes: Option<Arc<AtomicU64>>,
     rounds: u64,
     frames_buf: Vec<u32>,
+    root: Option<Pid>,
 }
 
 impl Sampler {
@@ -123,6 +128,7 @@ impl Sampler {
             tree_changes,
             rounds: 0,
             frames_buf: Vec::new(),
+            root: None,
         }
     }
 
@@ -179,10 +185,16 @@ impl Sampler {
     }
 
     fn discover(&mut self) {
-        let live: HashSet<Pid> = descendants(std::process::id() as i32)
-            .into_iter()
-            .map(Pid)
-            .collect();
+        let mut live: HashSet<Pid> =
+            descendants(self.root.map_or(std::process::id() as i32, |r| r.0))
+                .into_iter()
+                .map(Pid)
+                .collect();
+        if let Some(r) = self.root {
+            if std::path::Path::new(&format!("/proc/{}", r.0)).exists() {
+                live.insert(r);
+            }
+        }
         self.spies.retain(|p, _| live.contains(p));
         self.rejected.retain(|p, _| live.contains(p));
         for pid in live {

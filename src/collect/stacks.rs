@@ -27,6 +27,29 @@ impl StackCollectors {
         sink: &Sink,
         quiet: bool,
     ) -> StackCollectors {
+        Self::start_with(opts, sink, quiet, None, |o| perf::open(job, o))
+    }
+
+    /// Start sampling the running process `root` and everything below it
+    /// (`gpuprof attach`).
+    pub fn start_attached(
+        opts: Option<&PerfOptions>,
+        root: Pid,
+        sink: &Sink,
+        quiet: bool,
+    ) -> StackCollectors {
+        Self::start_with(opts, sink, quiet, Some(root), |o| {
+            perf::open_attached(root, o)
+        })
+    }
+
+    fn start_with(
+        opts: Option<&PerfOptions>,
+        sink: &Sink,
+        quiet: bool,
+        root: Option<Pid>,
+        open: impl FnOnce(&PerfOptions) -> Result<perf::Opened, perf::OpenError>,
+    ) -> StackCollectors {
         let Some(opts) = opts else {
             for source in [
                 perf::COVERAGE_SOURCE,
@@ -43,7 +66,7 @@ impl StackCollectors {
         let mut c = StackCollectors::default();
         let changes = Arc::new(AtomicU64::new(0));
         let mut tree_changes = None;
-        match perf::open(job, opts) {
+        match open(opts) {
             Ok(opened) => match PerfSampler::start(opened, sink.clone(), changes.clone()) {
                 Ok(s) => {
                     c.perf = Some(s);
@@ -69,7 +92,7 @@ impl StackCollectors {
                 sink.send_blocking(Event::Coverage(perf::refused_coverage(&e)));
             }
         }
-        match PySampler::start(opts.frequency, sink.clone(), tree_changes) {
+        match PySampler::start(opts.frequency, sink.clone(), tree_changes, root) {
             Ok(p) => c.python = Some(p),
             Err(e) => sink.send_blocking(Event::Coverage(Coverage {
                 source: crate::collect::python::COVERAGE_SOURCE.into(),

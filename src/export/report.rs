@@ -166,6 +166,13 @@ pub fn build(a: &Analysis) -> Value {
         "exit_code": a.job_status().and_then(|s| s.exit_code()),
         "job_status": a.job_status(),
         "stop_reason": footer.map(|f| f.reason.clone()),
+        "attached": h.attached.as_ref().map(|at| json!({
+            "pid": h.job_pid,
+            "at": start_wall,
+            "job_running_before_s": r(a.header.start.secs_since(at.process_start), 3),
+            "processes_at_attach": at.processes,
+            "threads_at_attach": at.threads,
+        })),
         "complete": footer.is_some(),
         "processes": processes,
         "roles": roles,

@@ -24,10 +24,21 @@ pub fn sections(a: &Analysis) -> Vec<(String, Vec<String>)> {
         Some(JobStatus::Exited(c)) => format!("exit code {c}"),
         Some(JobStatus::Signaled(s)) => format!("killed by signal {s} (exit code {})", 128 + s),
         Some(JobStatus::StillRunning) => "still running when recording stopped".into(),
+        Some(JobStatus::EndedUnknown) => {
+            "ended while attached (its exit status goes to its parent, not to gpuprof)".into()
+        }
         None => "end not recorded".into(),
     };
     let count = |r: Role| a.processes_with_role(r).count();
-    let mut run = vec![
+    let attached = a.header.attached.as_ref().map(|at| {
+        format!(
+            "Attached to PID {} after it had run {:.0} s: figures cover the recorded window only.",
+            a.header.job_pid,
+            a.header.start.secs_since(at.process_start)
+        )
+    });
+    let mut run: Vec<String> = attached.into_iter().collect();
+    run.extend([
         format!(
             "Recorded {:.1} s of `{}`; {status}.",
             a.duration_s(),
@@ -40,7 +51,7 @@ pub fn sections(a: &Analysis) -> Vec<(String, Vec<String>)> {
             count(Role::Worker),
             count(Role::Other)
         ),
-    ];
+    ]);
     for role in Role::ALL {
         let ps: Vec<_> = a.processes_with_role(role).collect();
         if ps.is_empty() {

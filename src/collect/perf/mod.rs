@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 pub use ring::{online_cpus, parse_cpu_list, perf_event_paranoid, ring_bytes_for, OpenError};
 
 use crate::collect::intern::Interner;
-use crate::event::{Coverage, Event, MonoNs, Pid, StackKind, StackStats};
+use crate::event::{Coverage, Event, MonoNs, Pid, StackKind, StackStats, Tid};
 use crate::record::Sink;
 use ring::{Record, Rings};
 use unwind::{Files, ProcessMaps, UnwindCache};
@@ -77,11 +77,77 @@ impl PerfOptions {
     }
 }
 
-/// Events opened on the (not yet exec'd) job.
+/// Events opened on the (not yet exec'd) job, or on a running tree.
 pub struct Opened {
     rings: Rings,
     job: Pid,
     opts: PerfOptions,
+    attached: Option<Attached>,
+}
+
+/// Sampling a tree that already ran when the events were opened.
+struct Attached {
+    cpus: Vec<usize>,
+    ring_opts: ring::OpenOptions,
+    /// Threads that carry an event of their own (inherited ones do not).
+    covered: std::collections::HashSet<Tid>,
+    /// Threads the kernel reported as created by a thread with an event:
+    /// they inherited it.
+    forked: std::collections::HashSet<Tid>,
+    opened_at: Instant,
+    catch_ups: u32,
+}
+
+/// Every thread of `root` and of the processes below it, main threads first.
+pub fn tree_threads(root: Pid) -> Vec<Tid> {
+    let mut pids = vec![root.0];
+    pids.extend(crate::collect::python::descendants(root.0));
+    let mut out = Vec::new();
+    for pid in pids {
+        out.push(Tid(pid));
+        if let Ok(rd) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+            let mut tids: Vec<i32> = rd
+                .flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse().ok())
+                .filter(|&t| t != pid)
+                .collect();
+            tids.sort_unstable();
+            out.extend(tids.into_iter().map(Tid));
+        }
+    }
+    out
+}
+
+/// Open sampling events on the running process `root` and everything below
+/// it (`gpuprof attach`): per thread and CPU, enabled at once, inherited by
+/// what those threads create from now on. Threads created while the events
+/// were being opened are caught up by the reader.
+pub fn open_attached(root: Pid, opts: &PerfOptions) -> Result<Opened, OpenError> {
+    opts.validate().map_err(|m| OpenError {
+        message: m,
+        errno: None,
+    })?;
+    let cpus = online_cpus();
+    let ring_opts = ring::OpenOptions {
+        frequency: opts.frequency,
+        stack_size: opts.stack_size,
+        ring_bytes: ring_bytes_for(opts.frequency, opts.stack_size),
+    };
+    let tids = tree_threads(root);
+    let (rings, covered) = ring::open_on_threads(&tids, &cpus, &ring_opts)?;
+    Ok(Opened {
+        rings,
+        job: root,
+        opts: opts.clone(),
+        attached: Some(Attached {
+            cpus,
+            ring_opts,
+            covered: covered.into_iter().collect(),
+            forked: Default::default(),
+            opened_at: Instant::now(),
+            catch_ups: 0,
+        }),
+    })
 }
 
 /// Open the sampling events on `job`, which must be forked but not yet
@@ -106,6 +172,7 @@ pub fn open(job: Pid, opts: &PerfOptions) -> Result<Opened, OpenError> {
         rings,
         job,
         opts: opts.clone(),
+        attached: None,
     })
 }
 
@@ -172,7 +239,14 @@ struct Reader {
     busy: Duration,
     frames_buf: Vec<u32>,
     tree_changes: Arc<AtomicU64>,
+    attached: Option<Attached>,
 }
+
+/// After attaching, the tree is listed again this long after the events
+/// were opened (and twice as long, and so on), to give threads that were
+/// created meanwhile by a thread without an event one of their own.
+const CATCH_UP_AFTER: Duration = Duration::from_millis(100);
+const CATCH_UP_PASSES: u32 = 3;
 
 impl Reader {
     fn new(opened: Opened, sink: Sink, tree_changes: Arc<AtomicU64>) -> Reader {
@@ -197,6 +271,7 @@ impl Reader {
             busy: Duration::ZERO,
             frames_buf: Vec::with_capacity(64),
             tree_changes,
+            attached: opened.attached,
         };
         r.announce_files();
         r
@@ -224,6 +299,9 @@ impl Reader {
                 MonoNs(drain_start.0.saturating_sub(REORDER_WINDOW_NS))
             };
             self.process_until(horizon);
+            if !stopping {
+                self.catch_up();
+            }
             self.interner
                 .flush(if stopping { None } else { Some(drain_start) }, &self.sink);
             self.busy += work.elapsed();
@@ -275,6 +353,35 @@ impl Reader {
         }
     }
 
+    /// Attach mode: give threads that appeared while the events were being
+    /// opened, and did not inherit one (no FORK record from a thread with an
+    /// event), their own events.
+    fn catch_up(&mut self) {
+        let job = self.job;
+        let Some(a) = self.attached.as_mut() else {
+            return;
+        };
+        if a.catch_ups >= CATCH_UP_PASSES
+            || a.opened_at.elapsed() < CATCH_UP_AFTER * (1 << a.catch_ups)
+        {
+            return;
+        }
+        a.catch_ups += 1;
+        for r in &self.pending {
+            if let Record::Fork { tid, .. } = r {
+                a.forked.insert(*tid);
+            }
+        }
+        let missed: Vec<Tid> = tree_threads(job)
+            .into_iter()
+            .filter(|t| !a.covered.contains(t) && !a.forked.contains(t))
+            .collect();
+        if !missed.is_empty() {
+            let added = ring::add_threads(&mut self.rings, &missed, &a.cpus, &a.ring_opts);
+            a.covered.extend(added);
+        }
+    }
+
     fn process_until(&mut self, horizon: MonoNs) {
         if self.pending.is_empty() {
             return;
@@ -323,6 +430,9 @@ impl Reader {
                 ptid,
                 t,
             } => {
+                if let Some(a) = self.attached.as_mut() {
+                    a.forked.insert(tid);
+                }
                 if pid.0 == tid.0 && pid != ppid {
                     self.tree_changes.fetch_add(1, Ordering::Release);
                     if let Some(parent) = self.procs.get(&ppid) {

@@ -53,6 +53,9 @@ pub struct OpenOptions {
 pub struct Rings {
     pub samplers: Vec<Sampler>,
     pub ring_bytes: usize,
+    /// Events that write into another event's ring (`gpuprof attach`: one
+    /// per thread and CPU); held only to keep them open.
+    pub followers: Vec<perf_event::Counter>,
 }
 
 /// `perf_event_open` failed; carries what the user can do about it.
@@ -138,33 +141,11 @@ pub fn open(pid: Pid, cpus: &[usize], opts: &OpenOptions) -> Result<Rings, OpenE
     let watermark = (opts.ring_bytes / 4).max(4096);
     let mut ring_bytes = opts.ring_bytes;
     for &cpu in cpus {
-        let mut b = Builder::new(Software::CPU_CLOCK);
+        let mut b = builder(opts, watermark);
         b.observe_pid(pid.0)
             .one_cpu(cpu)
-            .inherit(true)
             .enabled(false)
-            .enable_on_exec(true)
-            .exclude_kernel(true)
-            .exclude_hv(true)
-            .sample_frequency(opts.frequency)
-            .sample(
-                SampleFlag::IP
-                    | SampleFlag::TID
-                    | SampleFlag::TIME
-                    | SampleFlag::CPU
-                    | SampleFlag::REGS_USER
-                    | SampleFlag::STACK_USER,
-            )
-            .sample_regs_user(REGS_MASK)
-            .sample_stack_user(opts.stack_size)
-            .mmap(true)
-            .mmap2(true)
-            .comm(true)
-            .comm_exec(true)
-            .task(true)
-            .sample_id_all(true)
-            .clockid(Clock::MONOTONIC)
-            .wakeup_watermark(watermark);
+            .enable_on_exec(true);
         let mut counter = b.build().map_err(|e| OpenError {
             message: refusal_advice(&e),
             errno: e.raw_os_error(),
@@ -202,7 +183,175 @@ pub fn open(pid: Pid, cpus: &[usize], opts: &OpenOptions) -> Result<Rings, OpenE
     Ok(Rings {
         samplers,
         ring_bytes,
+        followers: Vec::new(),
     })
+}
+
+/// The common settings of every sampling event: `cpu-clock` on the user
+/// side, user registers and stack, task records, monotonic time.
+fn builder(opts: &OpenOptions, watermark: usize) -> Builder<'static> {
+    let mut b = Builder::new(Software::CPU_CLOCK);
+    b.inherit(true)
+        .exclude_kernel(true)
+        .exclude_hv(true)
+        .sample_frequency(opts.frequency)
+        .sample(
+            SampleFlag::IP
+                | SampleFlag::TID
+                | SampleFlag::TIME
+                | SampleFlag::CPU
+                | SampleFlag::REGS_USER
+                | SampleFlag::STACK_USER,
+        )
+        .sample_regs_user(REGS_MASK)
+        .sample_stack_user(opts.stack_size)
+        .mmap(true)
+        .mmap2(true)
+        .comm(true)
+        .comm_exec(true)
+        .task(true)
+        .sample_id_all(true)
+        .clockid(Clock::MONOTONIC)
+        .wakeup_watermark(watermark);
+    b
+}
+
+/// `PERF_EVENT_IOC_SET_OUTPUT` (`_IO('$', 5)`).
+const IOC_SET_OUTPUT: libc::c_ulong = 0x2405;
+
+/// Sample threads that already run (`gpuprof attach`): one event per
+/// (thread, CPU), enabled at once and inherited by whatever the thread
+/// creates from now on. An event on one task with `inherit` can only be
+/// mmapped per CPU, and a ring per thread and CPU would cost memory in
+/// proportion to both, so every event of a CPU writes into the ring of the
+/// first one opened on it (`PERF_EVENT_IOC_SET_OUTPUT`), as `perf record -p`
+/// does. Threads that exit before their turn are skipped. Returns the rings
+/// and the threads that now carry an event.
+pub fn open_on_threads(
+    tids: &[Tid],
+    cpus: &[usize],
+    opts: &OpenOptions,
+) -> Result<(Rings, Vec<Tid>), OpenError> {
+    let mut rings = Rings {
+        samplers: Vec::with_capacity(cpus.len()),
+        ring_bytes: opts.ring_bytes.max(MIN_RING_BYTES),
+        followers: Vec::new(),
+    };
+    let mut covered = Vec::new();
+    let mut first_err: Option<io::Error> = None;
+    for &cpu in cpus {
+        let mut ring: Option<Sampler> = None;
+        for &tid in tids {
+            let b = {
+                let mut b = builder(opts, (rings.ring_bytes / 4).max(4096));
+                b.observe_pid(tid.0).one_cpu(cpu).enabled(true);
+                b
+            };
+            let counter = match b.build() {
+                Ok(c) => c,
+                Err(e) => {
+                    // ESRCH: the thread exited meanwhile. Anything else
+                    // (permission) is reported if no thread could be opened.
+                    if e.raw_os_error() != Some(libc::ESRCH) && first_err.is_none() {
+                        first_err = Some(e);
+                    }
+                    continue;
+                }
+            };
+            match &ring {
+                None => {
+                    let mut size = rings.ring_bytes;
+                    let mut c = Some(counter);
+                    let sampler = loop {
+                        match c.take().expect("counter present").sampled(size) {
+                            Ok(s) => break Some(s),
+                            Err(_) if size > MIN_RING_BYTES => {
+                                size /= 2;
+                                c = Some(b.build().map_err(|e| OpenError {
+                                    message: refusal_advice(&e),
+                                    errno: e.raw_os_error(),
+                                })?);
+                            }
+                            Err(e) => {
+                                return Err(OpenError {
+                                    message: format!(
+                                        "cannot map the perf ring buffer ({} KiB on CPU {cpu}): {e}; raise `kernel.perf_event_mlock_kb` or the memlock limit (ulimit -l); no native stacks",
+                                        size / 1024
+                                    ),
+                                    errno: e.raw_os_error(),
+                                });
+                            }
+                        }
+                    };
+                    rings.ring_bytes = rings.ring_bytes.min(size);
+                    ring = sampler;
+                }
+                Some(r) => {
+                    use std::os::fd::AsRawFd;
+                    // SAFETY: both are open perf event fds of this process.
+                    let rc = unsafe {
+                        libc::ioctl(counter.as_raw_fd(), IOC_SET_OUTPUT as _, r.as_raw_fd())
+                    };
+                    if rc != 0 {
+                        let e = io::Error::last_os_error();
+                        return Err(OpenError {
+                            message: format!(
+                                "cannot direct thread {tid}'s samples into the ring of CPU {cpu}: {e}; no native stacks"
+                            ),
+                            errno: e.raw_os_error(),
+                        });
+                    }
+                    rings.followers.push(counter);
+                }
+            }
+            if rings.samplers.is_empty() {
+                covered.push(tid);
+            }
+        }
+        match ring {
+            Some(r) => rings.samplers.push(r),
+            None => break,
+        }
+    }
+    if rings.samplers.is_empty() {
+        let e = first_err.unwrap_or_else(|| io::Error::from_raw_os_error(libc::ESRCH));
+        return Err(OpenError {
+            message: refusal_advice(&e),
+            errno: e.raw_os_error(),
+        });
+    }
+    Ok((rings, covered))
+}
+
+/// Add threads found after [`open_on_threads`] (created by a thread that
+/// carried no event yet) to the existing rings.
+pub fn add_threads(
+    rings: &mut Rings,
+    tids: &[Tid],
+    cpus: &[usize],
+    opts: &OpenOptions,
+) -> Vec<Tid> {
+    use std::os::fd::AsRawFd;
+    let mut covered = Vec::new();
+    for &tid in tids {
+        let mut ok = false;
+        for (&cpu, ring) in cpus.iter().zip(&rings.samplers) {
+            let mut b = builder(opts, (rings.ring_bytes / 4).max(4096));
+            b.observe_pid(tid.0).one_cpu(cpu).enabled(true);
+            let Ok(counter) = b.build() else { break };
+            // SAFETY: both are open perf event fds of this process.
+            let rc =
+                unsafe { libc::ioctl(counter.as_raw_fd(), IOC_SET_OUTPUT as _, ring.as_raw_fd()) };
+            if rc == 0 {
+                rings.followers.push(counter);
+                ok = true;
+            }
+        }
+        if ok {
+            covered.push(tid);
+        }
+    }
+    covered
 }
 
 /// Ring size for a rate: room for ~250 ms of samples at full stack copies on
