@@ -171,6 +171,11 @@ async fn run(cfg: RecordConfig, out: PathBuf, target: Target) -> Result<i32> {
     let samplers = SamplerThread::start(&sink, cfg.interval, true, Some(target.pid))?;
     let gpu = session::start_gpu(&cfg, &sink)?;
     let stacks = StackCollectors::start_attached(cfg.stacks.as_ref(), target.pid, &sink, cfg.quiet);
+    sink.send_blocking(Event::Coverage(crate::event::Coverage {
+        source: crate::collect::nvtx::COVERAGE_SOURCE.into(),
+        available: false,
+        detail: "not captured: NVTX is captured only for jobs gpuprof launches (NVTX_INJECTION64_PATH must be set when the job starts)".into(),
+    }));
     sink.send_blocking(Event::WindowStart { t: MonoNs::now() });
     say(
         cfg.quiet,
@@ -205,7 +210,7 @@ async fn run(cfg: RecordConfig, out: PathBuf, target: Target) -> Result<i32> {
             }
         }
     };
-    session::finish_recording(rec, &out, status, reason, cfg.quiet);
+    session::finish_recording(rec, None, &out, status, reason, cfg.quiet);
     if status == JobStatus::StillRunning {
         say(cfg.quiet, "detached; the job keeps running");
     }

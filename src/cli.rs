@@ -181,6 +181,11 @@ pub struct RecordArgs {
     #[arg(long)]
     pub no_stacks: bool,
 
+    /// Do not capture the job's NVTX ranges (gpuprof otherwise names its
+    /// injection library in the job's NVTX_INJECTION64_PATH).
+    #[arg(long)]
+    pub no_nvtx: bool,
+
     /// The job to run, after `--`, e.g. `-- python train.py --epochs 1`.
     #[arg(
         value_name = "CMD",
@@ -219,6 +224,7 @@ pub struct RecordConfig {
     pub stacks: Option<crate::collect::perf::PerfOptions>,
     /// `gpuprof attach PID`: the running process to record (no command).
     pub attach: Option<crate::event::Pid>,
+    pub no_nvtx: bool,
 }
 
 impl RecordArgs {
@@ -281,6 +287,7 @@ impl RecordArgs {
             gpu_interval: self.gpu_interval,
             idle_threshold_pct: self.idle_threshold,
             attach: None,
+            no_nvtx: self.no_nvtx,
         })
     }
 }

@@ -378,6 +378,93 @@ pub struct OpenFile {
     pub size: u64,
 }
 
+/// One NVTX range (or mark) of a thread, as the NVTX reader paired it.
+/// Field names are short: a busy job writes many of these.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct NvtxRangeRec {
+    /// Start, ns after the batch's `t0`.
+    pub s: u64,
+    /// Duration in ns; `None` for a mark (an instant).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub d: Option<u64>,
+    /// Message: an [`Event::NvtxName`] id.
+    pub n: u32,
+    /// Domain id within the instance (0: the default domain).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub dom: u32,
+    /// Nesting level of a push/pop range in its domain on its thread (0:
+    /// outermost), as NVTX counts it.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub lvl: u32,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cat: u32,
+    /// A start/end range (`nvtxRangeStart`/`End`): not nested, may end on
+    /// another thread (`etid`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub se: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etid: Option<Tid>,
+    /// The end was not seen: the range was still open when its thread or
+    /// process ended or the recording stopped, which is its `d`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub open: bool,
+    /// NVTX payload, as a number.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub p: Option<f64>,
+}
+
+fn is_zero(v: &u32) -> bool {
+    *v == 0
+}
+
+/// Completed NVTX ranges of one thread of one instrumented process image.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NvtxBatch {
+    /// The instance ([`Event::NvtxInstance`]).
+    pub inst: u32,
+    pub pid: Pid,
+    pub tid: Tid,
+    pub t0: MonoNs,
+    pub ranges: Vec<NvtxRangeRec>,
+}
+
+/// NVTX ranges the recording kept only as totals (over the detail budget).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct NvtxTotal {
+    pub inst: u32,
+    pub dom: u32,
+    /// An [`Event::NvtxName`] id.
+    pub name: u32,
+    pub count: u64,
+    pub total_ns: u64,
+    pub max_ns: u64,
+}
+
+/// Counters of the NVTX reader; cumulative, written every few seconds and
+/// at the end (the last one holds).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct NvtxStats {
+    /// Process images that loaded the injection library and recorded.
+    pub instances: u64,
+    /// Threads that recorded.
+    pub threads: u64,
+    /// Records the job's threads dropped because their ring was full
+    /// (gpuprof's reader fell behind).
+    pub lost_in_job: u64,
+    /// Ranges and marks recorded in detail.
+    pub kept: u64,
+    /// Ranges and marks over the detail budget: counted in `totals`.
+    pub over_budget: u64,
+    /// Pops and ends without a matching push/start (records lost, or a
+    /// range opened before a fork and closed in the child).
+    pub unmatched: u64,
+    /// Rings that could not be read (malformed).
+    pub bad_rings: u64,
+    /// Ranges not kept in detail, per name.
+    #[serde(default)]
+    pub totals: Vec<NvtxTotal>,
+}
+
 /// Every event of a recording. The serialized tag is `k`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(tag = "k", rename_all = "snake_case")]
@@ -629,6 +716,42 @@ pub enum Event {
         pid: Pid,
         files: Vec<OpenFile>,
     },
+    /// A process image whose NVTX calls are recorded (the injection library
+    /// was loaded and wrote its first record). `parent`: the instance it
+    /// was forked from, whose domain ids it inherits.
+    NvtxInstance {
+        t: MonoNs,
+        inst: u32,
+        pid: Pid,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        parent: Option<u32>,
+    },
+    /// An interned NVTX message (range or mark name).
+    NvtxName {
+        id: u32,
+        name: String,
+    },
+    /// `nvtxDomainCreate`: domain `id` of instance `inst`.
+    NvtxDomain {
+        inst: u32,
+        id: u32,
+        name: String,
+    },
+    /// `nvtxNameCategory` / `nvtxDomainNameCategory`.
+    NvtxCategory {
+        inst: u32,
+        dom: u32,
+        id: u32,
+        name: String,
+    },
+    /// `nvtxNameOsThread`.
+    NvtxThreadName {
+        inst: u32,
+        tid: Tid,
+        name: String,
+    },
+    NvtxRanges(NvtxBatch),
+    NvtxStats(NvtxStats),
 }
 
 impl Event {
@@ -644,7 +767,13 @@ impl Event {
             | PyFrame { .. }
             | StackNode { .. }
             | Symbols { .. }
-            | StackStats(_) => None,
+            | StackStats(_)
+            | NvtxName { .. }
+            | NvtxDomain { .. }
+            | NvtxCategory { .. }
+            | NvtxThreadName { .. }
+            | NvtxStats(_) => None,
+            NvtxRanges(b) => Some(b.t0),
             Samples(b) => Some(b.t0),
             WindowStart { t }
             | WindowStop { t }
@@ -669,7 +798,8 @@ impl Event {
             | TaskComm { t, .. }
             | Mounts { t, .. }
             | Libraries { t, .. }
-            | OpenFiles { t, .. } => Some(*t),
+            | OpenFiles { t, .. }
+            | NvtxInstance { t, .. } => Some(*t),
         }
     }
 }

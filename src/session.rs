@@ -15,6 +15,7 @@ use tokio::signal::unix::{signal, SignalKind};
 use crate::cli::RecordConfig;
 use crate::collect::files::FilesCollector;
 use crate::collect::gpu::{GpuCollector, GpuOptions};
+use crate::collect::nvtx::{self, NvtxCollector, NvtxPlan};
 use crate::collect::procfs::TreeCollector;
 use crate::collect::stacks::StackCollectors;
 use crate::collect::system::SystemCollector;
@@ -235,7 +236,29 @@ pub(crate) fn make_header(cfg: &RecordConfig, job_pid: Pid) -> Header {
 /// job's).
 pub fn record(cfg: RecordConfig) -> Result<i32> {
     let (out, created) = prepare_output(cfg.output.as_deref())?;
-    let suspended = match launch::spawn_suspended(&cfg.command, &[]) {
+    // In-process agents: written into a private runtime folder that stays
+    // until gpuprof exits (the job may run on after the recording window).
+    let agents = if cfg.no_nvtx {
+        None
+    } else {
+        match crate::agent::AgentDir::create() {
+            Ok(d) => Some(d),
+            Err(e) => {
+                say(cfg.quiet, &format!("no runtime folder for the in-process agents ({e}); NVTX ranges are not captured"));
+                None
+            }
+        }
+    };
+    let nvtx_plan = if cfg.no_nvtx {
+        NvtxPlan::disabled("disabled with --no-nvtx")
+    } else {
+        let plan = NvtxPlan::new(agents.as_ref(), std::env::var_os(nvtx::INJECTION_VAR));
+        if let Some(why) = plan.not_captured.as_deref().filter(|_| agents.is_some()) {
+            say(cfg.quiet, &format!("NVTX {why}"));
+        }
+        plan
+    };
+    let suspended = match launch::spawn_suspended(&cfg.command, &nvtx_plan.env) {
         Ok(s) => s,
         Err(e) => {
             if created {
@@ -253,7 +276,9 @@ pub fn record(cfg: RecordConfig) -> Result<i32> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    rt.block_on(run(cfg, out, created, suspended))
+    let code = rt.block_on(run(cfg, out, created, suspended, nvtx_plan));
+    drop(agents);
+    code
 }
 
 pub(crate) fn say(quiet: bool, msg: &str) {
@@ -267,6 +292,7 @@ async fn run(
     out: PathBuf,
     created: bool,
     suspended: launch::Suspended,
+    nvtx_plan: NvtxPlan,
 ) -> Result<i32> {
     // Handlers are installed only now, after the fork: the job must inherit
     // the dispositions gpuprof was started with (e.g. SIGHUP ignored under
@@ -298,6 +324,9 @@ async fn run(
     let gpu = start_gpu(&cfg, &sink)?;
     // Between fork and exec: perf events enabled by the job's exec.
     let stacks = StackCollectors::start(cfg.stacks.as_ref(), suspended.pid, &sink, cfg.quiet);
+    // Lives until gpuprof exits: its ring folder must outlast the job's
+    // use of it, even after a --duration window closed.
+    let mut nvtx = NvtxCollector::start(nvtx_plan, &sink, !delayed);
     if !delayed {
         sink.send_blocking(Event::WindowStart { t: MonoNs::now() });
     }
@@ -310,6 +339,7 @@ async fn run(
             }
             samplers.finish();
             stacks.stop();
+            nvtx.stop();
             drop(sink);
             let _ = writer.finish();
             if created {
@@ -369,6 +399,7 @@ async fn run(
                 if let Some(r) = recording.as_ref() {
                     r.sink.send_blocking(Event::WindowStart { t: MonoNs::now() });
                     r.samplers.active.store(true, Ordering::Release);
+                    nvtx.set_active();
                     say(cfg.quiet, "--delay elapsed: recording started");
                 }
             }
@@ -378,14 +409,21 @@ async fn run(
         }
         if let Some(reason) = stop_reason.take() {
             if let Some(rec) = recording.take() {
-                finish_recording(rec, &out, JobStatus::StillRunning, reason, cfg.quiet);
+                finish_recording(
+                    rec,
+                    Some(&mut nvtx),
+                    &out,
+                    JobStatus::StillRunning,
+                    reason,
+                    cfg.quiet,
+                );
                 say(cfg.quiet, "recording stopped; the job keeps running and gpuprof will exit with its status");
             }
         }
     }
     let status = job_status.expect("loop ends with a status");
     if let Some(rec) = recording.take() {
-        finish_recording(rec, &out, status, "job exited", cfg.quiet);
+        finish_recording(rec, Some(&mut nvtx), &out, status, "job exited", cfg.quiet);
     }
     Ok(status.exit_code().unwrap_or(0))
 }
@@ -451,8 +489,11 @@ pub(crate) struct Recording {
     pub(crate) stacks: StackCollectors,
 }
 
+/// `nvtx`: the NVTX reader, stopped here but kept by the caller (its ring
+/// folder must outlast the job); None when attached to a running process.
 pub(crate) fn finish_recording(
     rec: Recording,
+    nvtx: Option<&mut NvtxCollector>,
     out: &Path,
     status: JobStatus,
     reason: &str,
@@ -470,6 +511,9 @@ pub(crate) fn finish_recording(
     }
     samplers.finish();
     stacks.stop();
+    if let Some(n) = nvtx {
+        n.stop();
+    }
     let (cpu_ns, max_rss) = self_usage();
     sink.send_blocking(Event::Footer(Footer {
         t: MonoNs::now(),

@@ -4,6 +4,7 @@
 
 pub mod environment;
 pub mod gpu;
+pub mod nvtx;
 pub mod roles;
 pub mod series;
 pub mod stacks;
@@ -145,6 +146,8 @@ pub struct Analysis {
     pub stacks: stacks::Stacks,
     /// Libraries mapped, files held open, mounts.
     pub env: environment::Environment,
+    /// NVTX ranges and marks of the job.
+    pub nvtx: nvtx::NvtxAnalysis,
 }
 
 impl Analysis {
@@ -202,6 +205,7 @@ struct Builder {
     last_mem: Option<(MonoNs, f64, f64)>,
     gpu: Option<gpu::GpuBuilder>,
     stack_data: stacks::StackData,
+    nvtx: nvtx::NvtxBuilder,
 }
 
 impl Builder {
@@ -225,6 +229,7 @@ impl Builder {
                 gpu: gpu::GpuAnalysis::default(),
                 stacks: stacks::Stacks::default(),
                 env: Default::default(),
+                nvtx: Default::default(),
             },
             interval,
             window_started: None,
@@ -233,6 +238,7 @@ impl Builder {
             last_mem: None,
             gpu: None,
             stack_data: stacks::StackData::new(),
+            nvtx: nvtx::NvtxBuilder::default(),
         }
     }
 
@@ -279,8 +285,18 @@ impl Builder {
                 self.a.footer = Some(f);
             }
             Event::Coverage(c) => {
+                if c.source == crate::collect::nvtx::COVERAGE_SOURCE {
+                    self.nvtx.coverage(&c);
+                }
                 self.a.coverage.insert(c.source.clone(), c);
             }
+            ev @ (Event::NvtxInstance { .. }
+            | Event::NvtxName { .. }
+            | Event::NvtxDomain { .. }
+            | Event::NvtxCategory { .. }
+            | Event::NvtxThreadName { .. }
+            | Event::NvtxRanges(_)
+            | Event::NvtxStats(_)) => self.nvtx.add(&ev),
             Event::Mounts { .. } | Event::Libraries { .. } | Event::OpenFiles { .. } => {
                 self.a.env.event(&ev)
             }
@@ -691,6 +707,9 @@ impl Builder {
         };
         let window = (self.a.start, self.a.end);
         self.a.stacks = stacks::analyze(&mut self.stack_data, window, &meta);
+        let procs = &self.a.processes;
+        let exits = |pid: Pid| procs.get(&pid).and_then(|p| p.exited);
+        self.a.nvtx = std::mem::take(&mut self.nvtx).finish(window, &exits, &self.a.gpu);
         self.a
     }
 }

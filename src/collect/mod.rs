@@ -7,6 +7,7 @@
 pub mod files;
 pub mod gpu;
 pub mod intern;
+pub mod nvtx;
 pub mod perf;
 pub mod procfs;
 pub mod python;

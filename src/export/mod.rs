@@ -5,6 +5,8 @@
 pub mod flame;
 pub mod report;
 pub mod report_gpu;
+pub mod report_nvtx;
 pub mod summary;
 pub mod trace;
 pub mod trace_gpu;
+pub mod trace_nvtx;

@@ -181,6 +181,7 @@ pub fn build(a: &Analysis) -> Value {
         "gpu": super::report_gpu::summary(a),
         "gpus": super::report_gpu::devices(a),
         "stacks": a.stacks.report,
+        "nvtx": super::report_nvtx::nvtx(a),
         "profiler": profiler,
         "warnings": a.warnings,
     })

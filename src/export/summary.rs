@@ -67,6 +67,11 @@ pub fn sections(a: &Analysis) -> Vec<(String, Vec<String>)> {
         out.push(("GPU".to_string(), gpu));
     }
 
+    let nvtx = super::report_nvtx::summary_lines(a);
+    if !nvtx.is_empty() {
+        out.push(("NVTX ranges".to_string(), nvtx));
+    }
+
     // Busiest threads by CPU time.
     let mut threads: Vec<(f64, String)> = Vec::new();
     let dur = a.duration_s().max(1e-9);

@@ -5,8 +5,9 @@
 //! Layout: one trace process per job process (real PID) with counters for
 //! CPU, IO and RSS and one CPU counter per thread; each thread's R/D state
 //! runs on a companion track "<thread> state" (kept apart from the thread's
-//! own track so that stack slices there nest cleanly); a synthetic "system"
-//! process with machine-wide counters.
+//! own track so that stack slices there nest cleanly); NVTX ranges on
+//! tracks of their own (`trace_nvtx`); a synthetic "system" process with
+//! machine-wide counters.
 
 use std::io::{self, Write};
 
@@ -155,9 +156,11 @@ pub fn write<W: Write>(a: &Analysis, w: W) -> io::Result<W> {
     write_system(a, &mut tw)?;
     super::trace_gpu::write_gpus(a, &mut tw)?;
     let stacks = super::flame::write_trace(a, &mut tw)?;
+    let nvtx = super::trace_nvtx::write_nvtx(a, &mut tw)?;
     let h = &a.header;
     let meta = json!({
         "stack_slices": stacks,
+        "nvtx": nvtx,
         "gpuprof_version": h.gpuprof_version,
         "command": h.command,
         "host": h.host,
@@ -189,7 +192,9 @@ fn write_processes<W: Write>(a: &Analysis, tw: &mut TraceWriter<W>) -> io::Resul
             } else {
                 th.comm.clone()
             };
-            tw.thread_name(pid, tid, &format!("{tname} ({tid})"), (j * 2) as i64)?;
+            // Per thread: its own track (stack slices), then its NVTX
+            // tracks (`trace_nvtx`), then its state track.
+            tw.thread_name(pid, tid, &format!("{tname} ({tid})"), (j * 4) as i64)?;
             tw.counter(pid, &format!("CPU % {tname} ({tid})"), &th.cpu, 100.0)?;
             if !th.state_runs.is_empty() {
                 let stid = tid + STATE_TID_OFFSET;
@@ -197,7 +202,7 @@ fn write_processes<W: Write>(a: &Analysis, tw: &mut TraceWriter<W>) -> io::Resul
                     pid,
                     stid,
                     &format!("{tname} ({tid}) state"),
-                    (j * 2 + 1) as i64,
+                    (j * 4 + 3) as i64,
                 )?;
                 for &(from, to, st) in &th.state_runs {
                     let label = match st {

@@ -221,3 +221,50 @@ pub fn torch_python() -> Option<PathBuf> {
             .is_ok_and(|s| s.success());
     ok.then_some(p)
 }
+
+/// The folder holding `nvtx3/nvToolsExt.h` (NVTX v3 is header-only): from
+/// `GPUPROF_TEST_NVTX_INCLUDE`, else the `nvidia-nvtx` Python package in
+/// the PyTorch test environment (`.ci/run` installs it there).
+pub fn nvtx_include_dir() -> Option<PathBuf> {
+    let has = |d: &Path| d.join("nvtx3/nvToolsExt.h").is_file();
+    if let Some(d) = std::env::var_os("GPUPROF_TEST_NVTX_INCLUDE") {
+        let d = PathBuf::from(d);
+        return has(&d).then_some(d);
+    }
+    let py = torch_python()?;
+    // <venv>/bin/python → <venv>/lib/python3.*/site-packages/nvidia/*/include
+    let venv = py.parent()?.parent()?.to_path_buf();
+    let mut found = Vec::new();
+    for lib in std::fs::read_dir(venv.join("lib")).ok()?.flatten() {
+        let nv = lib.path().join("site-packages/nvidia");
+        for sub in std::fs::read_dir(&nv).into_iter().flatten().flatten() {
+            let inc = sub.path().join("include");
+            if has(&inc) {
+                found.push(inc);
+            }
+        }
+    }
+    found.sort();
+    found.pop()
+}
+
+/// Build a C test program against the NVTX headers; `None` (after saying
+/// why) when there is no compiler or no headers.
+pub fn build_nvtx_program(src: &Path, out: &Path) -> Result<PathBuf, String> {
+    let inc = nvtx_include_dir().ok_or(
+        "no NVTX v3 headers (pip install nvidia-nvtx into the test venv, or set GPUPROF_TEST_NVTX_INCLUDE)",
+    )?;
+    let st = Command::new("gcc")
+        .args(["-O2", "-Wall", "-o"])
+        .arg(out)
+        .arg(src)
+        .arg("-I")
+        .arg(&inc)
+        .args(["-ldl", "-lpthread"])
+        .status()
+        .map_err(|e| format!("cannot run gcc: {e}"))?;
+    if !st.success() {
+        return Err(format!("gcc could not build {}", src.display()));
+    }
+    Ok(out.to_path_buf())
+}

@@ -1,0 +1,268 @@
+//! NVTX capture end to end: real programs using the NVTX v3 API, run under
+//! the real gpuprof binary, checked in trace.json and report.json.
+
+#[macro_use]
+mod common;
+
+use std::process::Command;
+
+use common::*;
+use serde_json::Value;
+
+fn nvtx_job(tmp: &std::path::Path) -> Result<std::path::PathBuf, String> {
+    build_nvtx_program(
+        &repo().join("tests/scripts/nvtx_job.c"),
+        &tmp.join("nvtx_job"),
+    )
+}
+
+/// (track name, slice name, ts, dur, args) of every X slice on NVTX tracks,
+/// per pid.
+fn nvtx_slices(trace: &Value) -> Vec<(i64, String, String, f64, f64, Value)> {
+    let evs = trace["traceEvents"].as_array().unwrap();
+    let mut names = std::collections::HashMap::new();
+    for e in evs {
+        if e["ph"] == "M" && e["name"] == "thread_name" {
+            names.insert(
+                (e["pid"].as_i64().unwrap(), e["tid"].as_i64().unwrap()),
+                e["args"]["name"].as_str().unwrap().to_string(),
+            );
+        }
+    }
+    evs.iter()
+        .filter(|e| e["ph"] == "X")
+        .filter_map(|e| {
+            let key = (e["pid"].as_i64()?, e["tid"].as_i64()?);
+            let track = names.get(&key)?;
+            track.starts_with("NVTX").then(|| {
+                (
+                    key.0,
+                    track.clone(),
+                    e["name"].as_str().unwrap().to_string(),
+                    e["ts"].as_f64().unwrap(),
+                    e["dur"].as_f64().unwrap(),
+                    e["args"].clone(),
+                )
+            })
+        })
+        .collect()
+}
+
+fn group<'a>(report: &'a Value, domain: &str, name: &str) -> &'a Value {
+    report["nvtx"]["ranges_by_name"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["domain"] == domain && g["name"] == name)
+        .unwrap_or_else(|| panic!("no range group {domain:?}/{name:?} in {}", report["nvtx"]))
+}
+
+#[test]
+fn c_program_ranges_nest_with_domains_threads_and_a_forked_child() {
+    let tmp = tempfile::tempdir().unwrap();
+    let prog = match nvtx_job(tmp.path()) {
+        Ok(p) => p,
+        Err(why) => skip!("{why}"),
+    };
+    let (out, o) = record(
+        tmp.path(),
+        "out",
+        &["--no-stacks", "--no-gpu"],
+        &[prog.to_str().unwrap()],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let trace = check_trace(&out.join("trace.json"));
+    let sl = nvtx_slices(&trace);
+    let job_pid = job_process(&report(&out))["pid"].as_i64().unwrap();
+    let find = |name: &str| -> Vec<&(i64, String, String, f64, f64, Value)> {
+        sl.iter().filter(|s| s.2 == name).collect()
+    };
+    // Steps with their phases nested inside, on the main thread's track.
+    for i in 0..3 {
+        let step = find(&format!("step {i}"));
+        assert_eq!(step.len(), 1, "step {i}: {sl:?}");
+        let s = step[0];
+        assert_eq!(s.0, job_pid);
+        assert!(
+            s.1.starts_with("NVTX ") && s.1.contains(&format!("({job_pid})")),
+            "{}",
+            s.1
+        );
+        let inside = |n: &str| {
+            find(n)
+                .iter()
+                .filter(|c| c.1 == s.1 && c.3 >= s.3 && c.3 + c.4 <= s.3 + s.4 + 0.01)
+                .count()
+        };
+        assert_eq!(inside("forward"), 1, "forward inside step {i}");
+        assert_eq!(inside("backward ✓"), 1, "wide-string range inside step {i}");
+    }
+    // A domain of its own: registered string, category and payload; its
+    // own track. The forked child uses the domain handle it inherited.
+    let reg = find("my library: registered load");
+    assert_eq!(reg.len(), 2, "{sl:?}");
+    let parent = reg.iter().find(|s| s.0 == job_pid).expect("parent's range");
+    let child = reg
+        .iter()
+        .find(|s| s.0 != job_pid)
+        .expect("forked child's range");
+    assert!(parent.1.starts_with("NVTX my library: "), "{}", parent.1);
+    assert_eq!(parent.5["category"], "io");
+    assert_eq!(parent.5["payload"], 42.0);
+    assert_eq!(child.5["domain"], "my library");
+    let cw = find("child work");
+    assert_eq!(cw.len(), 1);
+    assert_eq!(
+        cw[0].0, child.0,
+        "the child's ranges are on the child's process"
+    );
+    // Another thread, named with nvtxNameOsThread.
+    let tw = find("thread work");
+    assert_eq!(tw.len(), 2);
+    assert!(tw[0].1.starts_with("NVTX loader thread ("), "{}", tw[0].1);
+    // A start/end range ended on the other thread.
+    let h = find("handed over");
+    assert_eq!(h.len(), 1);
+    assert_eq!(h[0].1, "NVTX start/end ranges");
+    assert!(h[0].5["ended on thread"].as_i64().is_some());
+    // Still open when the process ended.
+    let lo = find("left open");
+    assert_eq!(lo.len(), 1);
+    assert!(lo[0].5["end"].as_str().unwrap().contains("not seen"));
+    // The mark.
+    let evs = trace["traceEvents"].as_array().unwrap();
+    assert!(evs
+        .iter()
+        .any(|e| e["ph"] == "i" && e["name"] == "checkpoint saved"));
+
+    let r = report(&out);
+    let n = &r["nvtx"];
+    assert_eq!(n["captured"], true);
+    assert_eq!(n["processes"], 2);
+    assert_eq!(n["domains"], serde_json::json!(["my library"]));
+    assert_eq!(n["recording"]["lost_in_job"], 0);
+    assert_eq!(n["recording"]["unmatched"], 0);
+    let steps = group(&r, "", "step N");
+    assert_eq!(steps["count"], 3);
+    assert_eq!(steps["distinct_names"], 3);
+    assert_eq!(steps["level"], 0);
+    let fwd = group(&r, "", "forward");
+    assert_eq!(fwd["count"], 3);
+    assert_eq!(fwd["level"], 1);
+    // Each forward spins 20 ms.
+    let p50 = fwd["p50_s"].as_f64().unwrap();
+    assert!((0.019..0.5).contains(&p50), "forward p50 {p50}");
+    assert!(fwd["max_s"].as_f64().unwrap() >= p50);
+    assert!(fwd["gpu_busy_share"].is_null(), "GPU not measured");
+    let regd = group(&r, "my library", "registered load");
+    assert_eq!(regd["count"], 2);
+    assert_eq!(regd["processes"], 2);
+    assert_eq!(group(&r, "", "left open")["open"], 1);
+    let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
+    assert!(summary.contains("## NVTX ranges"), "{summary}");
+    assert!(summary.contains("`forward`: 3 ×"), "{summary}");
+}
+
+#[test]
+fn another_tools_injection_is_left_in_place() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let o = gpuprof()
+        .args(["-q", "--no-stacks", "--no-gpu", "-o"])
+        .arg(&out)
+        .args(["--", "sh", "-c", "echo \"inj=$NVTX_INJECTION64_PATH\""])
+        .env(
+            "NVTX_INJECTION64_PATH",
+            "/opt/nsight/libToolsInjection64.so",
+        )
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        "inj=/opt/nsight/libToolsInjection64.so"
+    );
+    let r = report(&out);
+    let cov = r["coverage"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["source"] == "nvtx")
+        .unwrap();
+    assert_eq!(cov["available"], false);
+    assert!(cov["detail"]
+        .as_str()
+        .unwrap()
+        .contains("already sets NVTX_INJECTION64_PATH"));
+    assert_eq!(r["nvtx"]["captured"], false);
+
+    // Without it, the job is given gpuprof's library; with --no-nvtx, none.
+    let o = gpuprof()
+        .args(["-q", "--no-stacks", "--no-gpu", "-o"])
+        .arg(tmp.path().join("out2"))
+        .args(["--", "sh", "-c", "echo \"inj=$NVTX_INJECTION64_PATH\""])
+        .env_remove("NVTX_INJECTION64_PATH")
+        .output()
+        .unwrap();
+    let line = String::from_utf8_lossy(&o.stdout).trim().to_string();
+    assert!(line.ends_with("/libgpuprof_nvtx.so"), "{line}");
+    let o = gpuprof()
+        .args(["-q", "--no-stacks", "--no-gpu", "--no-nvtx", "-o"])
+        .arg(tmp.path().join("out3"))
+        .args(["--", "sh", "-c", "echo \"inj=$NVTX_INJECTION64_PATH\""])
+        .env_remove("NVTX_INJECTION64_PATH")
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "inj=");
+}
+
+fn bench_line(stdout: &[u8]) -> f64 {
+    let s = String::from_utf8_lossy(stdout);
+    let med = s
+        .split("median ")
+        .nth(1)
+        .and_then(|x| x.split(' ').next())
+        .and_then(|x| x.parse::<f64>().ok());
+    med.unwrap_or_else(|| panic!("no benchmark line in {s:?}"))
+}
+
+/// The cost of a push/pop pair on the job's thread, with and without
+/// gpuprof's injection (Nsight Systems documents well under a microsecond
+/// per call). Timed pair by pair; the median is robust to a loaded machine.
+#[test]
+fn push_pop_costs_well_under_a_microsecond() {
+    let tmp = tempfile::tempdir().unwrap();
+    let prog = match nvtx_job(tmp.path()) {
+        Ok(p) => p,
+        Err(why) => skip!("{why}"),
+    };
+    let args = ["bench", "20000", "20"];
+    let mut without = Vec::new();
+    let mut with = Vec::new();
+    for i in 0..2 {
+        let o = Command::new(&prog)
+            .args(args)
+            .env_remove("NVTX_INJECTION64_PATH")
+            .output()
+            .unwrap();
+        without.push(bench_line(&o.stdout));
+        let (out, o) = record(
+            tmp.path(),
+            &format!("b{i}"),
+            &["--no-stacks", "--no-gpu"],
+            &[prog.to_str().unwrap(), args[0], args[1], args[2]],
+        );
+        assert!(o.status.success());
+        with.push(bench_line(&o.stdout));
+        let r = report(&out);
+        assert!(
+            r["nvtx"]["ranges"].as_u64().unwrap() >= 20_000,
+            "every pair was recorded: {}",
+            r["nvtx"]
+        );
+    }
+    let w = with.iter().cloned().fold(f64::INFINITY, f64::min);
+    let wo = without.iter().cloned().fold(f64::INFINITY, f64::min);
+    eprintln!("push/pop pair: {w:.1} ns under gpuprof, {wo:.1} ns without injection (median of 20000, best of 2)");
+    assert!(w < 1000.0, "a push/pop pair costs {w} ns under gpuprof");
+}
