@@ -205,7 +205,7 @@ pub fn compare(a: &Run, b: &Run) -> Comparison {
     if idx.is_empty() {
         notes.push("GPU: neither run has GPU figures (not measured).".into());
     }
-    for role in ["main", "worker", "other"] {
+    for role in crate::analysis::Role::ALL.map(|r| r.as_str()) {
         let (x, y) = (
             num(ra, &["roles", role, "processes"]),
             num(rb, &["roles", role, "processes"]),

@@ -81,6 +81,9 @@ pub struct Header {
     /// mapped onto the monotonic axis.
     pub anchor_realtime_ns: u64,
     pub anchor_monotonic_ns: u64,
+    /// Half the time it took to read the anchor pair: the pair's own error.
+    #[serde(default)]
+    pub anchor_error_ns: u64,
     /// /proc sampling interval.
     pub interval_ns: u64,
     pub cpus: u32,
@@ -90,6 +93,14 @@ pub struct Header {
     /// SLURM_PROCID, ...), for merging traces of several ranks.
     #[serde(default)]
     pub rank: Option<String>,
+    /// The launcher's variables in gpuprof's own environment
+    /// ([`RANK_ENV_KEYS`] only): which node, task and job this recording is.
+    #[serde(default, skip_serializing_if = "RankEnv::is_empty")]
+    pub rank_env: RankEnv,
+    /// How well the host's clock was synchronised when recording started
+    /// (what bounds the wall-clock anchor's error when merging hosts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clock: Option<ClockSync>,
     /// PID of the job's root process.
     pub job_pid: Pid,
     /// `CLOCK_BOOTTIME - CLOCK_MONOTONIC` at the start (time spent in
@@ -116,6 +127,70 @@ pub struct Attached {
     /// Its threads and the processes below it when gpuprof attached.
     pub processes: u32,
     pub threads: u32,
+}
+
+/// Environment variables that say which rank, node and job a process
+/// belongs to, as torchrun (torch.distributed.elastic), Slurm, Open MPI and
+/// PMI launchers set them. Only these are ever read from a process's
+/// environment; the rest (tokens, paths, credentials) never leaves it.
+pub const RANK_ENV_KEYS: &[&str] = &[
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "NODE_RANK",
+    "TORCHELASTIC_RESTART_COUNT",
+    "SLURM_PROCID",
+    "SLURM_LOCALID",
+    "SLURM_NODEID",
+    "SLURM_NTASKS",
+    "SLURM_JOB_ID",
+    "SLURM_STEP_ID",
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "PMI_RANK",
+    "PMI_SIZE",
+    "PMIX_RANK",
+];
+
+/// The [`RANK_ENV_KEYS`] present in one environment, by name.
+pub type RankEnv = std::collections::BTreeMap<String, String>;
+
+/// Keep only the [`RANK_ENV_KEYS`] of a `KEY=VALUE` list (such as
+/// `/proc/PID/environ` split at NUL bytes); values are capped at 64 bytes.
+pub fn rank_env_from<'a>(vars: impl IntoIterator<Item = &'a [u8]>) -> RankEnv {
+    let mut out = RankEnv::new();
+    for kv in vars {
+        let Some(eq) = kv.iter().position(|b| *b == b'=') else {
+            continue;
+        };
+        let (k, v) = (&kv[..eq], &kv[eq + 1..]);
+        let Ok(k) = std::str::from_utf8(k) else {
+            continue;
+        };
+        if let Some(key) = RANK_ENV_KEYS.iter().find(|x| **x == k) {
+            let v = String::from_utf8_lossy(&v[..v.len().min(64)]).into_owned();
+            out.insert(key.to_string(), v);
+        }
+    }
+    out
+}
+
+/// The host clock's synchronisation state from `adjtimex(2)` (read only),
+/// taken when the recording starts.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClockSync {
+    /// The kernel considers the clock synchronised (an NTP/PTP daemon
+    /// disciplines it: `STA_UNSYNC` clear).
+    pub synchronized: bool,
+    /// Maximum error the daemon reports, in µs (`maxerror`).
+    pub max_error_us: u64,
+    /// Estimated error, in µs (`esterror`).
+    pub est_error_us: u64,
+    /// Where it came from ("adjtimex").
+    pub source: String,
 }
 
 /// How the job ended.
@@ -159,6 +234,45 @@ pub struct Footer {
     pub profiler_cpu_ns: u64,
     #[serde(default)]
     pub profiler_max_rss_bytes: u64,
+    /// A second (`CLOCK_MONOTONIC`, `CLOCK_REALTIME`) pair taken at the
+    /// end: how far the wall clock was slewed or stepped during the run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_anchor: Option<ClockAnchor>,
+}
+
+/// A `CLOCK_MONOTONIC` reading paired with `CLOCK_REALTIME`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClockAnchor {
+    pub monotonic_ns: u64,
+    pub realtime_ns: u64,
+    /// Half the time the pair took to read.
+    pub error_ns: u64,
+}
+
+impl ClockAnchor {
+    /// Read both clocks; of a few tries keep the tightest bracket.
+    pub fn now() -> ClockAnchor {
+        let read = |id| {
+            nix::time::clock_gettime(id)
+                .map(|ts| ts.tv_sec() as u64 * 1_000_000_000 + ts.tv_nsec() as u64)
+                .unwrap_or(0)
+        };
+        let mut best: Option<ClockAnchor> = None;
+        for _ in 0..5 {
+            let m0 = read(nix::time::ClockId::CLOCK_MONOTONIC);
+            let r = read(nix::time::ClockId::CLOCK_REALTIME);
+            let m1 = read(nix::time::ClockId::CLOCK_MONOTONIC);
+            let a = ClockAnchor {
+                monotonic_ns: m0 + (m1 - m0) / 2,
+                realtime_ns: r,
+                error_ns: (m1 - m0).div_ceil(2),
+            };
+            if best.map_or(true, |b| a.error_ns < b.error_ns) {
+                best = Some(a);
+            }
+        }
+        best.expect("five tries")
+    }
 }
 
 /// One measured source and whether it worked. Partial failure is data.
@@ -491,6 +605,12 @@ pub enum Event {
         comm: String,
         cmdline: Vec<String>,
         exe: Option<String>,
+        /// The launcher's rank variables in the process's own environment
+        /// ([`RANK_ENV_KEYS`] only; nothing else of the environment is
+        /// read into the recording). None when the environment could not be
+        /// read (or the recording predates it).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        rank_env: Option<RankEnv>,
     },
     /// The process exited (or vanished) at about `t`.
     ProcessExit {

@@ -19,7 +19,7 @@ use crate::collect::nvtx::{self, NvtxCollector, NvtxPlan};
 use crate::collect::procfs::TreeCollector;
 use crate::collect::stacks::StackCollectors;
 use crate::collect::system::SystemCollector;
-use crate::event::{Event, Footer, Header, JobStatus, MonoNs, Pid, RECORDING_VERSION};
+use crate::event::{ClockAnchor, Event, Footer, Header, JobStatus, MonoNs, Pid, RECORDING_VERSION};
 use crate::launch;
 use crate::record::{self, Sink};
 
@@ -195,16 +195,26 @@ fn rank_id() -> Option<String> {
         .find_map(|k| std::env::var(k).ok().filter(|v| !v.is_empty()))
 }
 
-fn realtime_ns() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0)
+/// The rank variables of gpuprof's own environment.
+fn own_rank_env() -> crate::event::RankEnv {
+    crate::event::RANK_ENV_KEYS
+        .iter()
+        .filter_map(|k| {
+            let v = std::env::var_os(k)?;
+            let mut kv = k.as_bytes().to_vec();
+            kv.push(b'=');
+            kv.extend(v.into_encoded_bytes());
+            Some(kv)
+        })
+        .collect::<Vec<_>>()
+        .iter()
+        .flat_map(|kv| crate::event::rank_env_from([kv.as_slice()]))
+        .collect()
 }
 
 pub(crate) fn make_header(cfg: &RecordConfig, job_pid: Pid) -> Header {
-    let start = MonoNs::now();
-    let anchor_realtime_ns = realtime_ns();
+    let anchor = ClockAnchor::now();
+    let start = MonoNs(anchor.monotonic_ns);
     Header {
         format: record::FORMAT_NAME.into(),
         version: RECORDING_VERSION,
@@ -216,8 +226,11 @@ pub(crate) fn make_header(cfg: &RecordConfig, job_pid: Pid) -> Header {
             .collect(),
         host: hostname(),
         start,
-        anchor_realtime_ns,
-        anchor_monotonic_ns: start.0,
+        anchor_realtime_ns: anchor.realtime_ns,
+        anchor_monotonic_ns: anchor.monotonic_ns,
+        anchor_error_ns: anchor.error_ns,
+        clock: crate::collect::clock::clock_sync(),
+        rank_env: own_rank_env(),
         interval_ns: cfg.interval.as_nanos() as u64,
         cpus: std::thread::available_parallelism()
             .map(|n| n.get() as u32)
@@ -522,6 +535,7 @@ pub(crate) fn finish_recording(
         dropped_events: sink.dropped(),
         profiler_cpu_ns: cpu_ns,
         profiler_max_rss_bytes: max_rss,
+        end_anchor: Some(ClockAnchor::now()),
     }));
     drop(sink);
     drop(samplers);

@@ -993,6 +993,9 @@ mod tests {
             boottime_offset_ns: 0,
             gpu_idle_threshold_pct: None,
             attached: None,
+            rank_env: Default::default(),
+            clock: None,
+            anchor_error_ns: 0,
         }
     }
 

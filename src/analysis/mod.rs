@@ -2,6 +2,7 @@
 //! NVML or perf happens here, so every figure can be rebuilt by
 //! `gpuprof report` and unit-tested on hand-built event lists.
 
+pub mod collectives;
 pub mod environment;
 pub mod gpu;
 pub mod nvtx;
@@ -14,7 +15,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use crate::event::{Coverage, CpuTimes, Event, Footer, Header, JobStatus, MonoNs, Pid, Tid};
-pub use roles::Role;
+pub use roles::{RankIds, Role};
 pub use series::Series;
 
 /// One thread of a job process.
@@ -51,6 +52,13 @@ pub struct Process {
     pub exited: Option<MonoNs>,
     pub status: Option<JobStatus>,
     pub role: Role,
+    /// The launcher's rank variables of its own environment, as recorded
+    /// (None: not read).
+    pub rank_env: Option<crate::event::RankEnv>,
+    /// Its rank (its own, or its nearest ancestor's; None for launchers and
+    /// jobs without ranks), with its node and world; see [`roles`].
+    pub rank: Option<u32>,
+    pub rank_ids: RankIds,
     pub is_job: bool,
     pub user_ns: u64,
     pub sys_ns: u64,
@@ -75,6 +83,15 @@ impl Process {
     }
     pub fn lifetime(&self, end: MonoNs) -> (MonoNs, MonoNs) {
         (self.first_seen, self.exited.unwrap_or(end))
+    }
+    /// Its role with its rank: "rank 1", "worker of rank 1", "launcher",
+    /// "other of rank 1"; the plain role when the job has no ranks.
+    pub fn label(&self) -> String {
+        match (self.role, self.rank) {
+            (Role::Main, Some(r)) => format!("rank {r}"),
+            (Role::Launcher, _) | (_, None) => self.role.as_str().to_string(),
+            (role, Some(r)) => format!("{} of rank {r}", role.as_str()),
+        }
     }
 }
 
@@ -148,6 +165,9 @@ pub struct Analysis {
     pub env: environment::Environment,
     /// NVTX ranges and marks of the job.
     pub nvtx: nvtx::NvtxAnalysis,
+    /// Per Python thread, the time spent inside collective calls
+    /// (all-reduce, barrier, ...), from the Python stack samples.
+    pub collectives: Vec<collectives::ThreadWaits>,
 }
 
 impl Analysis {
@@ -163,6 +183,42 @@ impl Analysis {
     }
     pub fn processes_with_role(&self, role: Role) -> impl Iterator<Item = &Process> {
         self.processes.values().filter(move |p| p.role == role)
+    }
+    /// The ranks of the job: every rank some main process carries (sorted).
+    /// Empty when the job was not started by a launcher that sets ranks.
+    pub fn ranks(&self) -> Vec<u32> {
+        let set: std::collections::BTreeSet<u32> = self
+            .processes
+            .values()
+            .filter(|p| p.role == Role::Main)
+            .filter_map(|p| p.rank)
+            .collect();
+        set.into_iter().collect()
+    }
+    /// Processes in display order: launchers, then each rank (its main
+    /// processes, its workers, the rest), then processes without a rank by
+    /// role; by start time within each group.
+    pub fn processes_in_order(&self) -> Vec<&Process> {
+        let mut v: Vec<&Process> = self.processes.values().collect();
+        let role_order = |r: Role| match r {
+            Role::Launcher => 0,
+            Role::Main => 1,
+            Role::Worker => 2,
+            Role::Other => 3,
+        };
+        v.sort_by_key(|p| {
+            let group = match (p.role, p.rank) {
+                (Role::Launcher, _) => 0,
+                (_, Some(_)) => 1,
+                (_, None) => 2,
+            };
+            (group, p.rank, role_order(p.role), p.first_seen, p.pid)
+        });
+        v
+    }
+    /// Whether findings are made per rank: two ranks or more.
+    pub fn multi_rank(&self) -> bool {
+        self.ranks().len() >= 2
     }
 }
 
@@ -230,6 +286,7 @@ impl Builder {
                 stacks: stacks::Stacks::default(),
                 env: Default::default(),
                 nvtx: Default::default(),
+                collectives: Vec::new(),
             },
             interval,
             window_started: None,
@@ -319,6 +376,7 @@ impl Builder {
                 comm,
                 cmdline,
                 exe,
+                rank_env,
                 ..
             } => {
                 let is_job = pid == self.a.header.job_pid;
@@ -332,6 +390,9 @@ impl Builder {
                     exited: None,
                     status: None,
                     role: Role::Other,
+                    rank_env: None,
+                    rank: None,
+                    rank_ids: RankIds::default(),
                     is_job,
                     user_ns: 0,
                     sys_ns: 0,
@@ -356,6 +417,9 @@ impl Builder {
                 }
                 if exe.is_some() {
                     p.exe = exe;
+                }
+                if rank_env.is_some() {
+                    p.rank_env = rank_env;
                 }
                 if p.exited.is_some() {
                     p.exited = None;
@@ -696,13 +760,18 @@ impl Builder {
             .map(|p| (p, self.stack_data.fallback_meta(p)))
             .collect();
         let meta = |pid: Pid| match procs.get(&pid) {
+            // Root frames say which rank: "rank 1: python3 (4242)".
+            Some(p) if p.rank.is_some() => stacks::ProcMeta {
+                name: format!("{}: {}", p.label(), p.comm),
+                role: p.role,
+            },
             Some(p) => stacks::ProcMeta {
                 name: p.comm.clone(),
-                role: p.role.as_str(),
+                role: p.role,
             },
             None => fallback.get(&pid).cloned().unwrap_or(stacks::ProcMeta {
                 name: "?".into(),
-                role: "other",
+                role: Role::Other,
             }),
         };
         let window = (self.a.start, self.a.end);
@@ -710,6 +779,7 @@ impl Builder {
         let procs = &self.a.processes;
         let exits = |pid: Pid| procs.get(&pid).and_then(|p| p.exited);
         self.a.nvtx = std::mem::take(&mut self.nvtx).finish(window, &exits, &self.a.gpu);
+        self.a.collectives = collectives::analyze(&self.stack_data, window);
         self.a
     }
 }
@@ -806,6 +876,9 @@ mod tests {
             boottime_offset_ns: 0,
             gpu_idle_threshold_pct: None,
             attached: None,
+            rank_env: Default::default(),
+            clock: None,
+            anchor_error_ns: 0,
         }
     }
 
@@ -818,6 +891,7 @@ mod tests {
             comm: comm.into(),
             cmdline: cmd.iter().map(|s| s.to_string()).collect(),
             exe: None,
+            rank_env: None,
         }
     }
 
@@ -934,5 +1008,104 @@ mod tests {
         assert_eq!(role(14), Role::Other);
         assert_eq!(role(15), Role::Other);
         assert_eq!(role(16), Role::Main);
+    }
+
+    fn ranked(
+        t: u64,
+        pid: i32,
+        ppid: i32,
+        comm: &str,
+        cmd: &[&str],
+        env: &[(&str, &str)],
+    ) -> Event {
+        let mut ev = proc_ev(t, pid, ppid, comm, cmd);
+        if let Event::Process { rank_env, .. } = &mut ev {
+            *rank_env = Some(
+                env.iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            );
+        }
+        ev
+    }
+
+    #[test]
+    fn torchrun_agent_is_the_launcher_and_workers_belong_to_their_rank() {
+        let py = ["python3", "train.py"];
+        let rank = |r: &'static str, l: &'static str| -> Vec<(&'static str, &'static str)> {
+            vec![
+                ("RANK", r),
+                ("LOCAL_RANK", l),
+                ("WORLD_SIZE", "4"),
+                ("GROUP_RANK", "1"),
+            ]
+        };
+        let evs = vec![
+            // Under `srun … torchrun`: the agent carries the node's
+            // SLURM_PROCID, its ranks their own RANK.
+            ranked(
+                1_100,
+                10,
+                1,
+                "pt_elastic",
+                &["python3", "torchrun", "train.py"],
+                &[("SLURM_PROCID", "1")],
+            ),
+            ranked(1_200, 20, 10, "python3", &py, &rank("2", "0")),
+            ranked(1_200, 30, 10, "python3", &py, &rank("3", "1")),
+            // Their DataLoader workers inherit the environment.
+            ranked(1_300, 21, 20, "pt_data_worker", &py, &rank("2", "0")),
+            ranked(1_300, 31, 30, "pt_data_worker", &py, &rank("3", "1")),
+            // A worker whose environment could not be read: by ancestry.
+            proc_ev(1_300, 32, 30, "pt_data_worker", &py),
+            // A helper the agent ran (no rank of its own).
+            ranked(
+                1_150,
+                11,
+                10,
+                "ldconfig",
+                &["ldconfig", "-p"],
+                &[("SLURM_PROCID", "1")],
+            ),
+        ];
+        let a = analyze_events(header(), evs.into_iter());
+        let p = |pid: i32| &a.processes[&Pid(pid)];
+        assert_eq!(p(10).role, Role::Launcher);
+        assert_eq!(p(10).rank, None);
+        assert_eq!(p(10).label(), "launcher");
+        assert_eq!(p(20).label(), "rank 2");
+        assert_eq!(p(30).label(), "rank 3");
+        assert_eq!(p(30).rank_ids.local_rank, Some(1));
+        assert_eq!(p(30).rank_ids.node_rank, Some(1));
+        assert_eq!(p(30).rank_ids.world_size, Some(4));
+        assert_eq!(p(21).label(), "worker of rank 2");
+        assert_eq!(p(31).label(), "worker of rank 3");
+        assert_eq!(p(32).label(), "worker of rank 3");
+        assert_eq!(p(11).role, Role::Other);
+        assert_eq!(
+            p(11).rank,
+            None,
+            "the agent's own SLURM_PROCID numbers the node"
+        );
+        assert_eq!(a.ranks(), vec![2, 3]);
+        assert!(a.multi_rank());
+        let order: Vec<i32> = a.processes_in_order().iter().map(|p| p.pid.0).collect();
+        assert_eq!(order, vec![10, 20, 21, 30, 31, 32, 11]);
+    }
+
+    #[test]
+    fn one_process_per_rank_under_srun_is_that_rank() {
+        let py = ["python3", "train.py"];
+        let env = [("SLURM_PROCID", "5"), ("SLURM_LOCALID", "1")];
+        let evs = vec![
+            ranked(1_100, 10, 1, "python3", &py, &env),
+            ranked(1_200, 11, 10, "pt_data_worker", &py, &env),
+        ];
+        let a = analyze_events(header(), evs.into_iter());
+        assert_eq!(a.processes[&Pid(10)].label(), "rank 5");
+        assert_eq!(a.processes[&Pid(10)].rank_ids.local_rank, Some(1));
+        assert_eq!(a.processes[&Pid(11)].label(), "worker of rank 5");
+        assert_eq!(a.ranks(), vec![5]);
+        assert!(!a.multi_rank());
     }
 }

@@ -1,32 +1,102 @@
-//! Process roles: `main` (the job and the processes that drive GPU work),
-//! `worker` (DataLoader-style input workers), `other`.
+//! Process roles and ranks.
 //!
-//! Rules, in order:
+//! Roles: `main` (the job and the processes that drive GPU work), `worker`
+//! (DataLoader-style input workers), `launcher` (torchrun's agent, `mpirun`,
+//! a wrapper script: processes that start the ranks), `other`.
+//!
+//! Ranks come from each process's own environment (the launcher's
+//! variables, [`crate::event::RANK_ENV_KEYS`]): `RANK`, then
+//! `OMPI_COMM_WORLD_RANK`, `PMI_RANK`, `PMIX_RANK`, then `SLURM_PROCID`.
+//! A process whose descendants carry a different rank than its own (or
+//! carry one while it has none) is a launcher: torchrun's agent has no
+//! `RANK`, and under `srun … torchrun` its `SLURM_PROCID` numbers the node,
+//! not a rank. A process whose environment could not be read belongs to
+//! the rank of its nearest ancestor that has one.
+//!
+//! Role rules, in order:
 //! 1. a process that held a GPU context is `main` (set by the GPU analysis);
-//! 2. a process whose threads are named `pt_data_worker` (PyTorch ≥ 2.x names
+//! 2. a launcher (above) is `launcher`;
+//! 3. a process whose threads are named `pt_data_worker` (PyTorch ≥ 2.x names
 //!    its DataLoader workers so) is a `worker`;
-//! 3. a Python process started by Python's `multiprocessing` (spawn /
+//! 4. a Python process started by Python's `multiprocessing` (spawn /
 //!    forkserver command line) is a `worker`, except its helper processes
 //!    (resource tracker, fork server itself) which are `other`;
-//! 4. a Python process forked from a Python parent without exec (same
+//! 5. a Python process forked from a Python parent without exec (same
 //!    command line as its parent) is a `worker` — older PyTorch versions and
 //!    plain `multiprocessing.Pool`s leave workers named like their parent;
-//! 5. the job itself and every other Python program (e.g. a script run by
+//! 6. the job itself and every other Python program (e.g. a script run by
 //!    `sh -c`, or the ranks `torchrun` starts) are `main`;
-//! 6. everything else (shells, compilers, `nvidia-smi` calls) is `other`.
+//! 7. everything else (shells, compilers, `nvidia-smi` calls) is `other`.
+//!
+//! A main process with a rank is shown as "rank N", a worker as "worker of
+//! rank N" ([`Process::label`](super::Process::label)).
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
 use super::Process;
-use crate::event::Pid;
+use crate::event::{Pid, RankEnv};
+
+/// Which rank, node and world a process belongs to, from its launcher's
+/// environment variables.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct RankIds {
+    /// Global rank (`RANK`, `OMPI_COMM_WORLD_RANK`, `PMI_RANK`, `PMIX_RANK`,
+    /// `SLURM_PROCID`, in that order).
+    pub rank: Option<u32>,
+    /// Rank on its node (`LOCAL_RANK`, `OMPI_COMM_WORLD_LOCAL_RANK`,
+    /// `SLURM_LOCALID`).
+    pub local_rank: Option<u32>,
+    /// Ranks in all (`WORLD_SIZE`, `OMPI_COMM_WORLD_SIZE`, `PMI_SIZE`,
+    /// `SLURM_NTASKS`).
+    pub world_size: Option<u32>,
+    /// The node's index (`GROUP_RANK`, `NODE_RANK`, `SLURM_NODEID`).
+    pub node_rank: Option<u32>,
+    /// torchrun's restart count (`TORCHELASTIC_RESTART_COUNT`).
+    pub restart: Option<u32>,
+    /// The variable the rank was read from.
+    pub rank_source: Option<&'static str>,
+}
+
+impl RankIds {
+    pub fn from_env(env: &RankEnv) -> RankIds {
+        let first = |keys: &[&str]| {
+            keys.iter()
+                .find_map(|k| env.get(*k).and_then(|v| v.trim().parse::<u32>().ok()))
+        };
+        const RANK_KEYS: [&str; 5] = [
+            "RANK",
+            "OMPI_COMM_WORLD_RANK",
+            "PMI_RANK",
+            "PMIX_RANK",
+            "SLURM_PROCID",
+        ];
+        let rank_source = RANK_KEYS
+            .into_iter()
+            .find(|k| env.get(*k).is_some_and(|v| v.trim().parse::<u32>().is_ok()));
+        RankIds {
+            rank: first(&RANK_KEYS),
+            rank_source,
+            local_rank: first(&["LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"]),
+            world_size: first(&[
+                "WORLD_SIZE",
+                "OMPI_COMM_WORLD_SIZE",
+                "PMI_SIZE",
+                "SLURM_NTASKS",
+            ]),
+            node_rank: first(&["GROUP_RANK", "NODE_RANK", "SLURM_NODEID"]),
+            restart: first(&["TORCHELASTIC_RESTART_COUNT"]),
+        }
+    }
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Role {
     Main,
     Worker,
+    Launcher,
     Other,
 }
 
@@ -35,10 +105,20 @@ impl Role {
         match self {
             Role::Main => "main",
             Role::Worker => "worker",
+            Role::Launcher => "launcher",
             Role::Other => "other",
         }
     }
-    pub const ALL: [Role; 3] = [Role::Main, Role::Worker, Role::Other];
+    /// Plural for counts ("2 workers", "1 launcher", "3 other").
+    pub fn plural(self, n: usize) -> String {
+        match (self, n) {
+            (Role::Other, _) => format!("{n} other"),
+            (r, 1) => format!("1 {}", r.as_str()),
+            (Role::Main, n) => format!("{n} main"),
+            (r, n) => format!("{n} {}s", r.as_str()),
+        }
+    }
+    pub const ALL: [Role; 4] = [Role::Main, Role::Worker, Role::Launcher, Role::Other];
 }
 
 impl std::fmt::Display for Role {
@@ -84,13 +164,107 @@ pub fn assign_with_gpu(
     job: Pid,
     gpu_users: &BTreeSet<Pid>,
 ) {
+    let launchers = assign_ranks(processes, gpu_users);
     let snapshot: BTreeMap<Pid, (bool, Vec<String>, Pid)> = processes
         .iter()
         .map(|(pid, p)| (*pid, (is_python(p), p.cmdline.clone(), p.ppid)))
         .collect();
     for p in processes.values_mut() {
-        p.role = role_of(p, job, gpu_users, &snapshot);
+        p.role = if launchers.contains(&p.pid) && !gpu_users.contains(&p.pid) {
+            Role::Launcher
+        } else {
+            role_of(p, job, gpu_users, &snapshot)
+        };
     }
+}
+
+/// Set every process's rank (see the module documentation); returns the
+/// launchers.
+fn assign_ranks(
+    processes: &mut BTreeMap<Pid, Process>,
+    gpu_users: &BTreeSet<Pid>,
+) -> BTreeSet<Pid> {
+    let own: BTreeMap<Pid, Option<RankIds>> = processes
+        .iter()
+        .map(|(pid, p)| (*pid, p.rank_env.as_ref().map(RankIds::from_env)))
+        .collect();
+    // An ancestor whose environment was read and holds another rank (or
+    // none); unknown environments decide nothing.
+    let differs =
+        |pid: &Pid, r: u32| matches!(own.get(pid), Some(Some(ids)) if ids.rank != Some(r));
+    // Walk up from every process with a rank of its own: each ancestor with
+    // a different rank (or none) started ranks, so it is a launcher.
+    let mut launchers = BTreeSet::new();
+    for (pid, ids) in &own {
+        let Some(r) = ids.and_then(|i| i.rank) else {
+            continue;
+        };
+        let mut cur = processes[pid].ppid;
+        for _ in 0..64 {
+            let Some(parent) = processes.get(&cur) else {
+                break;
+            };
+            if differs(&cur, r) && !gpu_users.contains(&cur) {
+                launchers.insert(cur);
+            }
+            cur = parent.ppid;
+        }
+    }
+    // Ranks: a process's own, else its nearest ancestor's (not across a
+    // launcher). A process that only carries its launcher's own variable
+    // (a helper of `srun … torchrun`'s agent, with the node's
+    // SLURM_PROCID) is no rank.
+    let mut ids_of: BTreeMap<Pid, RankIds> = BTreeMap::new();
+    for pid in processes.keys() {
+        let mut cur = *pid;
+        let mut found = RankIds::default();
+        for _ in 0..64 {
+            if launchers.contains(&cur) {
+                break;
+            }
+            if let Some(Some(ids)) = own.get(&cur) {
+                found = *ids;
+                break;
+            }
+            match processes.get(&cur) {
+                Some(p) if p.ppid != cur => cur = p.ppid,
+                _ => break,
+            }
+        }
+        let mut up = processes.get(pid).map(|p| p.ppid);
+        for _ in 0..64 {
+            let Some(anc) = up else { break };
+            if launchers.contains(&anc) {
+                if let Some(Some(l)) = own.get(&anc) {
+                    if l.rank.is_some()
+                        && l.rank == found.rank
+                        && l.rank_source == found.rank_source
+                    {
+                        found.rank = None;
+                        found.rank_source = None;
+                    }
+                }
+                break;
+            }
+            up = processes.get(&anc).map(|p| p.ppid).filter(|pp| *pp != anc);
+        }
+        ids_of.insert(*pid, found);
+    }
+    for (pid, p) in processes.iter_mut() {
+        let ids = if launchers.contains(pid) {
+            // A launcher is no rank; it keeps its node's index.
+            RankIds {
+                rank: None,
+                rank_source: None,
+                ..own.get(pid).copied().flatten().unwrap_or_default()
+            }
+        } else {
+            ids_of.get(pid).copied().unwrap_or_default()
+        };
+        p.rank = ids.rank;
+        p.rank_ids = ids;
+    }
+    launchers
 }
 
 pub fn assign(processes: &mut BTreeMap<Pid, Process>, job: Pid) {

@@ -18,6 +18,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
 
+use super::Role;
 use crate::event::{Event, MonoNs, Pid, StackKind, StackStats, Tid};
 
 /// Outermost frames that mean "the unwinder reached the thread's root".
@@ -32,16 +33,11 @@ pub const TRACE_MAX_SLICES: usize = 400_000;
 /// Top functions listed per role.
 pub const TOP_FUNCTIONS: usize = 15;
 
-/// The three roles of the job's processes, as the folded file names spell
-/// them.
-pub const ROLES: &[&str] = &["main", "worker", "other"];
-
 /// Process name and role, as the process-tree analysis determined them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProcMeta {
     pub name: String,
-    /// "main", "worker" or "other".
-    pub role: &'static str,
+    pub role: Role,
 }
 
 #[derive(Clone, Debug)]
@@ -271,6 +267,57 @@ impl StackData {
             .collect()
     }
 
+    /// Every thread's Python samples inside `window`, time-sorted, each with
+    /// the innermost Python frame that `pick(name, file)` selects (an index
+    /// into the returned names), if any. Python samples include threads
+    /// that were blocked, which native (on-CPU) samples never show.
+    #[allow(clippy::type_complexity)]
+    pub fn python_marks(
+        &self,
+        window: (MonoNs, MonoNs),
+        pick: &dyn Fn(&str, &str) -> bool,
+    ) -> (
+        Vec<String>,
+        BTreeMap<(Pid, Tid), Vec<(MonoNs, Option<u32>)>>,
+    ) {
+        let mut names: Vec<String> = Vec::new();
+        let mut by_stack: HashMap<u32, Option<u32>> = HashMap::new();
+        let mut out: BTreeMap<(Pid, Tid), Vec<(MonoNs, Option<u32>)>> = BTreeMap::new();
+        for s in &self.python.kept {
+            if s.t < window.0 || s.t > window.1 {
+                continue;
+            }
+            let mark = *by_stack.entry(s.stack).or_insert_with(|| {
+                let mut id = Some(s.stack);
+                // Leaf first: the innermost matching frame.
+                for _ in 0..4096 {
+                    let Some(&(parent, frame)) = id.and_then(|i| self.py_nodes.get(&i)) else {
+                        break;
+                    };
+                    if let Some(Frame::Python { name, file, .. }) = self.py_frames.get(&frame) {
+                        if pick(name, file) {
+                            let n = match names.iter().position(|x| x == name) {
+                                Some(i) => i,
+                                None => {
+                                    names.push(name.clone());
+                                    names.len() - 1
+                                }
+                            };
+                            return Some(n as u32);
+                        }
+                    }
+                    id = parent;
+                }
+                None
+            });
+            out.entry((s.pid, s.tid)).or_default().push((s.t, mark));
+        }
+        for v in out.values_mut() {
+            v.sort_by_key(|x| x.0);
+        }
+        (names, out)
+    }
+
     /// Whether `pid` exec'd a new program in (from, to].
     pub fn execd_between(&self, pid: Pid, from: MonoNs, to: MonoNs) -> bool {
         self.comms
@@ -323,13 +370,13 @@ impl StackData {
         let main = self.first_exec.map(|f| f.1);
         let execd = comms.is_some_and(|c| c.iter().any(|c| c.2));
         let role = if Some(pid) == main {
-            "main"
+            Role::Main
         } else if name == "pt_data_worker"
             || (!execd && main.is_some() && self.parents.get(&pid) == main.as_ref())
         {
-            "worker"
+            Role::Worker
         } else {
-            "other"
+            Role::Other
         };
         ProcMeta { name, role }
     }
@@ -811,19 +858,19 @@ pub fn analyze(
         report: rep,
     };
     let mut roles = BTreeMap::new();
-    for role in ROLES {
-        let n = st.role_samples(role).count() as u64;
+    for role in Role::ALL {
+        let n = st.role_samples(Some(role)).count() as u64;
         st.report.samples_per_role.insert(role.to_string(), n);
         if n == 0 {
             continue;
         }
-        let processes = st.procs.values().filter(|m| m.role == *role).count() as u64;
+        let processes = st.procs.values().filter(|m| m.role == role).count() as u64;
         roles.insert(
             role.to_string(),
             RoleStacks {
                 samples: n,
                 processes,
-                top_functions: st.top_functions(role, TOP_FUNCTIONS),
+                top_functions: st.top_functions(Some(role), TOP_FUNCTIONS),
             },
         );
     }
@@ -843,15 +890,15 @@ impl Stacks {
             .map(|n| self.names[*n as usize].as_str())
     }
 
-    fn role_of(&self, pid: Pid) -> &'static str {
-        self.procs.get(&pid).map_or("other", |m| m.role)
+    fn role_of(&self, pid: Pid) -> Role {
+        self.procs.get(&pid).map_or(Role::Other, |m| m.role)
     }
 
-    /// Samples of processes with `role` ("all" for every process).
-    pub fn role_samples<'a>(&'a self, role: &'a str) -> impl Iterator<Item = &'a Sample> + 'a {
+    /// Samples of processes with `role` (None: every process).
+    pub fn role_samples(&self, role: Option<Role>) -> impl Iterator<Item = &Sample> + '_ {
         self.samples
             .iter()
-            .filter(move |s| role == "all" || self.role_of(s.pid) == role)
+            .filter(move |s| role.map_or(true, |r| self.role_of(s.pid) == r))
     }
 
     /// The root frame of a process: "name (pid)".
@@ -886,8 +933,8 @@ impl Stacks {
         out
     }
 
-    /// Folded stacks of one role ("main", "worker", "other" or "all").
-    pub fn folded_role(&self, role: &str) -> String {
+    /// Folded stacks of one role (None: all processes).
+    pub fn folded_role(&self, role: Option<Role>) -> String {
         self.folded(self.role_samples(role))
     }
 
@@ -911,13 +958,22 @@ impl Stacks {
         }))
     }
 
-    /// The `n` functions with the most samples (total) in a role.
-    pub fn top_functions(&self, role: &str, n: usize) -> Vec<TopFunction> {
+    /// The `n` functions with the most samples (total) in a role (None: all).
+    pub fn top_functions(&self, role: Option<Role>, n: usize) -> Vec<TopFunction> {
+        self.top_functions_of(self.role_samples(role), n)
+    }
+
+    /// The `n` functions with the most samples (total) among `samples`.
+    pub fn top_functions_of<'a>(
+        &'a self,
+        samples: impl Iterator<Item = &'a Sample>,
+        n: usize,
+    ) -> Vec<TopFunction> {
         let mut self_n: HashMap<u32, u64> = HashMap::new();
         let mut total_n: HashMap<u32, u64> = HashMap::new();
         let mut count = 0u64;
         let mut seen: Vec<u32> = Vec::new();
-        for s in self.role_samples(role) {
+        for s in samples {
             count += 1;
             let frames = &self.stacks[s.stack as usize];
             if let Some(leaf) = frames.last() {
@@ -1130,6 +1186,10 @@ pub fn merge_perf_processes(
                 exited: pp.exited,
                 status: None,
                 role: super::Role::Other,
+                // Unknown: it takes its parent's rank (see `roles`).
+                rank_env: None,
+                rank: None,
+                rank_ids: Default::default(),
                 is_job: false,
                 user_ns: 0,
                 sys_ns: 0,
@@ -1302,7 +1362,7 @@ mod tests {
     fn python_frames_sit_between_interpreter_and_native_leaf() {
         let mut d = data();
         let st = analyze_all(&mut d);
-        let folded = st.folded_role("main");
+        let folded = st.folded_role(Some(Role::Main));
         assert!(
             folded.contains("python3 (10);_start;main;<module> (job.py);augment (job.py);zlib_compress;[libz.so.1+0x50] 2"),
             "{folded}"
@@ -1378,6 +1438,9 @@ mod tests {
             boottime_offset_ns: 0,
             gpu_idle_threshold_pct: None,
             attached: None,
+            rank_env: Default::default(),
+            clock: None,
+            anchor_error_ns: 0,
         };
         let comm = |t: u64, pid: i32, c: &str| Event::TaskComm {
             t: MonoNs(t * ms),
@@ -1409,6 +1472,7 @@ mod tests {
                 comm: "python3".into(),
                 cmdline: vec!["python3".into(), "train.py".into()],
                 exe: None,
+                rank_env: None,
             },
             // A worker forked by python that lives 150 ms, unseen by /proc.
             fork(1_200, 12, 10),
@@ -1424,6 +1488,7 @@ mod tests {
                 dropped_events: 0,
                 profiler_cpu_ns: 0,
                 profiler_max_rss_bytes: 0,
+                end_anchor: None,
             }),
         ];
         let a = super::super::analyze_events(h, evs.into_iter());

@@ -178,6 +178,7 @@ impl TreeCollector {
                 comm: stat.comm.clone(),
                 cmdline: cmdline.clone(),
                 exe,
+                rank_env: read_rank_env(pid),
             });
             if let Some(st) = self.procs.get_mut(&pid).filter(|_| !is_new) {
                 st.cmdline = cmdline.clone();
@@ -274,6 +275,27 @@ impl TreeCollector {
             }
         }
     }
+}
+
+/// Largest environment read from `/proc/PID/environ` (the kernel's own
+/// limit on arguments plus environment is of this order).
+const MAX_ENVIRON_BYTES: u64 = 4 << 20;
+
+/// The rank variables ([`crate::event::RANK_ENV_KEYS`]) of a process's
+/// environment as it was at exec. The rest of the environment is parsed in
+/// memory and dropped, never recorded. None when it cannot be read (the
+/// process exited, or reading another user's process was refused).
+pub fn read_rank_env(pid: i32) -> Option<crate::event::RankEnv> {
+    use std::io::Read;
+    let f = std::fs::File::open(format!("/proc/{pid}/environ")).ok()?;
+    let mut buf = Vec::new();
+    f.take(MAX_ENVIRON_BYTES).read_to_end(&mut buf).ok()?;
+    // A zombie (or a process mid-exec) shows an empty environment: unknown,
+    // not "no rank".
+    if buf.is_empty() {
+        return None;
+    }
+    Some(crate::event::rank_env_from(buf.split(|b| *b == 0)))
 }
 
 /// Children of every thread of `pid` (needs CONFIG_PROC_CHILDREN, present

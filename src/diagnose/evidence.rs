@@ -44,6 +44,8 @@ pub struct GpuDeviceEvidence {
     pub sampled: Option<(MonoNs, MonoNs)>,
     /// Processes of the job seen on this GPU.
     pub job_processes: usize,
+    /// Their PIDs.
+    pub job_pids: Vec<crate::event::Pid>,
     /// Thermal reasons (HW/SW thermal slowdown, HW slowdown).
     pub thermal: ThrottleEvidence,
     /// Power reasons (SW power cap, HW power brake).
@@ -103,6 +105,28 @@ pub struct GpuEvidence {
 }
 
 impl GpuEvidence {
+    /// The GPUs that processes in `pids` used (one rank's view). None when
+    /// the driver's PIDs cannot be matched to the job's (then no GPU can be
+    /// said to be a rank's) or none of them was on a GPU.
+    pub fn for_pids(
+        &self,
+        pids: &std::collections::BTreeSet<crate::event::Pid>,
+    ) -> Option<GpuEvidence> {
+        if !self.attribution_available {
+            return None;
+        }
+        let devices: Vec<GpuDeviceEvidence> = self
+            .devices
+            .iter()
+            .filter(|d| d.job_pids.iter().any(|p| pids.contains(p)))
+            .cloned()
+            .collect();
+        (!devices.is_empty()).then(|| GpuEvidence {
+            devices,
+            ..self.clone()
+        })
+    }
+
     /// GPUs the job ran on; all of them when attribution is unavailable.
     pub fn job_devices(&self) -> Vec<&GpuDeviceEvidence> {
         let used: Vec<&GpuDeviceEvidence> = self
@@ -238,6 +262,12 @@ fn device(d: &GpuDeviceAnalysis) -> GpuDeviceEvidence {
         resolution_s: d.resolution_ns as f64 / 1e9,
         sampled: d.sampled,
         job_processes: d.processes.iter().filter(|p| p.in_job).count(),
+        job_pids: d
+            .processes
+            .iter()
+            .filter(|p| p.in_job)
+            .map(|p| p.pid)
+            .collect(),
         thermal: throttle(d, THERMAL_REASONS),
         power: throttle(d, POWER_REASONS),
         mem_total: d.mem_total,
@@ -262,7 +292,15 @@ fn is_python_frame(name: &str) -> bool {
 /// ranked by share of the role's samples; roles without Python frames fall
 /// back to the hottest native functions by self time.
 pub fn stacks_from_analysis(a: &Analysis) -> Option<StackEvidence> {
+    stacks_scoped(a, None)
+}
+
+/// The stack evidence of one rank's processes (`None`: all processes).
+pub fn stacks_scoped(a: &Analysis, rank: Option<u32>) -> Option<StackEvidence> {
     let s = &a.stacks;
+    let in_scope = |pid: crate::event::Pid| {
+        rank.is_none() || a.processes.get(&pid).is_some_and(|p| p.rank == rank)
+    };
     if s.samples.is_empty() {
         return None;
     }
@@ -274,7 +312,7 @@ pub fn stacks_from_analysis(a: &Analysis) -> Option<StackEvidence> {
     for role in Role::ALL {
         let mut innermost: BTreeMap<String, u64> = BTreeMap::new();
         let mut count = 0u64;
-        for smp in s.role_samples(role.as_str()) {
+        for smp in s.role_samples(Some(role)).filter(|x| in_scope(x.pid)) {
             count += 1;
             if let Some(f) = s.stack(smp.stack).filter(|f| is_python_frame(f)).last() {
                 *innermost.entry(f.to_string()).or_default() += 1;
@@ -299,7 +337,7 @@ pub fn stacks_from_analysis(a: &Analysis) -> Option<StackEvidence> {
         });
         if fs.is_empty() {
             fs = s
-                .top_functions(role.as_str(), 3)
+                .top_functions_of(s.role_samples(Some(role)).filter(|x| in_scope(x.pid)), 3)
                 .into_iter()
                 .map(|t| FunctionShare {
                     name: t.function,

@@ -16,6 +16,7 @@
 //! works without them.
 
 mod evidence;
+pub mod ranks;
 mod rules;
 pub mod thresholds;
 mod timeline;
@@ -34,6 +35,7 @@ pub use timeline::{Cause, Timeline};
 pub enum FindingKind {
     CudaDriverMismatch,
     GpuNotUsed,
+    StragglerRank,
     ThermalThrottling,
     PowerCapped,
     IoBound,
@@ -48,9 +50,10 @@ pub enum FindingKind {
 }
 
 impl FindingKind {
-    pub const ALL: [FindingKind; 13] = [
+    pub const ALL: [FindingKind; 14] = [
         FindingKind::CudaDriverMismatch,
         FindingKind::GpuNotUsed,
+        FindingKind::StragglerRank,
         FindingKind::ThermalThrottling,
         FindingKind::PowerCapped,
         FindingKind::IoBound,
@@ -80,6 +83,7 @@ impl FindingKind {
             FindingKind::PcieDegraded => "pcie-degraded",
             FindingKind::CpuOversubscribed => "cpu-oversubscribed",
             FindingKind::LowSampleCoverage => "low-sample-coverage",
+            FindingKind::StragglerRank => "straggler-rank",
         }
     }
 
@@ -163,6 +167,9 @@ pub struct GpuTime {
 #[derive(Clone, Debug, Serialize)]
 pub struct Finding {
     pub kind: FindingKind,
+    /// The rank the finding is about, when the job has several: per-rank
+    /// findings never merge ranks into one claim.
+    pub rank: Option<u32>,
     pub severity: Severity,
     /// What is wrong, in one line.
     pub title: String,
@@ -176,7 +183,7 @@ pub struct Finding {
 }
 
 impl Finding {
-    fn rank_key(&self) -> (f64, Severity) {
+    pub(crate) fn rank_key(&self) -> (f64, Severity) {
         (
             self.gpu_time.as_ref().map_or(0.0, |g| g.seconds),
             self.severity,
@@ -217,6 +224,8 @@ pub struct Diagnosis {
     pub notes: Vec<String>,
     /// What the job loaded and where its data came from.
     pub environment: EnvironmentSummary,
+    /// Each rank's figures, when the job has ranks.
+    pub ranks: Vec<ranks::RankFigures>,
 }
 
 /// A framework library mapped by the job, and whether CUDA came with it.
@@ -357,7 +366,10 @@ pub fn diagnose(
     stacks: Option<&StackEvidence>,
 ) -> Diagnosis {
     let tl = Timeline::build(a);
-    let mut findings = rules::all(a, &tl, gpu, stacks);
+    let scopes = rules::scopes(a, gpu, stacks);
+    let mut findings = rules::all(a, &tl, &scopes, gpu, stacks);
+    let rank_figures = ranks::figures(a, gpu);
+    findings.extend(ranks::straggler(&rank_figures));
     findings.sort_by(|x, y| {
         let (xs, xv) = x.rank_key();
         let (ys, yv) = y.rank_key();
@@ -375,7 +387,18 @@ pub fn diagnose(
         );
     } else if let Some(g) = gpu {
         notes.extend(rules::edge_gap_notes(a, g));
-        let unexplained = rules::unexplained_gap_s(a, &tl, g);
+        let unexplained: f64 = if scopes.len() > 1 {
+            scopes
+                .iter()
+                .filter_map(|sc| {
+                    sc.gpu
+                        .as_ref()
+                        .map(|g| rules::unexplained_gap_s(a, &sc.tl, g))
+                })
+                .sum()
+        } else {
+            rules::unexplained_gap_s(a, &tl, g)
+        };
         if unexplained > thresholds::MIN_SHARE * a.duration_s() {
             notes.push(format!(
                 "{unexplained:.1} s of GPU idle time is not explained by any finding \
@@ -390,6 +413,7 @@ pub fn diagnose(
         stacks_measured: stacks.is_some(),
         notes,
         environment: EnvironmentSummary::build(a, &tl),
+        ranks: rank_figures,
     }
 }
 

@@ -12,18 +12,90 @@ use super::thresholds as th;
 use super::timeline::{Cause, InputThread, Timeline};
 use super::{Basis, Finding, FindingKind, GpuTime, Severity};
 
+/// What the input-side rules look at: the whole job, or one rank of it.
+/// A job with several ranks is diagnosed rank by rank, so that one rank's
+/// saturated workers are never reported as the whole job's.
+pub struct Scope {
+    /// None: the whole job (it has fewer than two ranks).
+    pub rank: Option<u32>,
+    pub tl: Timeline,
+    /// The GPUs this scope's processes used.
+    pub gpu: Option<GpuEvidence>,
+    pub stacks: Option<StackEvidence>,
+}
+
+/// One scope per rank when the job has two ranks or more, else one for the
+/// whole job.
+pub fn scopes(
+    a: &Analysis,
+    gpu: Option<&GpuEvidence>,
+    stacks: Option<&StackEvidence>,
+) -> Vec<Scope> {
+    if !a.multi_rank() {
+        return vec![Scope {
+            rank: None,
+            tl: Timeline::build(a),
+            gpu: gpu.cloned(),
+            stacks: stacks.cloned(),
+        }];
+    }
+    a.ranks()
+        .into_iter()
+        .map(|r| {
+            let pids: BTreeSet<_> = a
+                .processes
+                .values()
+                .filter(|p| p.rank == Some(r))
+                .map(|p| p.pid)
+                .collect();
+            Scope {
+                rank: Some(r),
+                tl: Timeline::build_scoped(a, Some(r)),
+                gpu: gpu.and_then(|g| g.for_pids(&pids)),
+                stacks: stacks.and(super::evidence::stacks_scoped(a, Some(r))),
+            }
+        })
+        .collect()
+}
+
+/// Every rule. `tl` is the whole job's timeline; the input-side rules run
+/// once per scope.
 pub fn all(
     a: &Analysis,
     tl: &Timeline,
+    scopes: &[Scope],
     gpu: Option<&GpuEvidence>,
     stacks: Option<&StackEvidence>,
 ) -> Vec<Finding> {
     let mut out = Vec::new();
-    let io = io_bound(a, tl, gpu, stacks);
+    for sc in scopes {
+        let (g, st) = (sc.gpu.as_ref(), sc.stacks.as_ref());
+        let mut found = Vec::new();
+        found.extend(io_bound(a, &sc.tl, g, st));
+        found.extend(main_preprocessing(a, &sc.tl, g, st));
+        found.extend(pipeline(a, &sc.tl, g, st));
+        if let Some(r) = sc.rank {
+            for f in &mut found {
+                f.rank = Some(r);
+                // "Rank 1: the input pipeline …" (but "Rank 1: IO-bound …").
+                let mut cs = f.title.chars();
+                let title = match (cs.next(), cs.next()) {
+                    (Some(a), Some(b)) if b.is_lowercase() => {
+                        format!("{}{b}{}", a.to_lowercase(), cs.as_str())
+                    }
+                    _ => f.title.clone(),
+                };
+                f.title = format!("Rank {r}: {title}");
+            }
+        }
+        out.extend(found);
+    }
+    let io = out
+        .iter()
+        .filter(|f| f.kind == FindingKind::IoBound)
+        .max_by(|x, y| x.rank_key().0.total_cmp(&y.rank_key().0))
+        .cloned();
     out.extend(slow_storage(a, tl, io.as_ref()));
-    out.extend(io);
-    out.extend(main_preprocessing(a, tl, gpu, stacks));
-    out.extend(pipeline(a, tl, gpu, stacks));
     out.extend(oversubscribed(a, tl, gpu));
     if let Some(g) = gpu {
         out.extend(gpu_not_used(a, g));
@@ -338,6 +410,7 @@ fn io_bound(
     }
     Some(Finding {
         kind: FindingKind::IoBound,
+        rank: None,
         severity: Severity::from_share(gt.share),
         title: format!(
             "IO-bound: the input threads waited for storage {} {} of the run",
@@ -407,6 +480,7 @@ fn slow_storage(a: &Analysis, tl: &Timeline, io: Option<&Finding>) -> Option<Fin
     };
     Some(Finding {
         kind: FindingKind::SlowStorage,
+        rank: None,
         severity,
         title: format!("Training data is read from a {}", kinds.join(" and a ")),
         gpu_time,
@@ -461,6 +535,7 @@ fn main_preprocessing(
     let n = (cores.saturating_sub(1)).clamp(1, 8);
     Some(Finding {
         kind: FindingKind::MainProcessPreprocessing,
+        rank: None,
         severity: Severity::from_share(gt.share),
         title: format!(
             "Batches are prepared in the main process: its main thread was busy {} of the run",
@@ -568,6 +643,7 @@ fn pipeline(
     };
     Some(Finding {
         kind,
+        rank: None,
         severity: Severity::from_share(gt.share),
         title,
         gpu_time: Some(gt),
@@ -646,6 +722,7 @@ fn oversubscribed(a: &Analysis, tl: &Timeline, gpu: Option<&GpuEvidence>) -> Opt
     );
     Some(Finding {
         kind: FindingKind::CpuOversubscribed,
+        rank: None,
         severity: Severity::from_share(gt.share),
         title: format!(
             "CPU oversubscribed: {runnable:.1} runnable threads for {:.0} cores",
@@ -740,6 +817,7 @@ fn gpu_not_used(a: &Analysis, g: &GpuEvidence) -> Option<Finding> {
     }
     Some(Finding {
         kind: FindingKind::GpuNotUsed,
+        rank: None,
         severity: Severity::Critical,
         title: "The job never used the GPU".into(),
         gpu_time: Some(GpuTime {
@@ -809,6 +887,7 @@ fn cuda_mismatch(a: &Analysis, g: &GpuEvidence) -> Option<Finding> {
     };
     Some(Finding {
         kind: FindingKind::CudaDriverMismatch,
+        rank: None,
         severity,
         title: format!("The job's CUDA runtime is newer than the driver (CUDA {dmaj}.{dmin})"),
         gpu_time,
@@ -886,6 +965,7 @@ fn throttle_finding(
     };
     Some(Finding {
         kind,
+        rank: None,
         severity,
         title,
         gpu_time: Some(GpuTime {
@@ -948,6 +1028,7 @@ fn memory_pressure(a: &Analysis, g: &GpuEvidence) -> Option<Finding> {
     }
     Some(Finding {
         kind: FindingKind::GpuMemoryPressure,
+        rank: None,
         severity: Severity::Warning,
         title: "GPU memory nearly full".into(),
         gpu_time: None,
@@ -974,6 +1055,7 @@ fn pcie(g: &GpuEvidence) -> Option<Finding> {
     }
     Some(Finding {
         kind: FindingKind::PcieDegraded,
+        rank: None,
         severity: Severity::Warning,
         title: "PCIe link below its maximum".into(),
         gpu_time: None,
@@ -1049,6 +1131,7 @@ fn coverage(
     }
     Some(Finding {
         kind: FindingKind::LowSampleCoverage,
+        rank: None,
         severity: if inconclusive {
             Severity::Warning
         } else {

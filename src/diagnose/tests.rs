@@ -56,6 +56,7 @@ fn run(cpus: u32, threads: &[Th], workers: &[i32], sys_busy: fn(u64) -> f64) -> 
         comm: "python3".into(),
         cmdline: vec!["python3".into(), "train.py".into()],
         exe: None,
+        rank_env: None,
     });
     for w in workers {
         evs.push(Event::Process {
@@ -66,6 +67,7 @@ fn run(cpus: u32, threads: &[Th], workers: &[i32], sys_busy: fn(u64) -> f64) -> 
             comm: "pt_data_worker".into(),
             cmdline: vec!["python3".into(), "train.py".into()],
             exe: None,
+            rank_env: None,
         });
     }
     let mut cum = vec![0.0f64; threads.len()];
@@ -106,6 +108,7 @@ fn run(cpus: u32, threads: &[Th], workers: &[i32], sys_busy: fn(u64) -> f64) -> 
         dropped_events: 0,
         profiler_cpu_ns: 0,
         profiler_max_rss_bytes: 0,
+        end_anchor: None,
     }));
     evs
 }

@@ -53,3 +53,22 @@ pub const MIN_INTERVALS: f64 = 20.0;
 /// A stack sampler that lost more than this share of its records leaves
 /// gaps in the flamegraphs.
 pub const MAX_LOST_SHARE: f64 = 0.01;
+/// Python stack samples a rank's waiting thread needs before its share of
+/// time in collectives is compared with the others' (at the sampler's few
+/// Hz, fewer make the share a coin toss).
+pub const STRAGGLER_MIN_SAMPLES: u64 = 10;
+/// The other ranks spend at least this share of their time in collectives
+/// (median) before one of them can be said to wait for a straggler.
+pub const STRAGGLER_MIN_WAIT_SHARE: f64 = 0.10;
+/// ... and at least this many percentage points more than the rank that
+/// waits least: below that, jitter between ranks and sampling noise.
+pub const STRAGGLER_WAIT_GAP: f64 = 0.15;
+/// Without collective stacks: a rank's GPU idle at least this much more
+/// (share of the time) than the other ranks' median is the straggler.
+pub const STRAGGLER_GPU_IDLE_GAP: f64 = 0.15;
+/// A straggler's figure (running share of its workers, cores of its main
+/// thread, blocked share of its input) explains it when it is at least this
+/// far above the other ranks' median ...
+pub const STRAGGLER_CAUSE_MARGIN: f64 = 0.25;
+/// ... and at least this high itself (half the time busy).
+pub const STRAGGLER_BUSY_SHARE: f64 = 0.5;

@@ -202,7 +202,17 @@ impl Sums {
 }
 
 impl Timeline {
+    /// The whole job's timeline.
     pub fn build(a: &Analysis) -> Timeline {
+        Timeline::build_scoped(a, None)
+    }
+
+    /// The timeline of one rank's input side (its main processes and its
+    /// workers; `None`: every process). What the whole machine and job do
+    /// (runnable threads, CPU busy, pressure) stays machine-wide, so every
+    /// scope classifies a moment of CPU contention the same way.
+    pub fn build_scoped(a: &Analysis, rank: Option<u32>) -> Timeline {
+        let in_scope = |p: &&Process| rank.is_none() || p.rank == rank;
         let (start, end) = (a.start, a.end.max(a.start));
         let dur = end.0 - start.0;
         let bin_ns = a
@@ -216,21 +226,24 @@ impl Timeline {
         let mut wsum = Sums::new(n);
         let workers: Vec<InputThread> = a
             .processes_with_role(Role::Worker)
+            .filter(in_scope)
             .filter_map(|p| busiest_thread(p).map(|t| wsum.add(p, t, start, end, bin_ns)))
             .collect();
         // Main processes that did real work: a wrapper shell or launcher
         // with next to no CPU does not dilute the main thread's figures.
         let main_cpu_max = a
             .processes_with_role(Role::Main)
+            .filter(in_scope)
             .map(|p| p.cpu_s())
             .fold(0.0, f64::max);
         let mut msum = Sums::new(n);
         let mut mains: Vec<InputThread> = a
             .processes_with_role(Role::Main)
+            .filter(in_scope)
             .filter(|p| p.cpu_s() >= 0.1 * main_cpu_max)
             .filter_map(|p| busiest_thread(p).map(|t| msum.add(p, t, start, end, bin_ns)))
             .collect();
-        if mains.is_empty() {
+        if mains.is_empty() && rank.is_none() {
             if let Some(p) = a.processes.values().find(|p| p.is_job) {
                 if let Some(t) = busiest_thread(p) {
                     mains.push(msum.add(p, t, start, end, bin_ns));

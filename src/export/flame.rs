@@ -12,31 +12,38 @@ use inferno::flamegraph::{self, color::BasicPalette, color::Palette, Options};
 use serde_json::json;
 
 use crate::analysis::stacks::Stacks;
-use crate::analysis::Analysis;
+use crate::analysis::{Analysis, Role};
 use crate::event::MonoNs;
 use crate::export::trace::TraceWriter;
 
-/// (role, folded file, SVG file, title) of the per-role outputs.
-pub const ROLE_OUTPUTS: &[(&str, &str, &str, &str)] = &[
+/// (role, folded file, SVG file, title) of the per-role outputs; role None
+/// is every process.
+pub const ROLE_OUTPUTS: &[(Option<Role>, &str, &str, &str)] = &[
     (
-        "main",
+        Some(Role::Main),
         "stacks-main.folded",
         "flame-main.svg",
         "main process(es)",
     ),
     (
-        "worker",
+        Some(Role::Worker),
         "stacks-worker.folded",
         "flame-workers.svg",
         "workers",
     ),
     (
-        "other",
+        Some(Role::Launcher),
+        "stacks-launcher.folded",
+        "flame-launcher.svg",
+        "launchers (torchrun agent, mpirun, wrapper scripts)",
+    ),
+    (
+        Some(Role::Other),
         "stacks-other.folded",
         "flame-other.svg",
         "other processes",
     ),
-    ("all", "stacks-all.folded", "flame-all.svg", "all processes"),
+    (None, "stacks-all.folded", "flame-all.svg", "all processes"),
 ];
 
 /// Write an SVG flamegraph of folded lines. Empty input → `Ok(false)`,
@@ -78,11 +85,11 @@ pub fn write_role_outputs(
 ) -> anyhow::Result<Vec<PathBuf>> {
     let mut written = Vec::new();
     for (role, folded_name, svg_name, title) in ROLE_OUTPUTS {
-        let n = st.role_samples(role).count();
+        let n = st.role_samples(*role).count();
         if n == 0 {
             continue;
         }
-        let folded = st.folded_role(role);
+        let folded = st.folded_role(*role);
         let p = dir.join(folded_name);
         write(&p, folded.as_bytes())?;
         written.push(p);

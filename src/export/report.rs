@@ -57,6 +57,12 @@ fn process_json(a: &Analysis, p: &Process) -> Value {
         "pid": p.pid.0,
         "ppid": p.ppid.0,
         "role": p.role,
+        "label": p.label(),
+        "rank": p.rank,
+        "local_rank": p.rank_ids.local_rank,
+        "node_rank": p.rank_ids.node_rank,
+        "world_size": p.rank_ids.world_size,
+        "rank_env": p.rank_env,
         "is_job": p.is_job,
         "comm": p.comm,
         "command": p.cmdline,
@@ -80,7 +86,11 @@ fn process_json(a: &Analysis, p: &Process) -> Value {
 
 pub fn build(a: &Analysis) -> Value {
     let h = &a.header;
-    let processes: Vec<Value> = a.processes.values().map(|p| process_json(a, p)).collect();
+    let processes: Vec<Value> = a
+        .processes_in_order()
+        .into_iter()
+        .map(|p| process_json(a, p))
+        .collect();
     let mut roles = Map::new();
     for role in Role::ALL {
         let ps: Vec<&Process> = a.processes_with_role(role).collect();
@@ -160,6 +170,14 @@ pub fn build(a: &Analysis) -> Value {
         "command": h.command,
         "host": h.host,
         "rank": h.rank,
+        "rank_env": h.rank_env,
+        "clock": {
+            "anchor_monotonic_ns": h.anchor_monotonic_ns,
+            "anchor_realtime_ns": h.anchor_realtime_ns,
+            "anchor_error_ns": h.anchor_error_ns,
+            "sync": h.clock,
+            "end_anchor": footer.and_then(|f| f.end_anchor),
+        },
         "start_time": start_wall,
         "duration_s": r(dur, 3),
         "interval_s": r(h.interval_ns as f64 / 1e9, 3),
@@ -191,6 +209,7 @@ fn finding_json(f: &Finding) -> Value {
     let gt = f.gpu_time.as_ref();
     json!({
         "id": f.kind.id(),
+        "rank": f.rank,
         "severity": f.severity,
         "title": f.title,
         "gpu_time_s": gt.map_or(Value::Null, |g| r(g.seconds, 3)),
@@ -218,6 +237,10 @@ pub fn add_diagnosis(report: &mut Value, d: &Diagnosis) {
                 "stacks_measured": d.stacks_measured,
                 "notes": d.notes,
             }),
+        );
+        obj.insert(
+            "ranks".into(),
+            serde_json::to_value(&d.ranks).unwrap_or(Value::Null),
         );
         obj.insert(
             "environment".into(),

@@ -91,6 +91,8 @@ fn device(a: &Analysis, d: &GpuDeviceAnalysis) -> Value {
             json!({
                 "pid": p.pid.0,
                 "role": proc_.map(|x| x.role),
+                "rank": proc_.and_then(|x| x.rank),
+                "label": proc_.map(|x| x.label()),
                 "command": proc_.map(|x| x.cmdline.clone()),
                 "context": match p.ctx { GpuContext::Compute => "compute", GpuContext::Graphics => "graphics" },
                 "memory_max_bytes": p.mem_max,
@@ -171,9 +173,19 @@ pub fn summary_lines(a: &Analysis) -> Vec<String> {
             .processes
             .iter()
             .filter(|p| p.in_job)
-            .map(|p| match p.mem_max {
-                Some(m) => format!("{} ({:.1} GB)", p.pid, m as f64 / 1e9),
-                None => p.pid.to_string(),
+            .map(|p| {
+                let mut what: Vec<String> = Vec::new();
+                if let Some(r) = a.processes.get(&p.pid).and_then(|x| x.rank) {
+                    what.push(format!("rank {r}"));
+                }
+                if let Some(m) = p.mem_max {
+                    what.push(format!("{:.1} GB", m as f64 / 1e9));
+                }
+                if what.is_empty() {
+                    p.pid.to_string()
+                } else {
+                    format!("{} ({})", p.pid, what.join(", "))
+                }
             })
             .collect();
         let who = if used_by.is_empty() {

@@ -16,6 +16,61 @@ fn mb(b: u64) -> String {
     }
 }
 
+/// "8 processes: 2 main, 2 workers, 1 launcher, 3 other." and, with ranks,
+/// "8 processes: 1 launcher, 2 ranks (0, 1), 2 workers (1 of rank 0, 1 of
+/// rank 1), 3 other."
+fn process_counts(a: &Analysis) -> String {
+    let ranks = a.ranks();
+    let count = |r: Role| a.processes_with_role(r).count();
+    if ranks.is_empty() {
+        let parts: Vec<String> = Role::ALL
+            .into_iter()
+            .filter(|r| *r != Role::Launcher || count(*r) > 0)
+            .map(|r| r.plural(count(r)))
+            .collect();
+        return format!("{} processes: {}.", a.processes.len(), parts.join(", "));
+    }
+    let mut parts = Vec::new();
+    if count(Role::Launcher) > 0 {
+        parts.push(Role::Launcher.plural(count(Role::Launcher)));
+    }
+    let list: Vec<String> = ranks.iter().map(|r| r.to_string()).collect();
+    parts.push(format!(
+        "{} rank{} ({})",
+        ranks.len(),
+        if ranks.len() == 1 { "" } else { "s" },
+        if list.len() > 16 {
+            format!("{} … {}", list[0], list[list.len() - 1])
+        } else {
+            list.join(", ")
+        }
+    ));
+    for role in [Role::Worker, Role::Main, Role::Other] {
+        // Main processes of ranks are the ranks themselves.
+        let ps: Vec<_> = a
+            .processes_with_role(role)
+            .filter(|p| role != Role::Main || p.rank.is_none())
+            .collect();
+        let n = ps.len();
+        if n == 0 {
+            continue;
+        }
+        let per_rank: Vec<String> = ranks
+            .iter()
+            .filter_map(|r| {
+                let k = ps.iter().filter(|p| p.rank == Some(*r)).count();
+                (k > 0).then(|| format!("{k} of rank {r}"))
+            })
+            .collect();
+        if per_rank.is_empty() || per_rank.len() > 8 {
+            parts.push(role.plural(n));
+        } else {
+            parts.push(format!("{} ({})", role.plural(n), per_rank.join(", ")));
+        }
+    }
+    format!("{} processes: {}.", a.processes.len(), parts.join(", "))
+}
+
 /// Sections of the summary, each a title and lines; rendered as Markdown
 /// or for the terminal.
 pub fn sections(a: &Analysis) -> Vec<(String, Vec<String>)> {
@@ -29,7 +84,6 @@ pub fn sections(a: &Analysis) -> Vec<(String, Vec<String>)> {
         }
         None => "end not recorded".into(),
     };
-    let count = |r: Role| a.processes_with_role(r).count();
     let attached = a.header.attached.as_ref().map(|at| {
         format!(
             "Attached to PID {} after it had run {:.0} s: figures cover the recorded window only.",
@@ -44,13 +98,7 @@ pub fn sections(a: &Analysis) -> Vec<(String, Vec<String>)> {
             a.duration_s(),
             a.header.command.join(" ")
         ),
-        format!(
-            "{} processes: {} main, {} workers, {} other.",
-            a.processes.len(),
-            count(Role::Main),
-            count(Role::Worker),
-            count(Role::Other)
-        ),
+        process_counts(a),
     ]);
     for role in Role::ALL {
         let ps: Vec<_> = a.processes_with_role(role).collect();
@@ -89,7 +137,7 @@ pub fn sections(a: &Analysis) -> Vec<(String, Vec<String>)> {
                         "`{}` (thread {} of {} process {}): {:.1} s CPU, {:.0}% of a core while alive",
                         t.comm,
                         t.tid,
-                        p.role,
+                        p.label(),
                         p.pid,
                         cpu,
                         cpu / life * 100.0
@@ -246,6 +294,13 @@ pub fn findings_terminal(d: &Diagnosis) -> String {
 pub fn markdown(a: &Analysis, d: &Diagnosis) -> String {
     let mut s = String::from("# gpuprof summary\n");
     s.push_str(&findings_markdown(d));
+    let ranks = crate::diagnose::ranks::summary_lines(&d.ranks);
+    if !ranks.is_empty() {
+        s.push_str("\n## Ranks\n\n");
+        for l in ranks {
+            s.push_str(&format!("- {l}\n"));
+        }
+    }
     let env = d.environment.lines();
     if !env.is_empty() {
         s.push_str("\n## Software and data\n\n");
@@ -265,6 +320,13 @@ pub fn markdown(a: &Analysis, d: &Diagnosis) -> String {
 pub fn terminal(a: &Analysis, d: &Diagnosis) -> String {
     let mut s = findings_terminal(d);
     s.push_str("\n== gpuprof summary ==\n");
+    let ranks = crate::diagnose::ranks::summary_lines(&d.ranks);
+    if !ranks.is_empty() {
+        s.push_str("Ranks:\n");
+        for l in ranks {
+            s.push_str(&format!("  {}\n", l.replace('`', "")));
+        }
+    }
     for (title, lines) in sections(a) {
         s.push_str(&format!("{title}:\n"));
         for l in lines {

@@ -13,7 +13,7 @@ use std::io::{self, Write};
 
 use serde_json::{json, Value};
 
-use crate::analysis::{Analysis, Role, Series};
+use crate::analysis::{Analysis, Process, Role, Series};
 use crate::event::MonoNs;
 
 /// Synthetic trace PIDs live above the kernel's PID_MAX_LIMIT (2^22).
@@ -120,11 +120,14 @@ impl<W: Write> TraceWriter<W> {
     }
 }
 
-fn role_sort(role: Role) -> i64 {
-    match role {
-        Role::Main => 0,
-        Role::Worker => 1000,
-        Role::Other => 2000,
+/// A job process's track name: "rank 1 · python3 train.py …" for ranks,
+/// their workers and launchers; "python3 train.py … [main]" otherwise.
+pub fn process_track_name(p: &Process) -> String {
+    let cmd = short_command(&p.cmdline, &p.comm);
+    if p.rank.is_some() || p.role == Role::Launcher {
+        format!("{} · {cmd}", p.label())
+    } else {
+        format!("{cmd} [{}]", p.role)
     }
 }
 
@@ -177,10 +180,9 @@ pub fn write<W: Write>(a: &Analysis, w: W) -> io::Result<W> {
 }
 
 fn write_processes<W: Write>(a: &Analysis, tw: &mut TraceWriter<W>) -> io::Result<()> {
-    for (i, p) in a.processes.values().enumerate() {
+    for (i, p) in a.processes_in_order().into_iter().enumerate() {
         let pid = p.pid.0 as i64;
-        let name = format!("{} [{}]", short_command(&p.cmdline, &p.comm), p.role);
-        tw.process_name(pid, &name, role_sort(p.role) + i as i64)?;
+        tw.process_name(pid, &process_track_name(p), i as i64)?;
         tw.counter(pid, "CPU %", &p.cpu, 100.0)?;
         tw.counter(pid, "IO read MB/s", &p.read_bps, 1e-6)?;
         tw.counter(pid, "IO write MB/s", &p.write_bps, 1e-6)?;

@@ -1,0 +1,184 @@
+//! Time spent inside collective communication calls (all-reduce, barrier,
+//! all-gather, ...), from the Python stack samples.
+//!
+//! A rank that is ready first waits in the collective until the slowest
+//! rank arrives, so the time each rank spends in collectives is the measure
+//! of who waits for whom. It is read from Python stacks because they are
+//! sampled whether the thread runs or is blocked (perf's cpu-clock samples
+//! only see threads on a CPU, and a thread waiting for its peers sleeps).
+//!
+//! Each sample stands for the time until the thread's next sample (capped
+//! at twice the thread's median sampling gap, so a pause of the sampler is
+//! not counted). The moments a thread leaves a collective — shared by every
+//! rank of the collective — are kept too: `gpuprof merge` aligns hosts'
+//! clocks on them.
+
+use std::collections::BTreeMap;
+
+use crate::event::{MonoNs, Pid, Tid};
+
+use super::stacks::StackData;
+
+/// Python functions of `torch.distributed` (and libraries built on it)
+/// that block until every rank has joined. Non-blocking variants
+/// (`isend`, `async_op=True` work objects) do not wait there.
+pub const COLLECTIVE_FUNCTIONS: &[&str] = &[
+    "all_reduce",
+    "all_reduce_coalesced",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_object",
+    "_all_gather_base",
+    "all_to_all",
+    "all_to_all_single",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "_reduce_scatter_base",
+    "broadcast",
+    "broadcast_object_list",
+    "reduce",
+    "gather",
+    "gather_object",
+    "scatter",
+    "scatter_object_list",
+    "barrier",
+    "monitored_barrier",
+    "send",
+    "recv",
+    // Horovod's blocking calls.
+    "allreduce",
+    "allgather",
+    "synchronize",
+];
+
+/// Files whose functions above are collectives (path fragments).
+pub const COLLECTIVE_FILES: &[&str] = &["torch/distributed/", "distributed_c10d.py", "horovod/"];
+
+/// Whether a Python frame is a blocking collective call.
+pub fn is_collective_frame(name: &str, file: &str) -> bool {
+    COLLECTIVE_FUNCTIONS.contains(&name) && COLLECTIVE_FILES.iter().any(|f| file.contains(f))
+}
+
+/// Moments kept per thread at which it left a collective.
+pub const MAX_EXITS_PER_THREAD: usize = 50_000;
+
+/// One thread's time in collectives.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ThreadWaits {
+    pub pid: Pid,
+    pub tid: Tid,
+    /// Python samples of the thread, and those inside a collective.
+    pub samples: u64,
+    pub wait_samples: u64,
+    /// Time covered by its samples, and the part inside collectives.
+    pub sampled_s: f64,
+    pub wait_s: f64,
+    /// Seconds per collective function.
+    pub functions: BTreeMap<String, f64>,
+    /// When it left a collective: (midpoint between the last sample inside
+    /// and the first outside, half that interval in ns).
+    pub exits: Vec<(MonoNs, u64)>,
+}
+
+impl ThreadWaits {
+    pub fn share(&self) -> f64 {
+        if self.sampled_s > 0.0 {
+            self.wait_s / self.sampled_s
+        } else {
+            0.0
+        }
+    }
+}
+
+/// Every Python thread's time in collectives, sorted by (pid, tid).
+pub fn analyze(d: &StackData, window: (MonoNs, MonoNs)) -> Vec<ThreadWaits> {
+    let (names, threads) = d.python_marks(window, &is_collective_frame);
+    threads
+        .into_iter()
+        .map(|((pid, tid), samples)| thread_waits(pid, tid, &samples, &names))
+        .collect()
+}
+
+fn thread_waits(pid: Pid, tid: Tid, s: &[(MonoNs, Option<u32>)], names: &[String]) -> ThreadWaits {
+    let mut w = ThreadWaits {
+        pid,
+        tid,
+        samples: s.len() as u64,
+        ..Default::default()
+    };
+    let mut gaps: Vec<u64> = s.windows(2).map(|p| p[1].0 .0 - p[0].0 .0).collect();
+    gaps.sort_unstable();
+    let median = gaps.get(gaps.len() / 2).copied().unwrap_or(0);
+    let cap = (2 * median).max(1_000_000);
+    for (i, (t, mark)) in s.iter().enumerate() {
+        let next = s.get(i + 1);
+        let gap = next.map_or(median.min(cap), |n| (n.0 .0 - t.0).min(cap));
+        let secs = gap as f64 / 1e9;
+        w.sampled_s += secs;
+        if let Some(m) = mark {
+            w.wait_samples += 1;
+            w.wait_s += secs;
+            *w.functions.entry(names[*m as usize].clone()).or_default() += secs;
+            if let Some((nt, None)) = next {
+                let span = nt.0 - t.0;
+                if span <= cap && w.exits.len() < MAX_EXITS_PER_THREAD {
+                    w.exits.push((MonoNs(t.0 + span / 2), span.div_ceil(2)));
+                }
+            }
+        }
+    }
+    w
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    #[test]
+    fn collective_frames_are_recognised_by_function_and_file() {
+        let f = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py";
+        assert!(is_collective_frame("all_reduce", f));
+        assert!(is_collective_frame("barrier", f));
+        // The user's own function of the same name is not a collective.
+        assert!(!is_collective_frame("all_reduce", "/home/me/train.py"));
+        assert!(!is_collective_frame("init_process_group", f));
+    }
+
+    #[test]
+    fn waits_are_time_weighted_and_exits_found() {
+        // Samples every 10 ms: 3 in all_reduce, 2 outside, 1 inside, 1 out.
+        let marks = [Some(0), Some(0), Some(0), None, None, Some(0), None];
+        let s: Vec<(MonoNs, Option<u32>)> = marks
+            .iter()
+            .enumerate()
+            .map(|(i, m)| (MonoNs(1_000 * MS + i as u64 * 10 * MS), *m))
+            .collect();
+        let w = thread_waits(Pid(1), Tid(1), &s, &["all_reduce".to_string()]);
+        assert_eq!(w.samples, 7);
+        assert_eq!(w.wait_samples, 4);
+        assert!((w.wait_s - 0.040).abs() < 1e-9, "{}", w.wait_s);
+        assert!((w.sampled_s - 0.070).abs() < 1e-9, "{}", w.sampled_s);
+        assert_eq!(
+            w.exits,
+            vec![(MonoNs(1_025 * MS), 5 * MS), (MonoNs(1_055 * MS), 5 * MS)]
+        );
+        assert!((w.functions["all_reduce"] - 0.040).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_pause_in_sampling_is_not_counted_as_waiting() {
+        // 10 ms apart, then one 2 s hole while inside the collective.
+        let s = vec![
+            (MonoNs(0), Some(0)),
+            (MonoNs(10 * MS), Some(0)),
+            (MonoNs(20 * MS), Some(0)),
+            (MonoNs(2_020 * MS), None),
+            (MonoNs(2_030 * MS), None),
+        ];
+        let w = thread_waits(Pid(1), Tid(1), &s, &["barrier".to_string()]);
+        assert!(w.wait_s <= 0.041, "{}", w.wait_s);
+        assert!(w.exits.is_empty(), "an exit 2 s wide says nothing");
+    }
+}
