@@ -130,7 +130,9 @@ impl CompareArgs {
 pub struct RecordArgs {
     /// Output folder [default: ./gpuprof-<host>-<YYYYmmdd-HHMMSS>].
     /// Created before the job starts; an unwritable folder stops gpuprof
-    /// before the job runs.
+    /// before the job runs. Placeholders let every node and rank write into
+    /// one shared folder: {host}, {rank}, {local_rank}, {node}, {job},
+    /// {step} (Slurm), {time}, {pid}, e.g. `-o /shared/prof/{job}/{host}`.
     #[arg(short, long, value_name = "DIR")]
     pub output: Option<PathBuf>,
 

@@ -97,6 +97,11 @@ pub struct Header {
     /// ([`RANK_ENV_KEYS`] only): which node, task and job this recording is.
     #[serde(default, skip_serializing_if = "RankEnv::is_empty")]
     pub rank_env: RankEnv,
+    /// The kernel's boot id (`/proc/sys/kernel/random/boot_id`): recordings
+    /// with the same one share `CLOCK_MONOTONIC` exactly (one host, one
+    /// boot), whatever their host names say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_id: Option<String>,
     /// How well the host's clock was synchronised when recording started
     /// (what bounds the wall-clock anchor's error when merging hosts).
     #[serde(default, skip_serializing_if = "Option::is_none")]

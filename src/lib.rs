@@ -15,5 +15,6 @@ pub mod event;
 pub mod export;
 pub mod launch;
 pub mod outputs;
+pub mod placeholders;
 pub mod record;
 pub mod session;

@@ -128,7 +128,16 @@ impl SamplerThread {
 /// the job starts: a bad `-o` must never cost a training run.
 pub(crate) fn prepare_output(requested: Option<&Path>) -> Result<(PathBuf, bool)> {
     let dir = match requested {
-        Some(p) => p.to_path_buf(),
+        Some(p) => match p
+            .to_str()
+            .filter(|s| crate::placeholders::has_placeholders(s))
+        {
+            Some(t) => PathBuf::from(
+                crate::placeholders::expand(t, &crate::placeholders::Values::current(&hostname()))
+                    .map_err(anyhow::Error::msg)?,
+            ),
+            None => p.to_path_buf(),
+        },
         None => default_output_name(),
     };
     let existed = dir.exists();
@@ -231,6 +240,10 @@ pub(crate) fn make_header(cfg: &RecordConfig, job_pid: Pid) -> Header {
         anchor_error_ns: anchor.error_ns,
         clock: crate::collect::clock::clock_sync(),
         rank_env: own_rank_env(),
+        boot_id: std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+            .ok()
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty()),
         interval_ns: cfg.interval.as_nanos() as u64,
         cpus: std::thread::available_parallelism()
             .map(|n| n.get() as u32)

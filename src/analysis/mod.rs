@@ -878,6 +878,7 @@ mod tests {
             attached: None,
             rank_env: Default::default(),
             clock: None,
+            boot_id: None,
             anchor_error_ns: 0,
         }
     }

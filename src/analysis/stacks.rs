@@ -1440,6 +1440,7 @@ mod tests {
             attached: None,
             rank_env: Default::default(),
             clock: None,
+            boot_id: None,
             anchor_error_ns: 0,
         };
         let comm = |t: u64, pid: i32, c: &str| Event::TaskComm {
