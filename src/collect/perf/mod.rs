@@ -10,6 +10,7 @@
 //! every sampled frame with blazesym and writes the names into the
 //! recording, so `gpuprof report` needs nothing else.
 
+mod perfmap;
 mod ring;
 mod symbolize;
 mod unwind;
@@ -223,6 +224,11 @@ impl PerfSampler {
     }
 }
 
+/// A process's own perf map, for a process started at `t` (None: unknown).
+fn own_perf_map(pid: Pid, t: Option<MonoNs>) -> perfmap::SharedMap {
+    perfmap::PerfMap::shared(perfmap::map_path(pid), t.map(perfmap::wall_time_of))
+}
+
 struct Reader {
     rings: Rings,
     job: Pid,
@@ -240,6 +246,10 @@ struct Reader {
     frames_buf: Vec<u32>,
     tree_changes: Arc<AtomicU64>,
     attached: Option<Attached>,
+    /// Names of sampled JIT frames, from perf maps: (file, address) → name.
+    jit_names: HashMap<(u32, u64), Arc<str>>,
+    /// Counts samples: perf maps are read at most once per sample.
+    sample_gen: u64,
 }
 
 /// After attaching, the tree is listed again this long after the events
@@ -272,6 +282,8 @@ impl Reader {
             frames_buf: Vec::with_capacity(64),
             tree_changes,
             attached: opened.attached,
+            jit_names: HashMap::new(),
+            sample_gen: 0,
         };
         r.announce_files();
         r
@@ -412,7 +424,9 @@ impl Reader {
             } => {
                 if exec {
                     // A new program: its mappings follow this record.
-                    self.procs.insert(pid, ProcessMaps::default());
+                    let mut pm = ProcessMaps::default();
+                    pm.jit.push(own_perf_map(pid, Some(t)));
+                    self.procs.insert(pid, pm);
                     self.tree_changes.fetch_add(1, Ordering::Release);
                 }
                 self.sink.send_blocking(Event::TaskComm {
@@ -436,7 +450,10 @@ impl Reader {
                 if pid.0 == tid.0 && pid != ppid {
                     self.tree_changes.fetch_add(1, Ordering::Release);
                     if let Some(parent) = self.procs.get(&ppid) {
-                        let copy = parent.clone();
+                        // The child runs its parent's code, JIT code too,
+                        // and names new JIT code in a map of its own.
+                        let mut copy = parent.clone();
+                        copy.jit.insert(0, own_perf_map(pid, Some(t)));
                         self.procs.insert(pid, copy);
                     }
                 }
@@ -462,6 +479,7 @@ impl Reader {
 
     fn sample(&mut self, s: ring::Sample) {
         self.stats.samples += 1;
+        self.sample_gen += 1;
         let pm = self.procs.entry(s.pid).or_default();
         if pm.is_empty() && !pm.seeded {
             // Mappings made before the events were enabled (or records
@@ -471,10 +489,27 @@ impl Reader {
                 pm.add(&mut self.files, &m);
             }
         }
-        let Some(u) = unwind::unwind(pm, &mut self.cache, &s, self.unknown_file) else {
+        if pm.jit.is_empty() {
+            // Started before we saw it: any map it wrote is its own.
+            pm.jit.push(own_perf_map(s.pid, None));
+        }
+        let files = &mut self.files;
+        let Some(u) = unwind::unwind(
+            pm,
+            &mut self.cache,
+            &s,
+            self.unknown_file,
+            self.sample_gen,
+            &mut |path| files.id_of_text(path),
+        ) else {
             self.stats.no_user_regs += 1;
             return;
         };
+        for (i, _, e) in &u.jit {
+            self.jit_names
+                .entry(u.frames[*i])
+                .or_insert_with(|| e.name.clone());
+        }
         self.announce_files();
         if !u.complete {
             self.stats.truncated += 1;
@@ -500,12 +535,16 @@ impl Reader {
         let work = Instant::now();
         // Group the sampled frames by file and name them.
         let mut by_file: BTreeMap<String, Vec<(u32, u64)>> = BTreeMap::new();
+        let mut names = Vec::new();
         for (&(file, offset), id) in self.interner.frames() {
-            if let Some(path) = self.paths.get(file as usize) {
+            if let Some(name) = self.jit_names.get(&(file, offset)) {
+                names.push((id, name.to_string()));
+            } else if let Some(path) = self.paths.get(file as usize) {
                 by_file.entry(path.clone()).or_default().push((id, offset));
             }
         }
-        let names = symbolize::symbolize(&by_file);
+        names.extend(symbolize::symbolize(&by_file));
+        names.sort();
         for chunk in names.chunks(2048) {
             self.sink.send_blocking(Event::Symbols {
                 names: chunk.to_vec(),

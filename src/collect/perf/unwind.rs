@@ -18,8 +18,9 @@ use framehop::{
 };
 use object::{Object, ObjectSection, ObjectSegment};
 
+use super::perfmap::{JitEntry, SharedMap};
 use super::ring::{Mmap2, Sample};
-use crate::event::Pid;
+use crate::event::{MonoNs, Pid};
 
 /// Deepest stack kept; deeper ones are cut (and count as truncated).
 pub const MAX_FRAMES: usize = 256;
@@ -150,9 +151,13 @@ pub struct Files {
 
 impl Files {
     fn get(&mut self, path: &str) -> &FileEntry {
+        self.get_as(path, true)
+    }
+
+    fn get_as(&mut self, path: &str, elf: bool) -> &FileEntry {
         if !self.by_path.contains_key(path) {
             let id = self.by_path.len() as u32;
-            let elf = if path.starts_with('/') {
+            let elf = if elf && path.starts_with('/') {
                 ElfInfo::load(path).map(Arc::new)
             } else {
                 None
@@ -167,6 +172,11 @@ impl Files {
     pub fn id_of(&mut self, path: &str) -> u32 {
         self.get(path).id
     }
+
+    /// Id of a file that is not an ELF file (a perf map): never parsed.
+    pub fn id_of_text(&mut self, path: &str) -> u32 {
+        self.get_as(path, false).id
+    }
 }
 
 #[derive(Clone)]
@@ -174,6 +184,8 @@ struct Mapping {
     end: u64,
     pgoff: u64,
     file: u32,
+    /// Anonymous memory (JIT code such as CPython's perf trampolines).
+    anon: bool,
 }
 
 /// One process's address space, as far as code is concerned.
@@ -184,6 +196,9 @@ pub struct ProcessMaps {
     /// Seeded from /proc/PID/maps (the job's first process, whose exec
     /// mappings may predate the events).
     pub seeded: bool,
+    /// Perf maps naming this process's JIT code: its own first, then those
+    /// of the ancestors it was forked from (it runs their code too).
+    pub jit: Vec<SharedMap>,
 }
 
 impl ProcessMaps {
@@ -214,6 +229,7 @@ impl ProcessMaps {
         } else {
             m.path.as_str()
         };
+        let anon = path.starts_with("//anon") || path.starts_with("[anon");
         let entry = files.get(path);
         let file = entry.id;
         if let Some(elf) = &entry.elf {
@@ -226,6 +242,7 @@ impl ProcessMaps {
                 end,
                 pgoff: m.pgoff,
                 file,
+                anon,
             },
         );
     }
@@ -234,6 +251,42 @@ impl ProcessMaps {
     pub fn locate(&self, addr: u64) -> Option<(u32, u64)> {
         let (start, m) = self.maps.range(..=addr).next_back()?;
         (addr < m.end).then(|| (m.file, addr - start + m.pgoff))
+    }
+
+    /// Whether `addr` may be JIT code: in anonymous memory or in no known
+    /// mapping.
+    fn maybe_jit(&self, addr: u64) -> bool {
+        match self.maps.range(..=addr).next_back() {
+            Some((_, m)) if addr < m.end => m.anon,
+            _ => true,
+        }
+    }
+
+    /// The perf-map entry naming JIT code at `addr` (own map first, then the
+    /// ancestors'), reading what the maps gained when none names it yet.
+    /// `gen` identifies the sample: each map is read at most once per sample.
+    fn jit_entry(&self, addr: u64, gen: u64, now: MonoNs) -> Option<(usize, JitEntry)> {
+        if self.jit.is_empty() || !self.maybe_jit(addr) {
+            return None;
+        }
+        let find = || {
+            self.jit
+                .iter()
+                .enumerate()
+                .find_map(|(i, m)| m.borrow().lookup(addr).map(|e| (i, e)))
+        };
+        if let Some(hit) = find() {
+            return Some(hit);
+        }
+        let mut grew = false;
+        for m in &self.jit {
+            grew |= m.borrow_mut().refresh(gen, now);
+        }
+        if grew {
+            find()
+        } else {
+            None
+        }
     }
 }
 
@@ -287,6 +340,9 @@ pub fn parse_proc_maps(pid: Pid, text: &str) -> Vec<Mmap2> {
 pub struct Unwound {
     pub frames: Vec<(u32, u64)>,
     pub complete: bool,
+    /// Frames in JIT code named by a perf map: (index in `frames`, map path,
+    /// entry). Their frame is (the map's file, the address).
+    pub jit: Vec<(usize, String, JitEntry)>,
 }
 
 /// Shared unwind rule cache.
@@ -300,20 +356,26 @@ impl Default for UnwindCache {
 
 /// Unwind a sample's user stack. Addresses outside known mappings are
 /// attributed to the pseudo file `unknown_file` at their absolute address.
+/// Frames in JIT code that a perf map names are stepped through with the
+/// CPython trampoline rule (x86-64) when the entry is a trampoline, and are
+/// attributed to the map (`map_file` gives its file id). `gen` identifies
+/// the sample (perf maps are read at most once per sample).
 pub fn unwind(
     procmaps: &ProcessMaps,
     cache: &mut UnwindCache,
     s: &Sample,
     unknown_file: u32,
+    gen: u64,
+    map_file: &mut dyn FnMut(&str) -> u32,
 ) -> Option<Unwound> {
     let regs = s.regs?;
     #[cfg(target_arch = "x86_64")]
-    let (pc, uregs) = {
+    let (pc, mut uregs) = {
         let [bp, sp, ip, _] = regs;
         (ip, UnwindRegsNative::new(ip, sp, bp))
     };
     #[cfg(target_arch = "aarch64")]
-    let (pc, uregs) = {
+    let (pc, mut uregs) = {
         let [fp, lr, sp, pc] = regs;
         (pc, UnwindRegsNative::new(lr, sp, fp))
     };
@@ -328,26 +390,76 @@ pub fn unwind(
         Ok(u64::from_le_bytes(b.try_into().map_err(|_| ())?))
     };
     let mut frames = Vec::with_capacity(32);
-    let mut it = procmaps
-        .unwinder
-        .iter_frames(pc, uregs, &mut cache.0, &mut read_stack);
+    let mut jit = Vec::new();
+    let mut address = FrameAddress::InstructionPointer(pc);
     let complete = loop {
-        match it.next() {
-            Ok(Some(fa)) => {
-                let lookup = match fa {
-                    FrameAddress::InstructionPointer(a) => a,
-                    FrameAddress::ReturnAddress(a) => a.get() - 1,
-                };
-                frames.push(procmaps.locate(lookup).unwrap_or((unknown_file, lookup)));
-                if frames.len() >= MAX_FRAMES {
-                    break false;
-                }
+        let lookup = address.address_for_lookup();
+        let entry = procmaps.jit_entry(lookup, gen, s.t);
+        match &entry {
+            Some((i, e)) => {
+                let path = procmaps.jit[*i].borrow().path.clone();
+                let file = map_file(&path);
+                jit.push((frames.len(), path, e.clone()));
+                frames.push((file, lookup));
             }
+            None => frames.push(procmaps.locate(lookup).unwrap_or((unknown_file, lookup))),
+        }
+        if frames.len() >= MAX_FRAMES {
+            break false;
+        }
+        let next = match entry {
+            Some((_, e)) if cfg!(target_arch = "x86_64") && e.is_python_trampoline() => {
+                step_trampoline(&e, address, &mut uregs, &mut read_stack)
+            }
+            _ => procmaps
+                .unwinder
+                .unwind_frame(address, &mut uregs, &mut cache.0, &mut read_stack),
+        };
+        match next {
+            Ok(Some(ra)) => match FrameAddress::from_return_address(ra) {
+                Some(a) => address = a,
+                None => break false,
+            },
             Ok(None) => break true,
             Err(_) => break false,
         }
     };
-    Some(Unwound { frames, complete })
+    Some(Unwound {
+        frames,
+        complete,
+        jit,
+    })
+}
+
+/// Step out of a CPython perf trampoline (see
+/// [`super::perfmap::trampoline_ra_offset`]).
+#[cfg(target_arch = "x86_64")]
+fn step_trampoline(
+    e: &JitEntry,
+    address: FrameAddress,
+    regs: &mut UnwindRegsNative,
+    read_stack: &mut dyn FnMut(u64) -> Result<u64, ()>,
+) -> Result<Option<u64>, framehop::Error> {
+    let leaf = !address.is_return_address();
+    let off = address.address_for_lookup().wrapping_sub(e.start);
+    let k = super::perfmap::trampoline_ra_offset(off, e.size, leaf);
+    let sp = regs.sp();
+    let at = sp.checked_add(k).ok_or(framehop::Error::IntegerOverflow)?;
+    let ra = read_stack(at).map_err(|_| framehop::Error::CouldNotReadStack(at))?;
+    regs.set_sp(at + 8);
+    Ok(Some(ra))
+}
+
+/// Not called: on aarch64 the trampoline keeps a frame record, which the
+/// unwinder's frame-pointer fallback follows.
+#[cfg(not(target_arch = "x86_64"))]
+fn step_trampoline(
+    _e: &JitEntry,
+    _address: FrameAddress,
+    _regs: &mut UnwindRegsNative,
+    _read_stack: &mut dyn FnMut(u64) -> Result<u64, ()>,
+) -> Result<Option<u64>, framehop::Error> {
+    Err(framehop::Error::ReturnAddressIsNull)
 }
 
 #[cfg(test)]
