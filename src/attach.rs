@@ -210,7 +210,7 @@ async fn run(cfg: RecordConfig, out: PathBuf, target: Target) -> Result<i32> {
             }
         }
     };
-    session::finish_recording(rec, None, &out, status, reason, cfg.quiet);
+    session::finish_recording(rec, None, &out, status, reason, cfg.quiet, &cfg.outputs);
     if status == JobStatus::StillRunning {
         say(cfg.quiet, "detached; the job keeps running");
     }

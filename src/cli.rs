@@ -188,6 +188,14 @@ pub struct RecordArgs {
     #[arg(long)]
     pub no_nvtx: bool,
 
+    /// What the flamegraphs and the trace's stack slices show: `python`
+    /// (Python functions and the native library code they call, the
+    /// interpreter's own frames and process start-up folded away) or
+    /// `native` (every frame as sampled). Every frame is always in
+    /// `stacks-<role>-native.folded`; `gpuprof report --flame` redraws.
+    #[arg(long, value_name = "VIEW", default_value = "python")]
+    pub flame: crate::analysis::stacks::View,
+
     /// The job to run, after `--`, e.g. `-- python train.py --epochs 1`.
     #[arg(
         value_name = "CMD",
@@ -208,6 +216,10 @@ pub struct ReportArgs {
     /// Print nothing but errors.
     #[arg(short, long)]
     pub quiet: bool,
+    /// What the flamegraphs and the trace's stack slices show: `python`
+    /// (the interpreter's own frames folded away) or `native` (every frame).
+    #[arg(long, value_name = "VIEW", default_value = "python")]
+    pub flame: crate::analysis::stacks::View,
 }
 
 /// Validated settings of a recording.
@@ -227,6 +239,7 @@ pub struct RecordConfig {
     /// `gpuprof attach PID`: the running process to record (no command).
     pub attach: Option<crate::event::Pid>,
     pub no_nvtx: bool,
+    pub outputs: crate::outputs::OutputOptions,
 }
 
 impl RecordArgs {
@@ -279,6 +292,7 @@ impl RecordArgs {
         };
         Ok(RecordConfig {
             stacks,
+            outputs: crate::outputs::OutputOptions { flame: self.flame },
             command: self.command,
             output: self.output,
             interval: self.interval,

@@ -46,7 +46,8 @@ fn report(args: gpuprof::cli::ReportArgs) -> anyhow::Result<i32> {
             args.dir.clone()
         }
     });
-    let outcome = gpuprof::outputs::generate(&args.dir, &out)?;
+    let opts = gpuprof::outputs::OutputOptions { flame: args.flame };
+    let outcome = gpuprof::outputs::generate(&args.dir, &out, &opts)?;
     if !args.quiet {
         eprint!("{}", outcome.terminal_summary);
         eprintln!("gpuprof: outputs written to {}", out.display());

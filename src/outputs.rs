@@ -7,9 +7,18 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
+use crate::analysis::stacks::View;
 use crate::analysis::{self, Analysis};
 use crate::diagnose::{self, Diagnosis};
 use crate::export;
+
+/// Choices about what the outputs show (the recording is the same).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OutputOptions {
+    /// The view of the flamegraphs, the main folded files and the trace's
+    /// stack slices (`--flame`).
+    pub flame: View,
+}
 
 pub struct Outcome {
     pub analysis: Analysis,
@@ -35,14 +44,14 @@ fn write_atomic(
 }
 
 /// Analyze the recording in `rec_dir` and write the outputs into `out_dir`.
-pub fn generate(rec_dir: &Path, out_dir: &Path) -> Result<Outcome> {
+pub fn generate(rec_dir: &Path, out_dir: &Path, opts: &OutputOptions) -> Result<Outcome> {
     let a = analysis::analyze_dir(rec_dir)?;
     std::fs::create_dir_all(out_dir)
         .with_context(|| format!("cannot create {}", out_dir.display()))?;
     let mut written = Vec::new();
 
     let trace = out_dir.join("trace.json");
-    write_atomic(&trace, |w| export::trace::write(&a, w))?;
+    write_atomic(&trace, |w| export::trace::write(&a, w, opts.flame))?;
     written.push(trace);
 
     let diagnosis = diagnose::diagnose_analysis(&a);
@@ -73,12 +82,14 @@ pub fn generate(rec_dir: &Path, out_dir: &Path) -> Result<Outcome> {
     written.extend(export::flame::write_role_outputs(
         &a.stacks,
         out_dir,
+        opts.flame,
         &mut write_bytes,
     )?);
     written.extend(export::flame::write_gpu_idle(
         &a.stacks,
         &a.gpu.idle_intervals(),
         out_dir,
+        opts.flame,
         &mut write_bytes,
     )?);
 

@@ -442,6 +442,7 @@ async fn run(
                     JobStatus::StillRunning,
                     reason,
                     cfg.quiet,
+                    &cfg.outputs,
                 );
                 say(cfg.quiet, "recording stopped; the job keeps running and gpuprof will exit with its status");
             }
@@ -449,7 +450,15 @@ async fn run(
     }
     let status = job_status.expect("loop ends with a status");
     if let Some(rec) = recording.take() {
-        finish_recording(rec, Some(&mut nvtx), &out, status, "job exited", cfg.quiet);
+        finish_recording(
+            rec,
+            Some(&mut nvtx),
+            &out,
+            status,
+            "job exited",
+            cfg.quiet,
+            &cfg.outputs,
+        );
     }
     Ok(status.exit_code().unwrap_or(0))
 }
@@ -524,6 +533,7 @@ pub(crate) fn finish_recording(
     status: JobStatus,
     reason: &str,
     quiet: bool,
+    opts: &crate::outputs::OutputOptions,
 ) {
     let Recording {
         mut samplers,
@@ -555,7 +565,7 @@ pub(crate) fn finish_recording(
     if let Err(e) = writer.finish() {
         eprintln!("gpuprof: error: the recording could not be completed: {e:#}");
     }
-    match crate::outputs::generate(out, out) {
+    match crate::outputs::generate(out, out, opts) {
         Ok(outcome) => {
             if !quiet {
                 eprint!("{}", outcome.terminal_summary);

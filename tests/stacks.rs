@@ -227,7 +227,7 @@ fn pure_python_samples_reach_the_thread_root() {
         "only {:.1}% of samples reach _start/clone",
         cov * 100.0
     );
-    let all = folded(&out.join("stacks-all.folded"));
+    let all = folded(&out.join("stacks-all-native.folded"));
     assert!(share(&all, |l| l.contains(";fib (pure_python.py)")) > 0.5);
     // By name, too: below the process root frame comes `_start`.
     let named = share(&all, |l| l.split(';').nth(1) == Some("_start"));
@@ -255,8 +255,9 @@ fn short_lived_process_is_in_the_flamegraph_symbolized() {
         .unwrap()["pid"]
         .as_i64()
         .unwrap();
-    // Samples of processes other than the job: the short-lived child.
-    let all = folded(&out.join("stacks-all.folded"));
+    // Samples of processes other than the job: the short-lived child
+    // (every frame, one root per process).
+    let all = folded(&out.join("stacks-all-native.folded"));
     let blip: Vec<&(String, u64)> = all
         .iter()
         .filter(|(s, _)| !s.contains(&format!(" ({job});")))
@@ -297,6 +298,7 @@ fn report_rebuilds_identical_stack_outputs() {
     let names = [
         "stacks-main.folded",
         "stacks-worker.folded",
+        "stacks-worker-native.folded",
         "stacks-all.folded",
         "flame-main.svg",
         "flame-workers.svg",
@@ -425,7 +427,7 @@ fn unreadable_python_falls_back_to_native_stacks_with_a_note() {
         "{detail}"
     );
     // Native stacks are still there, interpreter frames and all.
-    let all = folded(&out.join("stacks-all.folded"));
+    let all = folded(&out.join("stacks-all-native.folded"));
     assert!(share(&all, |s| s.contains(";_PyEval_EvalFrameDefault")) > 0.5);
     let _ = std::fs::remove_dir_all(&out);
     let _ = std::fs::remove_dir_all(helper.parent().unwrap());
@@ -468,4 +470,282 @@ fn refused_perf_is_explained_and_the_job_still_runs() {
     assert!(detail.contains("sysctl kernel.perf_event_paranoid") || detail.contains("CAP_PERFMON"));
     let _ = std::fs::remove_dir_all(&out);
     let _ = std::fs::remove_dir_all(helper.parent().unwrap());
+}
+
+/// Frames of the interpreter's own machinery, by the names CPython gives
+/// them (for checking the Python view; the product decides by file).
+fn interpreter_internal(frame: &str) -> bool {
+    const PREFIXES: &[&str] = &[
+        "_PyEval_",
+        "PyEval_",
+        "_PyObject_",
+        "PyObject_",
+        "_PyFunction_",
+        "PyNumber_",
+        "_PyLong_",
+        "PyLong_",
+        "_Py_",
+        "Py_",
+        "slot_tp_",
+        "method_vectorcall",
+        "cfunction_",
+        "long_",
+        "pymain_",
+        "_PyRun_",
+        "__libc_start",
+    ];
+    const NAMES: &[&str] = &["type_call", "_start", "k_mul", "x_add", "run_mod", "PyRun_"];
+    PREFIXES.iter().any(|p| frame.starts_with(p)) || NAMES.contains(&frame)
+}
+
+/// Checks of a worker flamegraph in the Python view, as issue 15 asks:
+/// no interpreter-internal frame, `user_fn` within 12 frames of the root,
+/// the extension leaves `leaves` still there.
+fn check_python_view(out: &Path, user_fn: &str, leaves: &[&[&str]]) {
+    let py = folded(&out.join("stacks-worker.folded"));
+    let bad: Vec<&str> = py
+        .iter()
+        .flat_map(|(s, _)| s.split(';').skip(1))
+        .filter(|f| interpreter_internal(f))
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "interpreter frames in the Python view: {bad:?}"
+    );
+    let depths: Vec<usize> = py
+        .iter()
+        .filter_map(|(s, _)| s.split(';').position(|f| f == user_fn))
+        .collect();
+    assert!(!depths.is_empty(), "{user_fn} is not in the Python view");
+    let deepest = depths.iter().max().unwrap();
+    assert!(
+        *deepest <= 12,
+        "{user_fn} is {deepest} frames below the root"
+    );
+    for alternatives in leaves {
+        assert!(
+            py.iter().any(|(s, _)| s
+                .split(';')
+                .any(|f| alternatives.iter().any(|l| f.contains(l)))),
+            "no native leaf {alternatives:?} in the Python view"
+        );
+    }
+    // The native variant has every frame, per process.
+    let native = folded(&out.join("stacks-worker-native.folded"));
+    assert!(share(&native, |s| s.split(';').nth(1) == Some("_start")) > 0.5);
+    assert!(
+        share(&native, |s| s
+            .split(';')
+            .filter(|f| interpreter_internal(f))
+            .count()
+            > 5)
+            > 0.5
+    );
+    let (py_n, native_n): (u64, u64) = (
+        py.iter().map(|l| l.1).sum(),
+        native.iter().map(|l| l.1).sum(),
+    );
+    assert_eq!(py_n, native_n, "both views count every sample");
+    let size = |n: &str| std::fs::metadata(out.join(n)).map_or(0, |m| m.len());
+    eprintln!(
+        "{}: flame-workers.svg {} bytes (Python view), flame-all.svg {} bytes; folded {} vs {} bytes (native)",
+        out.display(),
+        size("flame-workers.svg"),
+        size("flame-all.svg"),
+        size("stacks-worker.folded"),
+        size("stacks-worker-native.folded"),
+    );
+}
+
+#[test]
+fn python_view_folds_the_interpreter_and_keeps_library_leaves() {
+    need_perf!();
+    let script = scripts().join("mixed_workers.py");
+    let (out, code) = record(
+        "pyview",
+        &[],
+        &[python(), script.to_str().unwrap(), "2", "2"],
+    );
+    assert_eq!(code, 0);
+    check_python_view(
+        &out,
+        "worker (mixed_workers.py)",
+        &[&["deflate"], &["SHA256", "sha256", "EVP_"]],
+    );
+    // Two forked workers of one name: one tower, and one per process.
+    let py = folded(&out.join("stacks-worker.folded"));
+    assert!(
+        py.iter()
+            .all(|(s, _)| s.starts_with("python3") && s.contains(" (2 processes)")),
+        "{py:?}"
+    );
+    let svg = std::fs::read_to_string(out.join("flame-workers.svg")).unwrap();
+    assert!(svg.contains("2 python3") && svg.contains("flame-workers-per-process.svg"));
+    assert!(svg.contains("Python view, folded:"), "subtitle");
+    assert!(!svg.contains("_PyEval_EvalFrameDefault"));
+    assert_xml(
+        &out.join("flame-workers-per-process.svg"),
+        &["worker (mixed_workers.py)"],
+    );
+    // The trace's stack slices use the same view.
+    let trace: Value =
+        serde_json::from_slice(&std::fs::read(out.join("trace.json")).unwrap()).unwrap();
+    assert_eq!(trace["metadata"]["stack_slices"]["view"], "python");
+    let evs = trace["traceEvents"].as_array().unwrap();
+    assert!(evs
+        .iter()
+        .any(|e| e["ph"] == "X" && e["name"] == "work (mixed_workers.py)"));
+    assert!(!evs
+        .iter()
+        .any(|e| e["ph"] == "X" && e["name"] == "_PyEval_EvalFrameDefault"));
+    // One option away: every frame, in the flamegraphs and the trace.
+    let st = Command::new(BIN)
+        .args(["report", "-q", "--flame", "native"])
+        .arg(&out)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let svg = std::fs::read_to_string(out.join("flame-workers.svg")).unwrap();
+    assert!(svg.contains("_PyEval_EvalFrameDefault") && svg.contains("every frame as sampled"));
+    let trace: Value =
+        serde_json::from_slice(&std::fs::read(out.join("trace.json")).unwrap()).unwrap();
+    assert_eq!(trace["metadata"]["stack_slices"]["view"], "native");
+    // A bad view is a one-line error.
+    let o = Command::new(BIN)
+        .args(["report", "-q", "--flame", "pythn"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("`native`"));
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+#[test]
+fn python_view_of_a_pytorch_dataloader_with_pillow() {
+    need_perf!();
+    let Some(torch) = common::torch_python() else {
+        skip!("no PyTorch venv (GPUPROF_TEST_TORCH_PYTHON or ~/.cache/gpuprof-ci/torch-venv)");
+    };
+    let script = scripts().join("torch_loader.py");
+    let (out, code) = record(
+        "pyview-torch",
+        &[],
+        &[torch.to_str().unwrap(), script.to_str().unwrap(), "3", "2"],
+    );
+    assert_eq!(code, 0);
+    check_python_view(
+        &out,
+        "Images.__getitem__ (torch_loader.py)",
+        // Pillow's resampling and transforms; libjpeg's decoder.
+        &[
+            &["ImagingResample", "ImagingTransform", "bilinear_filter"],
+            &["libjpeg", "jpeg_", "ImagingJpegDecode"],
+        ],
+    );
+    let py = folded(&out.join("stacks-worker.folded"));
+    assert!(py
+        .iter()
+        .all(|(s, _)| s.starts_with("pt_data_worker (2 processes)")));
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+/// With CPython's perf trampolines enabled by the job (`PYTHONPERFSUPPORT=1`,
+/// 3.12+), every Python call runs through JIT code without unwind
+/// information: unwinding gets through it with the trampoline rule, and the
+/// Python frames come from `/tmp/perf-PID.map` (main process and forked
+/// workers), the same instant as the native leaf.
+fn trampolines_unwind(minor: u32) {
+    need_perf!();
+    let Some(py) = common::python_minor(minor) else {
+        skip!("Python 3.{minor} is not installed");
+    };
+    let script = scripts().join("mixed_workers.py");
+    let _one_at_a_time = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let out = tmp(&format!("trampolines-3{minor}"));
+    let st = Command::new(BIN)
+        .arg("-q")
+        .arg("-o")
+        .arg(&out)
+        .arg("--")
+        .arg(&py)
+        .args([script.to_str().unwrap(), "2", "2"])
+        .env("PYTHONPERFSUPPORT", "1")
+        .status()
+        .unwrap();
+    assert_eq!(st.code(), Some(0));
+    let r = report(&out);
+    let s = &r["stacks"];
+    let n = s["samples"].as_u64().unwrap();
+    let cov = s["unwind_coverage"].as_f64().unwrap();
+    let from_map = s["python_from_perf_map"].as_u64().unwrap();
+    eprintln!("3.{minor}: {n} samples, unwind coverage {cov}, {from_map} with Python frames from the perf map");
+    assert!(n >= 30, "{s}");
+    assert!(
+        cov >= 0.97,
+        "unwind coverage {cov} through perf trampolines: {s}"
+    );
+    assert!(
+        from_map as f64 >= 0.8 * n as f64,
+        "{from_map} of {n} samples have Python frames from the perf map"
+    );
+    // Every native leaf of zlib or OpenSSL is under the Python function that
+    // called it, in the workers too.
+    let native = folded(&out.join("stacks-all-native.folded"));
+    let (mut right, mut wrong) = (0, 0);
+    for (s, k) in &native {
+        let pyf: Vec<&str> = s
+            .split(';')
+            .filter(|f| f.ends_with("(mixed_workers.py)"))
+            .collect();
+        // In the job's loop (OpenSSL also runs when hashlib is imported).
+        if !s.contains(";work (mixed_workers.py);") {
+            continue;
+        }
+        let want = if s.contains(";deflate") {
+            "compress_block (mixed_workers.py)"
+        } else if s.contains(";SHA256") || s.contains(";EVP_") {
+            "hash_block (mixed_workers.py)"
+        } else {
+            continue;
+        };
+        if pyf.last() == Some(&want) {
+            right += k;
+        } else {
+            eprintln!("elsewhere: {s}");
+            wrong += k;
+        }
+    }
+    eprintln!("3.{minor}: native leaves under the right function {right}, elsewhere {wrong}");
+    assert!(
+        right > 0 && wrong * 100 <= right + wrong,
+        "{right} right, {wrong} wrong"
+    );
+    let workers = folded(&out.join("stacks-worker.folded"));
+    assert!(
+        share(&workers, |s| s.contains(
+            " (2 processes);worker (mixed_workers.py);work (mixed_workers.py)"
+        )) > 0.5
+    );
+    assert!(
+        !native
+            .iter()
+            .any(|(s, _)| s.contains("[anon") || s.contains("[//anon")),
+        "unnamed JIT frames remain"
+    );
+    // The job's maps are its own files in /tmp; tidy them.
+    for p in r["processes"].as_array().unwrap() {
+        let _ = std::fs::remove_file(format!("/tmp/perf-{}.map", p["pid"]));
+    }
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+#[test]
+fn perf_trampolines_unwind_on_python_3_12() {
+    trampolines_unwind(12);
+}
+
+#[test]
+fn perf_trampolines_unwind_on_python_3_13() {
+    trampolines_unwind(13);
 }

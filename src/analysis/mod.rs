@@ -4,6 +4,7 @@
 
 pub mod collectives;
 pub mod environment;
+pub mod fold;
 pub mod gpu;
 pub mod nvtx;
 pub mod roles;

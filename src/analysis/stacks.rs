@@ -18,6 +18,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
 
+use super::fold::{self, FoldFrame, FoldNotes, FrameClass, Launcher, ViewFrame};
 use super::Role;
 use crate::event::{Event, MonoNs, Pid, StackKind, StackStats, Tid};
 
@@ -392,18 +393,95 @@ enum MergeKind {
     Exact,
     /// Counts differed: all Python frames replace the interpreter frames.
     Approximate,
+    /// The native stack carries its own Python frames (perf trampolines).
+    PerfMap,
     /// A Python thread with interpreter frames but no Python stack close
     /// enough in time.
     NoPython,
 }
 
-/// A sample of the merged view: `stack` indexes [`Stacks::stack`].
+/// A sample of the merged view: `stack` (every frame) and `py_stack` (its
+/// Python view) index [`Stacks::stack`].
 #[derive(Clone, Copy, Debug)]
 pub struct Sample {
     pub t: MonoNs,
     pub pid: Pid,
     pub tid: Tid,
     pub stack: u32,
+    pub py_stack: u32,
+}
+
+/// Which frames a flamegraph, a folded file or the trace shows.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum View {
+    /// Python processes as the program reads: the interpreter's own frames,
+    /// process start and launcher plumbing folded away (see
+    /// [`super::fold`]); other processes as sampled.
+    #[default]
+    Python,
+    /// Every frame as sampled.
+    Native,
+}
+
+impl View {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            View::Python => "python",
+            View::Native => "native",
+        }
+    }
+}
+
+impl std::str::FromStr for View {
+    type Err = String;
+    fn from_str(s: &str) -> Result<View, String> {
+        match s {
+            "python" => Ok(View::Python),
+            "native" => Ok(View::Native),
+            _ => Err(format!(
+                "unknown flamegraph view `{s}`: use `python` (interpreter frames folded, the default) or `native` (every frame)"
+            )),
+        }
+    }
+}
+
+/// How folded stacks are rooted and which frames they show.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FoldOptions {
+    pub view: View,
+    /// Worker processes of the same name share one root frame,
+    /// `name (N processes)`, instead of one `name (pid)` each.
+    pub merge_workers: bool,
+}
+
+/// One frame of a merged stack.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct FrameInfo {
+    /// As shown: `name (file.py)` for Python, the symbol (or
+    /// `[library+0xoffset]`) for native code.
+    pub label: String,
+    pub class: FrameClass,
+    /// Python: the function's qualified name; native: the symbol (empty
+    /// when the file does not name the code).
+    pub name: String,
+    /// Python: the source file; native: the library or executable.
+    pub file: String,
+    /// A frame of the interpreter loop (runs Python frames).
+    pub eval: bool,
+}
+
+/// What the Python view folded in some samples, for a flamegraph's
+/// subtitle.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FoldSummary {
+    /// Basenames of the interpreter files whose frames were folded.
+    pub interpreter_files: Vec<String>,
+    pub start: bool,
+    pub launchers: Vec<&'static str>,
+    /// Samples of Python processes (the ones the view folds).
+    pub python_samples: u64,
+    /// All samples summarized.
+    pub samples: u64,
 }
 
 /// One function's share of a role's samples.
@@ -444,6 +522,9 @@ pub struct StacksReport {
     pub merged_exact: u64,
     pub merged_approximate: u64,
     pub merged_missing_python: u64,
+    /// Native samples whose Python frames came with the native stack itself:
+    /// CPython's perf trampolines (`-X perf`), named from `/tmp/perf-PID.map`.
+    pub python_from_perf_map: u64,
     /// CPU time of the samplers (perf reader + py-spy), in seconds.
     pub sampler_cpu_s: f64,
     /// 1 normally; k when the recording held more native samples than the
@@ -456,8 +537,10 @@ pub struct StacksReport {
 /// The merged stacks of a recording.
 #[derive(Clone, Default)]
 pub struct Stacks {
-    names: Vec<String>,
+    frames: Vec<FrameInfo>,
     stacks: Vec<Vec<u32>>,
+    /// What the Python view folded, per stack id of the full view.
+    fold_notes: HashMap<u32, FoldNotes>,
     /// Samples sorted by (pid, tid, t).
     pub samples: Vec<Sample>,
     pub procs: BTreeMap<Pid, ProcMeta>,
@@ -480,39 +563,92 @@ struct Resolver<'a> {
     d: &'a StackData,
     native_cache: HashMap<u32, Vec<u32>>,
     py_cache: HashMap<u32, Vec<(u32, bool)>>,
-    names: Vec<String>,
-    name_ids: HashMap<String, u32>,
+    frames: Vec<FrameInfo>,
+    frame_ids: HashMap<FrameInfo, u32>,
     native_name: HashMap<u32, u32>,
     py_name: HashMap<u32, u32>,
-    eval_names: Vec<u32>,
-    root_names: Vec<u32>,
+}
+
+/// `/tmp/perf-<pid>.map`: JIT code named by the process (CPython's perf
+/// trampolines name Python functions `py::qualname:filename`).
+fn is_perf_map(path: &str) -> bool {
+    path.strip_prefix("/tmp/perf-")
+        .and_then(|r| r.strip_suffix(".map"))
+        .is_some_and(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+}
+
+fn basename(path: &str) -> &str {
+    path.rsplit('/').next().unwrap_or(path)
 }
 
 impl<'a> Resolver<'a> {
-    fn intern(&mut self, s: String) -> u32 {
-        if let Some(id) = self.name_ids.get(&s) {
+    fn intern(&mut self, f: FrameInfo) -> u32 {
+        if let Some(id) = self.frame_ids.get(&f) {
             return *id;
         }
-        let id = self.names.len() as u32;
-        self.names.push(s.clone());
-        self.name_ids.insert(s, id);
+        let id = self.frames.len() as u32;
+        self.frames.push(f.clone());
+        self.frame_ids.insert(f, id);
         id
+    }
+
+    fn intern_python(&mut self, name: &str, file: &str) -> u32 {
+        self.intern(FrameInfo {
+            label: format!("{} ({})", clean(name), clean(basename(file))),
+            class: FrameClass::Python,
+            name: name.to_string(),
+            file: file.to_string(),
+            eval: false,
+        })
     }
 
     fn native_frame_name(&mut self, frame: u32) -> u32 {
         if let Some(n) = self.native_name.get(&frame) {
             return *n;
         }
-        let s = match (self.d.symbols.get(&frame), self.d.native_frames.get(&frame)) {
-            (Some(sym), _) => clean(sym),
-            (None, Some(Frame::Native { file, offset })) => {
-                let path = self.d.files.get(file).map_or("?", |p| p.as_str());
-                let base = path.rsplit('/').next().unwrap_or(path);
-                format!("[{}+{:#x}]", clean(base), offset)
+        let loc = match self.d.native_frames.get(&frame) {
+            Some(Frame::Native { file, offset }) => {
+                Some((self.d.files.get(file).map_or("?", |p| p.as_str()), *offset))
             }
-            _ => "[unknown]".to_string(),
+            _ => None,
         };
-        let id = self.intern(s);
+        let sym = self.d.symbols.get(&frame);
+        let id = match (sym, loc) {
+            // A CPython perf trampoline: the Python function itself.
+            (Some(sym), Some((path, _))) if is_perf_map(path) && sym.starts_with("py::") => {
+                let rest = &sym["py::".len()..];
+                let (name, file) = rest.split_once(':').unwrap_or((rest, ""));
+                self.intern_python(name, file)
+            }
+            (Some(sym), loc) => {
+                let file = loc.map_or(String::new(), |l| l.0.to_string());
+                let eval = EVAL_FRAMES.contains(&sym.as_str());
+                self.intern(FrameInfo {
+                    label: clean(sym),
+                    class: FrameClass::Native,
+                    name: sym.clone(),
+                    file,
+                    eval,
+                })
+            }
+            (None, Some((path, offset))) => {
+                let label = format!("[{}+{:#x}]", clean(basename(path)), offset);
+                self.intern(FrameInfo {
+                    name: String::new(),
+                    label,
+                    class: FrameClass::Native,
+                    file: path.to_string(),
+                    eval: false,
+                })
+            }
+            (None, None) => self.intern(FrameInfo {
+                label: "[unknown]".into(),
+                class: FrameClass::Marker,
+                name: "[unknown]".into(),
+                file: String::new(),
+                eval: false,
+            }),
+        };
         self.native_name.insert(frame, id);
         id
     }
@@ -525,19 +661,24 @@ impl<'a> Resolver<'a> {
         if let Some(n) = self.py_name.get(&frame) {
             return (*n, entry);
         }
-        let s = match self.d.py_frames.get(&frame) {
+        let id = match self.d.py_frames.get(&frame) {
             Some(Frame::Python { name, file, .. }) => {
-                let base = file.rsplit('/').next().unwrap_or(file);
-                format!("{} ({})", clean(name), clean(base))
+                let (name, file) = (name.clone(), file.clone());
+                self.intern_python(&name, &file)
             }
-            _ => "[unknown python]".to_string(),
+            _ => self.intern(FrameInfo {
+                label: "[unknown python]".into(),
+                class: FrameClass::Marker,
+                name: "[unknown python]".into(),
+                file: String::new(),
+                eval: false,
+            }),
         };
-        let id = self.intern(s);
         self.py_name.insert(frame, id);
         (id, entry)
     }
 
-    /// Native names, outermost first.
+    /// Native frames, outermost first.
     fn native(&mut self, stack: u32) -> Vec<u32> {
         if let Some(v) = self.native_cache.get(&stack) {
             return v.clone();
@@ -563,7 +704,7 @@ impl<'a> Resolver<'a> {
         v
     }
 
-    /// Python (name, entry) frames, outermost first.
+    /// Python (frame, entry) frames, outermost first.
     fn python(&mut self, stack: u32) -> Vec<(u32, bool)> {
         if let Some(v) = self.py_cache.get(&stack) {
             return v.clone();
@@ -705,21 +846,11 @@ pub fn analyze(
         d,
         native_cache: HashMap::new(),
         py_cache: HashMap::new(),
-        names: Vec::new(),
-        name_ids: HashMap::new(),
+        frames: Vec::new(),
+        frame_ids: HashMap::new(),
         native_name: HashMap::new(),
         py_name: HashMap::new(),
-        eval_names: Vec::new(),
-        root_names: Vec::new(),
     };
-    for n in EVAL_FRAMES {
-        let id = r.intern(n.to_string());
-        r.eval_names.push(id);
-    }
-    for n in ROOT_FRAMES {
-        let id = r.intern(n.to_string());
-        r.root_names.push(id);
-    }
 
     // Python stacks per thread, sorted by time.
     let mut py: BTreeMap<(Pid, Tid), Vec<(MonoNs, u32)>> = BTreeMap::new();
@@ -750,13 +881,28 @@ pub fn analyze(
             *c
         } else {
             let nat = r.native(s.stack);
-            let root = nat.first().is_some_and(|f| r.root_names.contains(f));
-            let evals = r.eval_names.clone();
+            let root = nat.first().is_some_and(|f| {
+                let f = &r.frames[*f as usize];
+                f.class != FrameClass::Python && ROOT_FRAMES.contains(&f.name.as_str())
+            });
+            let evals: Vec<u32> = nat
+                .iter()
+                .copied()
+                .filter(|f| r.frames[*f as usize].eval)
+                .collect();
             let is_eval = |n: u32| evals.contains(&n);
-            // The first candidate that fits exactly; else the nearest one if
-            // it is close enough in time; else native frames only.
+            // Python frames in the native stack itself (perf trampolines)
+            // are the same instant's: nothing to merge. Else the first
+            // candidate that fits exactly; else the nearest one if it is
+            // close enough in time; else native frames only.
             let mut chosen = None;
-            for (p, _) in &cands {
+            if nat
+                .iter()
+                .any(|f| r.frames[*f as usize].class == FrameClass::Python)
+            {
+                chosen = Some((nat.clone(), MergeKind::PerfMap));
+            }
+            for (p, _) in cands.iter().filter(|_| chosen.is_none()) {
                 let pyf = r.python(*p);
                 let (m, kind) = merge(&nat, &pyf, is_eval);
                 if kind == MergeKind::Exact || kind == MergeKind::NativeOnly {
@@ -790,6 +936,7 @@ pub fn analyze(
             MergeKind::Exact => rep.merged_exact += 1,
             MergeKind::Approximate => rep.merged_approximate += 1,
             MergeKind::NoPython => rep.merged_missing_python += 1,
+            MergeKind::PerfMap => rep.python_from_perf_map += 1,
             MergeKind::NativeOnly => {}
         }
         samples.push(Sample {
@@ -797,8 +944,11 @@ pub fn analyze(
             pid: s.pid,
             tid: s.tid,
             stack: id,
+            py_stack: id,
         });
     }
+    let mut frames = r.frames;
+    classify_native_frames(&mut frames);
 
     drop(native);
     let mut procs = BTreeMap::new();
@@ -850,13 +1000,15 @@ pub fn analyze(
     }
 
     let mut st = Stacks {
-        names: r.names,
+        frames,
         stacks,
+        fold_notes: HashMap::new(),
         samples,
         procs,
         period_ns,
         report: rep,
     };
+    st.build_python_view();
     let mut roles = BTreeMap::new();
     for role in Role::ALL {
         let n = st.role_samples(Some(role)).count() as u64;
@@ -878,16 +1030,47 @@ pub fn analyze(
     st
 }
 
+/// Native frames get their class from their file: the interpreter (files
+/// that hold an interpreter loop frame, libpython, `python*` executables),
+/// the C runtime, or other native code.
+fn classify_native_frames(frames: &mut [FrameInfo]) {
+    let interp: std::collections::HashSet<String> = frames
+        .iter()
+        .filter(|f| f.eval)
+        .map(|f| f.file.clone())
+        .collect();
+    for f in frames.iter_mut() {
+        if f.class == FrameClass::Native && !f.file.is_empty() {
+            f.class = fold::native_class(&f.file, interp.contains(&f.file));
+        }
+    }
+}
+
 fn round4(x: f64) -> f64 {
     (x * 10000.0).round() / 10000.0
 }
 
 impl Stacks {
-    /// Frame names of a merged stack, outermost first.
+    /// Frame labels of a merged stack, outermost first.
     pub fn stack(&self, id: u32) -> impl Iterator<Item = &str> {
         self.stacks[id as usize]
             .iter()
-            .map(|n| self.names[*n as usize].as_str())
+            .map(|n| self.frames[*n as usize].label.as_str())
+    }
+
+    /// The frames of a merged stack, outermost first.
+    pub fn stack_frames(&self, id: u32) -> impl Iterator<Item = &FrameInfo> {
+        self.stacks[id as usize]
+            .iter()
+            .map(|n| &self.frames[*n as usize])
+    }
+
+    /// The stack a sample shows in `view`.
+    pub fn view_stack(&self, s: &Sample, view: View) -> u32 {
+        match view {
+            View::Python => s.py_stack,
+            View::Native => s.stack,
+        }
     }
 
     fn role_of(&self, pid: Pid) -> Role {
@@ -907,16 +1090,190 @@ impl Stacks {
         format!("{} ({})", clean(name), pid)
     }
 
-    /// Folded stacks ("root;f1;f2 count" lines, sorted) of the samples that
-    /// `keep` selects.
-    pub fn folded<'a>(&self, samples: impl Iterator<Item = &'a Sample>) -> String {
-        let mut counts: BTreeMap<(Pid, u32), u64> = BTreeMap::new();
+    /// Worker processes that share a name, with more than one process:
+    /// (name, processes), sorted by name.
+    pub fn worker_groups(&self) -> Vec<(String, usize)> {
+        let mut n: BTreeMap<&str, usize> = BTreeMap::new();
+        for m in self.procs.values().filter(|m| m.role == Role::Worker) {
+            *n.entry(m.name.as_str()).or_default() += 1;
+        }
+        n.into_iter()
+            .filter(|(_, k)| *k > 1)
+            .map(|(name, k)| (name.to_string(), k))
+            .collect()
+    }
+
+    /// Root frames per process: "name (pid)", or "name (N processes)" for
+    /// worker processes that share their name with others when `merge`.
+    fn roots(&self, merge: bool) -> HashMap<Pid, String> {
+        let groups: HashMap<String, usize> = if merge {
+            self.worker_groups().into_iter().collect()
+        } else {
+            HashMap::new()
+        };
+        self.procs
+            .iter()
+            .map(|(pid, m)| {
+                let root = match groups.get(&m.name) {
+                    Some(n) if m.role == Role::Worker => {
+                        format!("{} ({n} processes)", clean(&m.name))
+                    }
+                    _ => self.root_frame(*pid),
+                };
+                (*pid, root)
+            })
+            .collect()
+    }
+
+    /// Compute every sample's Python view (see [`super::fold`]): for
+    /// processes that ran Python (a Python or interpreter frame in any of
+    /// their samples); others keep every frame.
+    fn build_python_view(&mut self) {
+        use std::collections::BTreeSet;
+        let mut python_pids: BTreeSet<Pid> = BTreeSet::new();
+        let mut pythonish: HashMap<u32, bool> = HashMap::new();
+        for s in &self.samples {
+            if python_pids.contains(&s.pid) {
+                continue;
+            }
+            let py = *pythonish.entry(s.stack).or_insert_with(|| {
+                self.stacks[s.stack as usize].iter().any(|f| {
+                    matches!(
+                        self.frames[*f as usize].class,
+                        FrameClass::Python | FrameClass::Interpreter
+                    )
+                })
+            });
+            if py {
+                python_pids.insert(s.pid);
+            }
+        }
+        let mut view_ids: HashMap<Vec<u32>, u32> = HashMap::new();
+        let mut memo: HashMap<u32, u32> = HashMap::new();
+        let mut made: HashMap<&'static str, u32> = HashMap::new();
+        let mut libs: HashMap<String, u32> = HashMap::new();
+        for i in 0..self.samples.len() {
+            let s = self.samples[i];
+            if !python_pids.contains(&s.pid) {
+                continue;
+            }
+            if let Some(v) = memo.get(&s.stack) {
+                self.samples[i].py_stack = *v;
+                continue;
+            }
+            let full = &self.stacks[s.stack as usize];
+            let ff: Vec<FoldFrame> = full
+                .iter()
+                .map(|f| {
+                    let fi = &self.frames[*f as usize];
+                    FoldFrame {
+                        class: fi.class,
+                        name: &fi.name,
+                        file: &fi.file,
+                        eval: fi.eval,
+                    }
+                })
+                .collect();
+            let (view, notes) = fold::python_view(&ff);
+            drop(ff);
+            let full = full.clone();
+            let mut out = Vec::with_capacity(view.len());
+            for v in view {
+                out.push(match v {
+                    ViewFrame::Input(k) => full[k],
+                    ViewFrame::Library(k) => {
+                        let f = &self.frames[full[k] as usize];
+                        let file = f.file.clone();
+                        let class = f.class;
+                        *libs.entry(file.clone()).or_insert_with(|| {
+                            let label = format!("[{}]", clean(basename(&file)));
+                            self.frames.push(FrameInfo {
+                                label,
+                                class,
+                                name: String::new(),
+                                file,
+                                eval: false,
+                            });
+                            self.frames.len() as u32 - 1
+                        })
+                    }
+                    ViewFrame::Made(label) => *made.entry(label).or_insert_with(|| {
+                        self.frames.push(FrameInfo {
+                            label: label.to_string(),
+                            class: FrameClass::Marker,
+                            name: label.to_string(),
+                            file: String::new(),
+                            eval: false,
+                        });
+                        self.frames.len() as u32 - 1
+                    }),
+                });
+            }
+            let id = if out == full {
+                s.stack
+            } else {
+                let next = self.stacks.len() as u32;
+                *view_ids.entry(out.clone()).or_insert_with(|| {
+                    self.stacks.push(out);
+                    next
+                })
+            };
+            self.fold_notes.insert(s.stack, notes);
+            memo.insert(s.stack, id);
+            self.samples[i].py_stack = id;
+        }
+    }
+
+    /// What the Python view folded in `samples`.
+    pub fn fold_summary<'a>(&self, samples: impl Iterator<Item = &'a Sample>) -> FoldSummary {
+        use std::collections::BTreeSet;
+        let mut seen: std::collections::HashSet<u32> = std::collections::HashSet::new();
+        let mut files: BTreeSet<String> = BTreeSet::new();
+        let mut launchers: BTreeSet<Launcher> = BTreeSet::new();
+        let mut sum = FoldSummary::default();
         for s in samples {
-            *counts.entry((s.pid, s.stack)).or_default() += 1;
+            sum.samples += 1;
+            let Some(n) = self.fold_notes.get(&s.stack) else {
+                continue;
+            };
+            sum.python_samples += 1;
+            if !seen.insert(s.stack) {
+                continue;
+            }
+            sum.start |= n.start;
+            if let Some(l) = n.launcher {
+                launchers.insert(l);
+            }
+            if n.interpreter {
+                for f in self.stack_frames(s.stack) {
+                    if f.class == FrameClass::Interpreter {
+                        files.insert(basename(&f.file).to_string());
+                    }
+                }
+            }
+        }
+        sum.interpreter_files = files.into_iter().collect();
+        sum.launchers = launchers.into_iter().map(|l| l.as_str()).collect();
+        sum
+    }
+
+    /// Folded stacks ("root;f1;f2 count" lines, sorted) of `samples`.
+    pub fn folded<'a>(
+        &self,
+        samples: impl Iterator<Item = &'a Sample>,
+        opts: FoldOptions,
+    ) -> String {
+        let roots = self.roots(opts.merge_workers);
+        let mut counts: BTreeMap<(&str, u32), u64> = BTreeMap::new();
+        for s in samples {
+            let root = roots.get(&s.pid).map_or("?", |r| r.as_str());
+            *counts
+                .entry((root, self.view_stack(s, opts.view)))
+                .or_default() += 1;
         }
         let mut lines: BTreeMap<String, u64> = BTreeMap::new();
-        for ((pid, stack), n) in counts {
-            let mut line = self.root_frame(pid);
+        for ((root, stack), n) in counts {
+            let mut line = root.to_string();
             for f in self.stack(stack) {
                 line.push(';');
                 line.push_str(f);
@@ -934,13 +1291,16 @@ impl Stacks {
     }
 
     /// Folded stacks of one role (None: all processes).
-    pub fn folded_role(&self, role: Option<Role>) -> String {
-        self.folded(self.role_samples(role))
+    pub fn folded_role(&self, role: Option<Role>, opts: FoldOptions) -> String {
+        self.folded(self.role_samples(role), opts)
     }
 
-    /// Folded stacks of the samples taken inside any of `intervals`
-    /// (e.g. the GPU's idle intervals), all processes.
-    pub fn folded_during(&self, intervals: &[(MonoNs, MonoNs)]) -> String {
+    /// The samples taken inside any of `intervals` (e.g. the GPU's idle
+    /// intervals), all processes.
+    pub fn samples_during<'a>(
+        &'a self,
+        intervals: &[(MonoNs, MonoNs)],
+    ) -> impl Iterator<Item = &'a Sample> + 'a {
         let mut sorted: Vec<(MonoNs, MonoNs)> =
             intervals.iter().copied().filter(|i| i.1 > i.0).collect();
         sorted.sort();
@@ -952,18 +1312,25 @@ impl Stacks {
                 _ => iv.push(i),
             }
         }
-        self.folded(self.samples.iter().filter(|s| {
+        self.samples.iter().filter(move |s| {
             let i = iv.partition_point(|x| x.0 <= s.t);
             i > 0 && s.t < iv[i - 1].1
-        }))
+        })
     }
 
-    /// The `n` functions with the most samples (total) in a role (None: all).
+    /// Folded stacks of the samples taken inside any of `intervals`.
+    pub fn folded_during(&self, intervals: &[(MonoNs, MonoNs)], opts: FoldOptions) -> String {
+        self.folded(self.samples_during(intervals), opts)
+    }
+
+    /// The `n` functions with the most samples (total) in a role (None:
+    /// all), in the Python view (what the flamegraphs show by default).
     pub fn top_functions(&self, role: Option<Role>, n: usize) -> Vec<TopFunction> {
         self.top_functions_of(self.role_samples(role), n)
     }
 
-    /// The `n` functions with the most samples (total) among `samples`.
+    /// The `n` functions with the most samples (total) among `samples`, in
+    /// the Python view.
     pub fn top_functions_of<'a>(
         &'a self,
         samples: impl Iterator<Item = &'a Sample>,
@@ -975,7 +1342,7 @@ impl Stacks {
         let mut seen: Vec<u32> = Vec::new();
         for s in samples {
             count += 1;
-            let frames = &self.stacks[s.stack as usize];
+            let frames = &self.stacks[s.py_stack as usize];
             if let Some(leaf) = frames.last() {
                 *self_n.entry(*leaf).or_default() += 1;
             }
@@ -990,15 +1357,18 @@ impl Stacks {
         if count == 0 {
             return Vec::new();
         }
-        let mut v: Vec<(u64, u64, &str)> = total_n
-            .iter()
-            .map(|(f, t)| {
-                (
-                    *t,
-                    self_n.get(f).copied().unwrap_or(0),
-                    self.names[*f as usize].as_str(),
-                )
-            })
+        // Frames with the same label (one function in two files) add up.
+        let mut by_label: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+        for (f, t) in &total_n {
+            let e = by_label
+                .entry(self.frames[*f as usize].label.as_str())
+                .or_default();
+            e.0 += t;
+            e.1 += self_n.get(f).copied().unwrap_or(0);
+        }
+        let mut v: Vec<(u64, u64, &str)> = by_label
+            .into_iter()
+            .map(|(name, (t, s))| (t.min(count), s, name))
             .collect();
         // Most self time first (the hot spots), then most total, then name.
         v.sort_by(|a, b| b.1.cmp(&a.1).then(b.0.cmp(&a.0)).then(a.2.cmp(b.2)));
@@ -1015,10 +1385,10 @@ impl Stacks {
     /// Nested slices per thread for the trace, within [`TRACE_MAX_SLICES`]:
     /// when the full-resolution slices would exceed it, every k-th sample of
     /// each thread is kept (k returned) and each counts for k periods.
-    pub fn trace_slices(&self) -> (Vec<TraceSlice>, u64) {
+    pub fn trace_slices(&self, view: View) -> (Vec<TraceSlice>, u64) {
         let mut k = 1u64;
         loop {
-            let (slices, complete) = self.slices_with_stride(k, TRACE_MAX_SLICES);
+            let (slices, complete) = self.slices_with_stride(k, TRACE_MAX_SLICES, view);
             if complete {
                 return (slices, k);
             }
@@ -1026,7 +1396,7 @@ impl Stacks {
         }
     }
 
-    fn slices_with_stride(&self, k: u64, limit: usize) -> (Vec<TraceSlice>, bool) {
+    fn slices_with_stride(&self, k: u64, limit: usize, view: View) -> (Vec<TraceSlice>, bool) {
         let period = self.period_ns.max(1) * k;
         let mut out = Vec::new();
         let mut i = 0;
@@ -1077,7 +1447,7 @@ impl Stacks {
                         close(&mut open, 0, at(p + 1), &mut out);
                     }
                 }
-                let frames: Vec<u32> = self.stacks[s.stack as usize]
+                let frames: Vec<u32> = self.stacks[self.view_stack(s, view) as usize]
                     .iter()
                     .take(TRACE_MAX_DEPTH)
                     .copied()
@@ -1108,9 +1478,9 @@ impl Stacks {
         (out, true)
     }
 
-    /// Name of a slice.
+    /// Label of a frame (a slice's name).
     pub fn name(&self, id: u32) -> &str {
-        &self.names[id as usize]
+        &self.frames[id as usize].label
     }
 }
 
@@ -1362,17 +1732,31 @@ mod tests {
     fn python_frames_sit_between_interpreter_and_native_leaf() {
         let mut d = data();
         let st = analyze_all(&mut d);
-        let folded = st.folded_role(Some(Role::Main));
+        let native = FoldOptions {
+            view: View::Native,
+            merge_workers: false,
+        };
+        let folded = st.folded_role(Some(Role::Main), native);
         assert!(
             folded.contains("python3 (10);_start;main;<module> (job.py);augment (job.py);zlib_compress;[libz.so.1+0x50] 2"),
             "{folded}"
+        );
+        // The Python view: the interpreter (here /usr/bin/python3, which
+        // also holds zlib_compress) folded, the unnamed libz code named by
+        // its library, the sample without Python frames said so.
+        let py = st.folded_role(Some(Role::Main), FoldOptions::default());
+        assert_eq!(
+            py,
+            "python3 (10);<module> (job.py);augment (job.py) 1\n\
+             python3 (10);<module> (job.py);augment (job.py);[libz.so.1] 2\n\
+             python3 (10);[python: not sampled];[libz.so.1] 1\n"
         );
         assert_eq!(st.report.merged_exact, 3);
         // The last sample is 75 ms away from the only Python stack.
         assert_eq!(st.report.merged_missing_python, 1);
         assert_eq!(st.report.unwind_coverage, 1.0);
         let top = &st.report.roles["main"].top_functions[0];
-        assert_eq!(top.function, "[libz.so.1+0x50]");
+        assert_eq!(top.function, "[libz.so.1]");
         assert_eq!(top.self_pct, 75.0);
     }
 
@@ -1394,7 +1778,7 @@ mod tests {
         let mut d = data();
         let mut st = analyze_all(&mut d);
         st.period_ns = 10_000_000;
-        let (slices, k) = st.trace_slices();
+        let (slices, k) = st.trace_slices(View::Native);
         assert_eq!(k, 1);
         // Samples at 0, 10, 20 ms (deep, deep, shallow) then at 70 ms.
         let root: Vec<_> = slices.iter().filter(|s| s.depth == 0).collect();
@@ -1411,10 +1795,11 @@ mod tests {
     fn gpu_idle_filter_selects_samples_inside_intervals() {
         let mut d = data();
         let st = analyze_all(&mut d);
-        let f = st.folded_during(&[(MonoNs(1_015_000_000), MonoNs(1_025_000_000))]);
+        let o = FoldOptions::default();
+        let f = st.folded_during(&[(MonoNs(1_015_000_000), MonoNs(1_025_000_000))], o);
         assert_eq!(f.lines().count(), 1, "{f}");
         assert!(f.ends_with(" 1\n"));
-        assert!(st.folded_during(&[]).is_empty());
+        assert!(st.folded_during(&[], o).is_empty());
     }
 
     #[test]

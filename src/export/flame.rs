@@ -1,5 +1,8 @@
-//! Stack outputs: `stacks-<role>.folded`, `flame-{main,workers,all}.svg`,
-//! `flame-gpu-idle.svg`, and the per-thread stack slices of the trace.
+//! Stack outputs: `stacks-<role>.folded` (+ `-native`),
+//! `flame-{main,workers,other,all}.svg`, `flame-workers-per-process.svg`,
+//! `flame-gpu-idle.svg`, and the per-thread stack slices of the trace — in
+//! the Python view by default, every frame with `--flame native` (see
+//! [`crate::analysis::fold`]).
 //!
 //! All outputs are deterministic: folded lines are sorted, inferno colours
 //! frames by a hash of their name (`deterministic`), and nothing depends on
@@ -11,7 +14,7 @@ use std::path::{Path, PathBuf};
 use inferno::flamegraph::{self, color::BasicPalette, color::Palette, Options};
 use serde_json::json;
 
-use crate::analysis::stacks::Stacks;
+use crate::analysis::stacks::{FoldOptions, Sample, Stacks, View};
 use crate::analysis::{Analysis, Role};
 use crate::event::MonoNs;
 use crate::export::trace::TraceWriter;
@@ -63,75 +66,202 @@ pub fn svg<W: Write>(folded: &str, title: &str, subtitle: &str, w: W) -> io::Res
     Ok(true)
 }
 
-fn subtitle(st: &Stacks, samples: usize) -> String {
+/// The per-process variant of the workers' flamegraph (written when workers
+/// of one name were merged into one tower).
+pub const WORKERS_PER_PROCESS_SVG: &str = "flame-workers-per-process.svg";
+
+/// The folded file with every frame of a role (`stacks-<role>-native.folded`).
+pub fn native_folded_name(folded_name: &str) -> String {
+    folded_name.replace(".folded", "-native.folded")
+}
+
+/// Characters of a subtitle that fit the flamegraph's 1200-pixel width.
+const SUBTITLE_MAX_CHARS: usize = 160;
+
+/// A flamegraph's title and subtitle: what it shows, how many samples,
+/// which view and what that view folded, which processes were merged. The
+/// subtitle stays within the 1200-pixel width.
+fn titles<'a>(
+    st: &Stacks,
+    title: &str,
+    samples: impl Iterator<Item = &'a Sample>,
+    view: View,
+    merged: &[(String, usize)],
+    per_process: Option<&str>,
+) -> (String, String) {
+    let sum = st.fold_summary(samples);
+    let n = sum.samples;
     let hz = st.report.frequency_hz;
-    if hz > 0.0 {
-        format!(
-            "{samples} samples at {hz} Hz (~{:.1} CPU-seconds); root frames are processes: name (pid)",
-            samples as f64 / hz
-        )
+    let mut parts = vec![if hz > 0.0 {
+        format!("{n} samples at {hz} Hz (~{:.1} CPU-s)", n as f64 / hz)
     } else {
-        format!("{samples} samples; root frames are processes: name (pid)")
+        format!("{n} samples")
+    }];
+    match view {
+        View::Python if sum.python_samples > 0 => {
+            // The longest that fits: the interpreter files named, then not.
+            let mut rest = Vec::new();
+            if sum.start {
+                rest.push("start-up".to_string());
+            }
+            for l in &sum.launchers {
+                rest.push(format!("{l} bootstrap"));
+            }
+            let files = sum.interpreter_files.join(" + ");
+            let mut candidates = Vec::new();
+            for interp in [files.as_str(), "the interpreter"] {
+                let mut folded: Vec<&str> = Vec::new();
+                if !sum.interpreter_files.is_empty() && !interp.is_empty() {
+                    folded.push(interp);
+                }
+                folded.extend(rest.iter().map(|r| r.as_str()));
+                let view = if folded.is_empty() {
+                    "Python view".to_string()
+                } else {
+                    format!("Python view, folded: {}", folded.join(", "))
+                };
+                candidates.push(format!("{view} · every frame: --flame native"));
+                candidates.push(view);
+            }
+            let head = parts[0].len() + " · ".len();
+            let pick = candidates
+                .iter()
+                .find(|c| head + c.chars().count() <= SUBTITLE_MAX_CHARS)
+                .unwrap_or(&candidates[candidates.len() - 1]);
+            parts.push(pick.clone());
+        }
+        View::Python => {}
+        View::Native => parts.push("every frame as sampled".into()),
     }
+    let mut title = format!("CPU stacks: {title}");
+    if !merged.is_empty() {
+        let m: Vec<String> = merged
+            .iter()
+            .map(|(name, k)| format!("{k} {name} processes"))
+            .collect();
+        title.push_str(&format!(" · {} merged", m.join(", ")));
+        if let Some(f) = per_process {
+            title.push_str(&format!(" (per process: {f})"));
+        }
+    }
+    (title, parts.join(" · "))
 }
 
 /// Write the folded files and flamegraphs of every role that has samples
-/// into `dir`, through `write` (the caller's atomic writer). Returns the
-/// paths written.
+/// into `dir`, through `write` (the caller's atomic writer): in `view`,
+/// workers of one name merged, with every frame per process in
+/// `stacks-<role>-native.folded` and, when workers were merged, one tower
+/// per worker in `flame-workers-per-process.svg`. Returns the paths
+/// written.
 pub fn write_role_outputs(
     st: &Stacks,
     dir: &Path,
+    view: View,
     write: &mut dyn FnMut(&Path, &[u8]) -> anyhow::Result<()>,
 ) -> anyhow::Result<Vec<PathBuf>> {
     let mut written = Vec::new();
+    let groups = st.worker_groups();
     for (role, folded_name, svg_name, title) in ROLE_OUTPUTS {
         let n = st.role_samples(*role).count();
         if n == 0 {
             continue;
         }
-        let folded = st.folded_role(*role);
+        let has_workers = matches!(role, Some(Role::Worker) | None);
+        let merged: &[(String, usize)] = if has_workers { &groups } else { &[] };
+        let opts = FoldOptions {
+            view,
+            merge_workers: true,
+        };
+        let folded = st.folded_role(*role, opts);
         let p = dir.join(folded_name);
         write(&p, folded.as_bytes())?;
         written.push(p);
+        let native = st.folded_role(
+            *role,
+            FoldOptions {
+                view: View::Native,
+                merge_workers: false,
+            },
+        );
+        let p = dir.join(native_folded_name(folded_name));
+        write(&p, native.as_bytes())?;
+        written.push(p);
+        let per_process =
+            (*role == Some(Role::Worker) && !groups.is_empty()).then_some(WORKERS_PER_PROCESS_SVG);
         let mut buf = Vec::new();
-        if svg(
-            &folded,
-            &format!("CPU stacks: {title}"),
-            &subtitle(st, n),
-            &mut buf,
-        )? {
+        let (title, sub) = titles(st, title, st.role_samples(*role), view, merged, per_process);
+        if svg(&folded, &title, &sub, &mut buf)? {
             let p = dir.join(svg_name);
             write(&p, &buf)?;
             written.push(p);
+        }
+        if let Some(name) = per_process {
+            let folded = st.folded_role(
+                *role,
+                FoldOptions {
+                    view,
+                    merge_workers: false,
+                },
+            );
+            let mut buf = Vec::new();
+            let (title, sub) = titles(
+                st,
+                "workers, one tower per process",
+                st.role_samples(*role),
+                view,
+                &[],
+                None,
+            );
+            if svg(&folded, &title, &sub, &mut buf)? {
+                let p = dir.join(name);
+                write(&p, &buf)?;
+                written.push(p);
+            }
         }
     }
     Ok(written)
 }
 
-/// `flame-gpu-idle.svg` (+ `stacks-gpu-idle.folded`): only the samples
-/// taken while a GPU was idle, all processes. Writes nothing when no sample
-/// falls in `idle`.
+/// `flame-gpu-idle.svg` (+ `stacks-gpu-idle.folded`, and every frame per
+/// process in `stacks-gpu-idle-native.folded`): only the samples taken while
+/// a GPU was idle, all processes. Writes nothing when no sample falls in
+/// `idle`.
 pub fn write_gpu_idle(
     st: &Stacks,
     idle: &[(MonoNs, MonoNs)],
     dir: &Path,
+    view: View,
     write: &mut dyn FnMut(&Path, &[u8]) -> anyhow::Result<()>,
 ) -> anyhow::Result<Vec<PathBuf>> {
-    let folded = st.folded_during(idle);
-    let n: u64 = folded
-        .lines()
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-        .sum();
+    let opts = FoldOptions {
+        view,
+        merge_workers: true,
+    };
+    let folded = st.folded_during(idle, opts);
     let mut written = Vec::new();
     let mut buf = Vec::new();
-    if svg(
-        &folded,
-        "CPU stacks while the GPU was idle",
-        &subtitle(st, n as usize),
-        &mut buf,
-    )? {
+    let groups = st.worker_groups();
+    let (title, sub) = titles(
+        st,
+        "while the GPU was idle",
+        st.samples_during(idle),
+        view,
+        &groups,
+        None,
+    );
+    if svg(&folded, &title, &sub, &mut buf)? {
         let p = dir.join("stacks-gpu-idle.folded");
         write(&p, folded.as_bytes())?;
+        written.push(p);
+        let native = st.folded_during(
+            idle,
+            FoldOptions {
+                view: View::Native,
+                merge_workers: false,
+            },
+        );
+        let p = dir.join("stacks-gpu-idle-native.folded");
+        write(&p, native.as_bytes())?;
         written.push(p);
         let p = dir.join("flame-gpu-idle.svg");
         write(&p, &buf)?;
@@ -140,11 +270,12 @@ pub fn write_gpu_idle(
     Ok(written)
 }
 
-/// The stack slices of every sampled thread, on the thread's own track.
-/// Returns trace metadata about them (count, thinning, budget).
+/// The stack slices of every sampled thread, on the thread's own track, in
+/// `view`. Returns trace metadata about them (count, thinning, budget).
 pub fn write_trace<W: Write>(
     a: &Analysis,
     tw: &mut TraceWriter<W>,
+    view: View,
 ) -> io::Result<serde_json::Value> {
     let st = &a.stacks;
     if st.samples.is_empty() {
@@ -165,7 +296,7 @@ pub fn write_trace<W: Write>(
             tw.thread_name(pid, s.tid.0 as i64, &format!("thread {}", s.tid), 0)?;
         }
     }
-    let (slices, thinned) = st.trace_slices();
+    let (slices, thinned) = st.trace_slices(view);
     for sl in &slices {
         tw.slice(
             sl.pid.0 as i64,
@@ -181,5 +312,6 @@ pub fn write_trace<W: Write>(
         "budget": crate::analysis::stacks::TRACE_MAX_SLICES,
         "max_depth": crate::analysis::stacks::TRACE_MAX_DEPTH,
         "thinned_every_nth_sample": thinned,
+        "view": view.as_str(),
     }))
 }

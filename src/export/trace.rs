@@ -152,13 +152,13 @@ pub fn short_command(cmdline: &[String], comm: &str) -> String {
     parts.join(" ")
 }
 
-/// Write the whole trace.
-pub fn write<W: Write>(a: &Analysis, w: W) -> io::Result<W> {
+/// Write the whole trace; stack slices in `view`.
+pub fn write<W: Write>(a: &Analysis, w: W, view: crate::analysis::stacks::View) -> io::Result<W> {
     let mut tw = TraceWriter::new(w, a.start)?;
     write_processes(a, &mut tw)?;
     write_system(a, &mut tw)?;
     super::trace_gpu::write_gpus(a, &mut tw)?;
-    let stacks = super::flame::write_trace(a, &mut tw)?;
+    let stacks = super::flame::write_trace(a, &mut tw, view)?;
     let nvtx = super::trace_nvtx::write_nvtx(a, &mut tw)?;
     let h = &a.header;
     let meta = json!({
