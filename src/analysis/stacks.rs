@@ -541,6 +541,8 @@ pub struct Stacks {
     stacks: Vec<Vec<u32>>,
     /// What the Python view folded, per stack id of the full view.
     fold_notes: HashMap<u32, FoldNotes>,
+    /// Processes that ran Python (the ones the Python view folds).
+    python_pids: std::collections::BTreeSet<Pid>,
     /// Samples sorted by (pid, tid, t).
     pub samples: Vec<Sample>,
     pub procs: BTreeMap<Pid, ProcMeta>,
@@ -1003,6 +1005,7 @@ pub fn analyze(
         frames,
         stacks,
         fold_notes: HashMap::new(),
+        python_pids: Default::default(),
         samples,
         procs,
         period_ns,
@@ -1222,6 +1225,7 @@ impl Stacks {
             memo.insert(s.stack, id);
             self.samples[i].py_stack = id;
         }
+        self.python_pids = python_pids;
     }
 
     /// What the Python view folded in `samples`.
@@ -1233,6 +1237,9 @@ impl Stacks {
         let mut sum = FoldSummary::default();
         for s in samples {
             sum.samples += 1;
+            if !self.python_pids.contains(&s.pid) {
+                continue;
+            }
             let Some(n) = self.fold_notes.get(&s.stack) else {
                 continue;
             };
@@ -1758,6 +1765,63 @@ mod tests {
         let top = &st.report.roles["main"].top_functions[0];
         assert_eq!(top.function, "[libz.so.1]");
         assert_eq!(top.self_pct, 75.0);
+    }
+
+    /// A native stack that carries its own Python frames (CPython perf
+    /// trampolines named from /tmp/perf-PID.map) is not merged with a
+    /// py-spy stack, even a close one.
+    #[test]
+    fn trampoline_frames_are_the_python_frames() {
+        let mut d = data();
+        for e in [
+            Event::StackFile {
+                id: 2,
+                path: "/tmp/perf-10.map".into(),
+            },
+            Event::NativeFrame {
+                id: 5,
+                file: 2,
+                offset: 0x7f00_0000_1000,
+            },
+            Event::Symbols {
+                names: vec![(5, "py::Loader.augment:/x/job.py".into())],
+            },
+            // _start → main → trampoline → eval → zlib_compress
+            node(StackKind::Native, 10, Some(1), 5),
+            node(StackKind::Native, 11, Some(10), 2),
+            node(StackKind::Native, 12, Some(11), 3),
+            Event::Samples(SampleBatch {
+                kind: StackKind::Native,
+                pid: Pid(10),
+                tid: Tid(10),
+                t0: MonoNs(1_005_000_000),
+                dt_us: vec![0],
+                stacks: vec![12],
+                incomplete: vec![],
+            }),
+        ] {
+            d.add(&e);
+        }
+        let st = analyze_all(&mut d);
+        assert_eq!(st.report.python_from_perf_map, 1);
+        let native = st.folded_role(
+            Some(Role::Main),
+            FoldOptions {
+                view: View::Native,
+                merge_workers: false,
+            },
+        );
+        assert!(
+            native.contains(
+                "python3 (10);_start;main;Loader.augment (job.py);_PyEval_EvalFrameDefault;zlib_compress 1"
+            ),
+            "{native}"
+        );
+        let py = st.folded_role(Some(Role::Main), FoldOptions::default());
+        assert!(
+            py.contains("python3 (10);Loader.augment (job.py) 1"),
+            "{py}"
+        );
     }
 
     #[test]
