@@ -28,6 +28,11 @@ Each row gives both shares and the sampling noise for the difference (two
 standard errors of the difference of two binomial proportions). A row whose
 difference exceeds it is marked.
 
+py-spy samples wall-clock time of every thread that is not idle, gpuprof
+samples CPU time: on a loaded machine (runnable threads waiting for a CPU)
+phases such as start-up or exit weigh differently; `--within FUNC` compares
+the program's steady state only.
+
 Usage:
   scripts/compare-pyspy.py --gpuprof target/debug/gpuprof \
       --py-spy /path/to/py-spy [--rounds 2] [--top 12] -- python3 job.py args
@@ -48,7 +53,7 @@ def norm_frame(f):
     if not m:
         return f
     name, where = m.group(1), m.group(2)
-    if re.search(r"\.pyx?(:\d+)?$", where):
+    if re.search(r"\.pyx?(:\d+)?$", where) or where.startswith("<"):
         # Python: drop the line number and any directories.
         where = re.sub(r":\d+$", "", where).rsplit("/", 1)[-1]
         return f"{name} ({where})"
@@ -117,7 +122,9 @@ def parse(path, pyspy):
     return stacks
 
 
-def shares(stacks, script):
+def shares(stacks, script, within=None):
+    if within:
+        stacks = {f: n for f, n in stacks.items() if within in f}
     total = sum(stacks.values())
     user = collections.Counter()
     leaf = collections.Counter()
@@ -144,6 +151,12 @@ def main():
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--top", type=int, default=12)
     ap.add_argument("--gpuprof-env", action="append", default=[])
+    ap.add_argument(
+        "--within",
+        help="only samples with this frame on the stack, e.g. 'work (job.py)': the "
+        "program's steady state, leaving out start-up and exit, which wall-clock "
+        "(py-spy) and CPU-time (gpuprof) sampling weigh differently on a loaded machine",
+    )
     ap.add_argument("job", nargs=argparse.REMAINDER)
     a = ap.parse_args()
     job = a.job[1:] if a.job and a.job[0] == "--" else a.job
@@ -160,8 +173,8 @@ def main():
         run([a.py_spy, "record", "--native", "--subprocesses", "-r", "99", "-f", "raw",
              "-o", raw, "--"] + job)
         p.update(parse(raw, pyspy=True))
-    gn, gu, gl = shares(g, script)
-    pn, pu, pl = shares(p, script)
+    gn, gu, gl = shares(g, script, a.within)
+    pn, pu, pl = shares(p, script, a.within)
 
     def row(name, a_, b_):
         x, y = a_ / max(gn, 1), b_ / max(pn, 1)
@@ -172,7 +185,8 @@ def main():
 
     extra = f" (gpuprof with {' '.join(a.gpuprof_env)})" if a.gpuprof_env else ""
     print(f"job: {' '.join(job)}{extra}; {a.rounds} rounds; load average {os.getloadavg()[0]:.1f}")
-    print(f"samples: gpuprof {gn}, py-spy --native {pn}\n")
+    scope = f" with {a.within} on the stack" if a.within else ""
+    print(f"samples{scope}: gpuprof {gn}, py-spy --native {pn}\n")
     print("| user function (total %) | gpuprof | py-spy | diff | noise (2σ) |")
     print("|---|---|---|---|---|")
     for f in sorted(set(gu) | set(pu), key=lambda f: -(gu[f] / max(gn, 1) + pu[f] / max(pn, 1))):

@@ -669,7 +669,7 @@ fn trampolines_unwind(minor: u32) {
         .arg(&out)
         .arg("--")
         .arg(&py)
-        .args([script.to_str().unwrap(), "2", "2"])
+        .args([script.to_str().unwrap(), "3", "2"])
         .env("PYTHONPERFSUPPORT", "1")
         .status()
         .unwrap();

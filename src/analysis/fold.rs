@@ -31,6 +31,9 @@
 //! - A stack that ran Python code (it has an interpreter loop frame) but
 //!   has no Python frame attached gets `[python: not sampled]` in their
 //!   place, so unattributed native time stays visible.
+//! - The interpreter running no Python code at all (start-up, finalizing
+//!   modules and collecting garbage at exit) is one frame,
+//!   `[python interpreter]`.
 //!
 //! Stacks of processes that never ran Python are left as sampled.
 
@@ -76,6 +79,8 @@ pub enum ViewFrame {
 
 /// Shown where Python ran but no Python frame is attached to the sample.
 pub const NOT_SAMPLED: &str = "[python: not sampled]";
+/// Shown for the interpreter running no Python code (start-up, shutdown).
+pub const INTERPRETER_ONLY: &str = "[python interpreter]";
 
 /// What folding a stack did, for the flamegraph's subtitle.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -178,6 +183,15 @@ pub fn python_view(frames: &[FoldFrame]) -> (Vec<ViewFrame>, FoldNotes) {
     let mut out = Vec::with_capacity(frames.len() - k + 1);
     if has_eval && !has_python && !has_marker {
         out.push(ViewFrame::Made(NOT_SAMPLED));
+    } else if k == frames.len()
+        && begin == 0
+        && !has_python
+        && frames.iter().any(|f| f.class == Interpreter)
+    {
+        // The interpreter outside any Python code: start-up, shutdown
+        // (finalizing modules, the last garbage collections), which can
+        // take seconds in a big program.
+        out.push(ViewFrame::Made(INTERPRETER_ONLY));
     }
     for (i, f) in frames.iter().enumerate().skip(k) {
         if f.class == Interpreter {
@@ -422,15 +436,13 @@ mod tests {
         let (v, n) = python_view(&fr);
         assert_eq!(names(&fr, &v), ["gomp_thread_start", "syscall"]);
         assert!(n.start && !n.interpreter);
-        // Interpreter start-up without Python code: the root's own time.
+        // Interpreter start-up or shutdown without Python code.
         let fr = [
             f(Interpreter, "_start", "/bin/python3"),
-            f(
-                Interpreter,
-                "Py_InitializeFromConfig",
-                "/lib/libpython3.12.so",
-            ),
+            f(Interpreter, "Py_FinalizeEx", "/lib/libpython3.12.so"),
+            f(Interpreter, "finalize_modules", "/lib/libpython3.12.so"),
         ];
-        assert!(python_view(&fr).0.is_empty());
+        let (v, _) = python_view(&fr);
+        assert_eq!(names(&fr, &v), [INTERPRETER_ONLY]);
     }
 }
