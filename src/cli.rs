@@ -100,8 +100,9 @@ pub struct CompareArgs {
     /// Print Markdown (to paste into a pull request) instead of a table.
     #[arg(long)]
     pub markdown: bool,
-    /// The job's saved output for run A, to read steps/s from (gpuprof does
-    /// not capture the job's output).
+    /// The job's saved output for run A, to read steps/s from instead of
+    /// the steps gpuprof measured (for runs recorded without a step range;
+    /// gpuprof does not capture the job's output).
     #[arg(long, value_name = "FILE")]
     pub log_a: Option<PathBuf>,
     /// The job's saved output for run B.
@@ -195,6 +196,11 @@ pub struct RecordArgs {
     /// `stacks-<role>-native.folded`; `gpuprof report --flame` redraws.
     #[arg(long, value_name = "VIEW", default_value = "python")]
     pub flame: crate::analysis::stacks::View,
+    /// The NVTX range that marks one training step (its message, e.g.
+    /// `train_step`; `step N` matches `step 1`, `step 2`, …). Without it, a
+    /// repeating range is chosen automatically.
+    #[arg(long, value_name = "NAME")]
+    pub step_range: Option<String>,
 
     /// The job to run, after `--`, e.g. `-- python train.py --epochs 1`.
     #[arg(
@@ -220,6 +226,10 @@ pub struct ReportArgs {
     /// (the interpreter's own frames folded away) or `native` (every frame).
     #[arg(long, value_name = "VIEW", default_value = "python")]
     pub flame: crate::analysis::stacks::View,
+    /// The NVTX range that marks one training step (overrides the one
+    /// given at record time).
+    #[arg(long, value_name = "NAME")]
+    pub step_range: Option<String>,
 }
 
 /// Validated settings of a recording.
@@ -240,6 +250,7 @@ pub struct RecordConfig {
     pub attach: Option<crate::event::Pid>,
     pub no_nvtx: bool,
     pub outputs: crate::outputs::OutputOptions,
+    pub step_range: Option<String>,
 }
 
 impl RecordArgs {
@@ -292,7 +303,10 @@ impl RecordArgs {
         };
         Ok(RecordConfig {
             stacks,
-            outputs: crate::outputs::OutputOptions { flame: self.flame },
+            outputs: crate::outputs::OutputOptions {
+                flame: self.flame,
+                step_range: None,
+            },
             command: self.command,
             output: self.output,
             interval: self.interval,
@@ -304,6 +318,7 @@ impl RecordArgs {
             idle_threshold_pct: self.idle_threshold,
             attach: None,
             no_nvtx: self.no_nvtx,
+            step_range: self.step_range.filter(|s| !s.trim().is_empty()),
         })
     }
 }

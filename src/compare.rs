@@ -1,6 +1,8 @@
 //! `gpuprof compare A B`: two runs side by side from their report.json —
-//! wall time, steps/s (when the job's log is given: gpuprof does not
-//! capture the job's output, which stays the user's), GPU busy fraction and
+//! wall time, steps/s (measured by gpuprof from the job's NVTX step range or
+//! its GPU/stack pattern; or read from the job's saved log with
+//! `--log-a/--log-b`, for runs recorded before steps were measured),
+//! GPU busy fraction and
 //! idle gaps per GPU, CPU and IO per role, and which findings were fixed,
 //! remain, or are new.
 
@@ -70,7 +72,7 @@ pub fn load(p: &Path, log: Option<&Path>, re: &Regex) -> Result<Run> {
         );
     }
     let steps_per_s = match log {
-        None => None,
+        None => measured_steps(&report).map(|x| x.0),
         Some(l) => {
             let t = std::fs::read(l).with_context(|| format!("cannot read log {}", l.display()))?;
             let t = String::from_utf8_lossy(&t);
@@ -84,6 +86,14 @@ pub fn load(p: &Path, log: Option<&Path>, re: &Regex) -> Result<Run> {
         report,
         steps_per_s,
     })
+}
+
+/// Steps/s measured by gpuprof itself (report.json `steps`), with how.
+pub fn measured_steps(r: &Value) -> Option<(f64, String)> {
+    let s = r.get("steps")?;
+    let v = s.get("steps_per_s")?.as_f64()?;
+    let method = s.get("method")?.as_str()?.to_string();
+    Some((v, method))
 }
 
 fn num(v: &Value, path: &[&str]) -> Option<f64> {
@@ -180,12 +190,33 @@ pub fn compare(a: &Run, b: &Run) -> Comparison {
         &secs,
     )];
     let mut notes = Vec::new();
+    let (ma, mb) = (measured_steps(ra), measured_steps(rb));
+    let from_logs = |r: &Run, m: &Option<(f64, String)>| {
+        r.steps_per_s.is_some() && m.as_ref().map(|x| x.0) != r.steps_per_s
+    };
     if a.steps_per_s.is_some() || b.steps_per_s.is_some() {
-        rows.push(row("steps/s", a.steps_per_s, b.steps_per_s, &|v| {
+        let label = match (&ma, &mb) {
+            (Some(x), Some(y)) if !from_logs(a, &ma) && !from_logs(b, &mb) => {
+                if x.1 == y.1 {
+                    format!("steps/s ({})", x.1)
+                } else {
+                    notes.push(format!(
+                        "steps/s were measured differently in the two runs (A: {}, B: {}): compare with care, or name the same range with `gpuprof report DIR --step-range NAME`.",
+                        x.1, y.1
+                    ));
+                    "steps/s (measured)".to_string()
+                }
+            }
+            _ => "steps/s".to_string(),
+        };
+        rows.push(row(&label, a.steps_per_s, b.steps_per_s, &|v| {
             format!("{v:.2}")
         }));
+        if a.steps_per_s.is_none() || b.steps_per_s.is_none() {
+            notes.push("steps/s: one run has no step rate (no steps found in its recording and no --log given for it).".into());
+        }
     } else {
-        notes.push("steps/s: gpuprof does not capture the job's output; pass the job's saved logs with --log-a/--log-b (and --steps-regex if needed) to compare throughput.".into());
+        notes.push("steps/s: neither run has measured steps (no NVTX step range, no regular GPU or stack pattern): mark the training step with an NVTX range, or pass the job's saved logs with --log-a/--log-b (and --steps-regex if needed).".into());
     }
     let (ga, gb) = (gpus(ra), gpus(rb));
     let mut idx: Vec<i64> = ga.keys().chain(gb.keys()).copied().collect();
@@ -378,6 +409,35 @@ mod tests {
         assert_eq!(get("80 steps in 4.43 s: 18.04 steps/s"), Some(18.04));
         assert_eq!(get("100%|████| 50/50 [00:02<00:00, 21.3it/s]"), Some(21.3));
         assert_eq!(get("throughput 900 samples/s"), None);
+    }
+
+    #[test]
+    fn measured_steps_are_compared_when_both_runs_have_them() {
+        let run = |sps: f64| {
+            let report = json!({"schema_version": 1, "duration_s": 10.0,
+                "steps": {"method": "nvtx-range-auto", "steps_per_s": sps}});
+            Run {
+                path: PathBuf::from("x"),
+                steps_per_s: measured_steps(&report).map(|x| x.0),
+                report,
+            }
+        };
+        let c = compare(&run(4.0), &run(5.0));
+        let r = c.rows.iter().find(|r| r.0.starts_with("steps/s")).unwrap();
+        assert_eq!(r.0, "steps/s (nvtx-range-auto)");
+        assert_eq!(
+            (r.1.as_str(), r.2.as_str(), r.3.as_str()),
+            ("4.00", "5.00", "+25%")
+        );
+        // An older report without `steps`: no rate, and the note says how.
+        let old = Run {
+            path: PathBuf::from("y"),
+            report: json!({"schema_version": 1, "duration_s": 10.0}),
+            steps_per_s: None,
+        };
+        let c = compare(&old, &old);
+        assert!(c.rows.iter().all(|r| !r.0.starts_with("steps/s")));
+        assert!(c.notes.iter().any(|n| n.contains("--log-a")));
     }
 
     #[test]

@@ -117,6 +117,9 @@ pub struct Header {
     /// sample at or below it is idle.
     #[serde(default)]
     pub gpu_idle_threshold_pct: Option<f64>,
+    /// `--step-range NAME`: the NVTX range that marks a training step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_range: Option<String>,
     /// Set by `gpuprof attach`: the job was already running and is not
     /// gpuprof's child; `job_pid` is the process attached to.
     #[serde(default, skip_serializing_if = "Option::is_none")]

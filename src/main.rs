@@ -46,7 +46,10 @@ fn report(args: gpuprof::cli::ReportArgs) -> anyhow::Result<i32> {
             args.dir.clone()
         }
     });
-    let opts = gpuprof::outputs::OutputOptions { flame: args.flame };
+    let opts = gpuprof::outputs::OutputOptions {
+        flame: args.flame,
+        step_range: args.step_range.clone().filter(|s| !s.trim().is_empty()),
+    };
     let outcome = gpuprof::outputs::generate(&args.dir, &out, &opts)?;
     if !args.quiet {
         eprint!("{}", outcome.terminal_summary);

@@ -13,11 +13,15 @@ use crate::diagnose::{self, Diagnosis};
 use crate::export;
 
 /// Choices about what the outputs show (the recording is the same).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct OutputOptions {
     /// The view of the flamegraphs, the main folded files and the trace's
     /// stack slices (`--flame`).
     pub flame: View,
+    /// The NVTX range that marks a step (`gpuprof report --step-range`;
+    /// else the one recorded with `--step-range`, else chosen
+    /// automatically).
+    pub step_range: Option<String>,
 }
 
 pub struct Outcome {
@@ -45,7 +49,12 @@ fn write_atomic(
 
 /// Analyze the recording in `rec_dir` and write the outputs into `out_dir`.
 pub fn generate(rec_dir: &Path, out_dir: &Path, opts: &OutputOptions) -> Result<Outcome> {
-    let a = analysis::analyze_dir(rec_dir)?;
+    let a = analysis::analyze_dir_with(
+        rec_dir,
+        &analysis::Options {
+            step_range: opts.step_range.clone(),
+        },
+    )?;
     std::fs::create_dir_all(out_dir)
         .with_context(|| format!("cannot create {}", out_dir.display()))?;
     let mut written = Vec::new();

@@ -254,6 +254,7 @@ pub(crate) fn make_header(cfg: &RecordConfig, job_pid: Pid) -> Header {
         job_pid,
         boottime_offset_ns: MonoNs::boottime_offset(),
         gpu_idle_threshold_pct: Some(cfg.idle_threshold_pct),
+        step_range: cfg.step_range.clone(),
         attached: None,
     }
 }

@@ -266,3 +266,209 @@ fn push_pop_costs_well_under_a_microsecond() {
     eprintln!("push/pop pair: {w:.1} ns under gpuprof, {wo:.1} ns without injection (median of 20000, best of 2)");
     assert!(w < 1000.0, "a push/pop pair costs {w} ns under gpuprof");
 }
+
+/// A real PyTorch loop marked with `torch.cuda.nvtx` (no GPU needed): its
+/// steps are found automatically, the checkpoint every 5th step makes those
+/// steps slow and is named as the cause, and the forked DataLoader
+/// workers' ranges are theirs.
+#[test]
+fn torch_steps_with_a_slow_checkpoint_step_and_forked_worker_ranges() {
+    let Some(py) = torch_python() else {
+        skip!("no PyTorch test environment (see .ci/run)");
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let ckpt = tmp.path().join("ckpt");
+    std::fs::create_dir_all(&ckpt).unwrap();
+    let script = repo().join("tests/scripts/nvtx_steps.py");
+    let (out, o) = record(
+        tmp.path(),
+        "out",
+        &["--no-stacks", "--no-gpu", "--interval", "50ms"],
+        &[
+            py.to_str().unwrap(),
+            script.to_str().unwrap(),
+            "20",
+            "5",
+            ckpt.to_str().unwrap(),
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let r = report(&out);
+    let job = job_process(&r)["pid"].as_i64().unwrap();
+    let workers: Vec<i64> = r["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["role"] == "worker")
+        .map(|p| p["pid"].as_i64().unwrap())
+        .collect();
+    assert_eq!(workers.len(), 2, "{}", r["processes"]);
+
+    // Ranges: the step with its phases, the workers' own ranges.
+    assert_eq!(group(&r, "", "train_step")["count"], 20);
+    assert_eq!(group(&r, "", "forward")["level"], 1);
+    assert_eq!(group(&r, "", "save_checkpoint")["count"], 4);
+    let load = group(&r, "", "load sample");
+    assert_eq!(load["processes"], 2, "{load}");
+    let trace = check_trace(&out.join("trace.json"));
+    let sl = nvtx_slices(&trace);
+    let load_pids: std::collections::BTreeSet<i64> = sl
+        .iter()
+        .filter(|s| s.2 == "load sample")
+        .map(|s| s.0)
+        .collect();
+    assert_eq!(
+        load_pids,
+        workers.iter().copied().collect(),
+        "each forked worker's ranges are on its own process"
+    );
+    assert!(sl.iter().any(|s| s.0 == job && s.2 == "train_step"));
+
+    // Steps.
+    let s = &r["steps"];
+    assert_eq!(s["method"], "nvtx-range-auto", "{s}");
+    assert_eq!(s["name"], "train_step");
+    assert_eq!(s["count"], 20);
+    let sps = s["steps_per_s"].as_f64().unwrap();
+    assert!(sps > 0.5 && sps < 10.0, "{sps} steps/s");
+    let p50 = s["time"]["p50_s"].as_f64().unwrap();
+    assert!((0.1..0.3).contains(&p50), "median step {p50} s");
+    let mut slow: Vec<u64> = s["slow"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["index"].as_u64().unwrap())
+        .collect();
+    slow.sort();
+    assert_eq!(slow, vec![4, 9, 14, 19], "{s}");
+    assert_eq!(s["slow_pattern"], "every 5th step (steps 4, 9, …)");
+    for x in s["slow"].as_array().unwrap() {
+        let causes = x["causes"].as_array().unwrap();
+        let has = |kind: &str, text: &str| {
+            causes
+                .iter()
+                .any(|c| c["kind"] == kind && c["text"].as_str().unwrap().contains(text))
+        };
+        assert!(has("nvtx-range", "`save_checkpoint`"), "{x}");
+        assert!(has("io", "wrote"), "{x}");
+    }
+    let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
+    assert!(summary.contains("## Steps"), "{summary}");
+    assert!(summary.contains("every 5th step"), "{summary}");
+    assert!(
+        !summary.contains("torch.cuda.nvtx.range_push(\"step\")"),
+        "no hint when NVTX is used"
+    );
+
+    // Another step range, chosen at report time; a name that does not exist.
+    let o = gpuprof()
+        .args(["report", "-q", "--step-range", "forward", "-o"])
+        .arg(tmp.path().join("rep"))
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let r2 = report(&tmp.path().join("rep"));
+    assert_eq!(r2["steps"]["method"], "nvtx-range");
+    assert_eq!(r2["steps"]["name"], "forward");
+    assert_eq!(r2["steps"]["count"], 20);
+    let o = gpuprof()
+        .args(["report", "-q", "--step-range", "no such range", "-o"])
+        .arg(tmp.path().join("rep2"))
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    let r3 = report(&tmp.path().join("rep2"));
+    assert_eq!(r3["steps"]["method"], "nvtx-range-auto");
+    assert!(r3["steps"]["notes"][0]
+        .as_str()
+        .unwrap()
+        .contains("no NVTX range has this name"));
+
+    // compare uses the measured steps/s.
+    let o = gpuprof()
+        .arg("compare")
+        .arg(&out)
+        .arg(tmp.path().join("rep"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{text}");
+    assert!(text.contains("steps/s (measured)"), "{text}");
+}
+
+/// A job without NVTX: the summary says how to add a step range.
+#[test]
+fn a_job_without_nvtx_gets_the_two_line_hint() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (out, o) = record(
+        tmp.path(),
+        "out",
+        &["--no-stacks", "--no-gpu"],
+        &["python3", "-c", "import time; time.sleep(0.3)"],
+    );
+    assert!(o.status.success());
+    let r = report(&out);
+    assert_eq!(r["nvtx"]["captured"], true);
+    assert_eq!(r["nvtx"]["ranges"], 0);
+    let hint = r["steps"]["hint"].as_str().unwrap();
+    assert!(
+        hint.contains("torch.cuda.nvtx.range_push(\"step\")"),
+        "{hint}"
+    );
+    let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
+    assert!(summary.contains("torch.cuda.nvtx.range_pop()"), "{summary}");
+}
+
+/// Without NVTX, steps come from the GPU's recurring idle gaps (an
+/// input-bound job waits once per step): the rate matches the job's own.
+#[test]
+fn without_nvtx_steps_come_from_the_gpus_idle_gaps() {
+    let tmp = tempfile::tempdir().unwrap();
+    let log = tmp.path().join("activity.log");
+    let out = tmp.path().join("out");
+    let o = gpuprof()
+        .args(["-q", "--no-stacks", "-o"])
+        .arg(&out)
+        .args(["--", "python3"])
+        .arg(sample("train_sim.py"))
+        .args([
+            "--workers",
+            "1",
+            "--augment-ms",
+            "40",
+            "--gpu-ms",
+            "10",
+            "--steps",
+            "40",
+        ])
+        .env("GPUPROF_NVML_LIB", fake_nvml_dir().join("libfake_nvml.so"))
+        .env(
+            "FAKE_NVML_SCENARIO",
+            repo().join("samples/gpu/activity.json"),
+        )
+        .env("GPUPROF_ACTIVITY_LOG", &log)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{stdout}");
+    let job_rate: f64 = stdout
+        .rsplit(": ")
+        .next()
+        .and_then(|x| x.split(' ').next())
+        .and_then(|x| x.parse().ok())
+        .unwrap_or_else(|| panic!("no rate in {stdout:?}"));
+    let r = report(&out);
+    let s = &r["steps"];
+    assert_eq!(s["method"], "gpu-idle-gaps", "{s}");
+    let count = s["count"].as_u64().unwrap();
+    assert!((35..=40).contains(&count), "{count} steps found of 40");
+    let rate = s["steps_per_s"].as_f64().unwrap();
+    assert!(
+        (rate / job_rate - 1.0).abs() < 0.2,
+        "estimated {rate} steps/s, the job measured {job_rate}"
+    );
+    assert!(s["notes"][0].as_str().unwrap().contains("estimated"));
+    assert!(s["hint"].as_str().unwrap().contains("range_push"));
+}

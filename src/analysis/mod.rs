@@ -10,6 +10,7 @@ pub mod nvtx;
 pub mod roles;
 pub mod series;
 pub mod stacks;
+pub mod steps;
 
 use std::collections::BTreeMap;
 
@@ -169,6 +170,16 @@ pub struct Analysis {
     /// Per Python thread, the time spent inside collective calls
     /// (all-reduce, barrier, ...), from the Python stack samples.
     pub collectives: Vec<collectives::ThreadWaits>,
+    /// Training steps and the slow ones.
+    pub steps: steps::Steps,
+}
+
+/// Choices that change the analysis of a recording.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// The NVTX range that marks a step (else the one given at record
+    /// time, else chosen automatically).
+    pub step_range: Option<String>,
 }
 
 impl Analysis {
@@ -288,6 +299,7 @@ impl Builder {
                 env: Default::default(),
                 nvtx: Default::default(),
                 collectives: Vec::new(),
+                steps: Default::default(),
             },
             interval,
             window_started: None,
@@ -711,7 +723,7 @@ impl Builder {
         }
     }
 
-    fn finish(mut self, truncated: Option<String>) -> Analysis {
+    fn finish(mut self, truncated: Option<String>, opts: &Options) -> Analysis {
         if self.a.footer.is_none() {
             self.a.end = self.last_t;
             self.a.warnings.push(truncated.clone().unwrap_or_else(|| {
@@ -781,6 +793,11 @@ impl Builder {
         let exits = |pid: Pid| procs.get(&pid).and_then(|p| p.exited);
         self.a.nvtx = std::mem::take(&mut self.nvtx).finish(window, &exits, &self.a.gpu);
         self.a.collectives = collectives::analyze(&self.stack_data, window);
+        let step_range = opts
+            .step_range
+            .clone()
+            .or_else(|| self.a.header.step_range.clone());
+        self.a.steps = steps::analyze(&self.a, step_range.as_deref());
         self.a
     }
 }
@@ -830,17 +847,25 @@ pub fn analyze_events(header: Header, events: impl Iterator<Item = Event>) -> An
     for ev in events {
         b.event(ev);
     }
-    b.finish(None)
+    b.finish(None, &Options::default())
 }
 
 /// Read and analyze a recording folder.
 pub fn analyze_dir(dir: &std::path::Path) -> Result<Analysis, crate::record::OpenError> {
+    analyze_dir_with(dir, &Options::default())
+}
+
+/// Read and analyze a recording folder with `opts`.
+pub fn analyze_dir_with(
+    dir: &std::path::Path,
+    opts: &Options,
+) -> Result<Analysis, crate::record::OpenError> {
     let mut reader = crate::record::RecordingReader::open(dir)?;
     let mut b = Builder::new(reader.header.clone());
     for ev in reader.by_ref() {
         b.event(ev);
     }
-    Ok(b.finish(reader.truncated.take()))
+    Ok(b.finish(reader.truncated.take(), opts))
 }
 
 /// A compact, serializable view used in the report for thread listings.
@@ -876,6 +901,7 @@ mod tests {
             job_pid: Pid(10),
             boottime_offset_ns: 0,
             gpu_idle_threshold_pct: None,
+            step_range: None,
             attached: None,
             rank_env: Default::default(),
             clock: None,

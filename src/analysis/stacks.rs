@@ -1886,6 +1886,7 @@ mod tests {
             job_pid: Pid(10),
             boottime_offset_ns: 0,
             gpu_idle_threshold_pct: None,
+            step_range: None,
             attached: None,
             rank_env: Default::default(),
             clock: None,

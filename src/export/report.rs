@@ -200,6 +200,7 @@ pub fn build(a: &Analysis) -> Value {
         "gpus": super::report_gpu::devices(a),
         "stacks": a.stacks.report,
         "nvtx": super::report_nvtx::nvtx(a),
+        "steps": super::report_nvtx::steps(a),
         "profiler": profiler,
         "warnings": a.warnings,
     })

@@ -119,3 +119,137 @@ pub fn summary_lines(a: &Analysis) -> Vec<String> {
     }
     out
 }
+
+/// `steps` in report.json.
+pub fn steps(a: &Analysis) -> Value {
+    let s = &a.steps;
+    let dist = |d: &Option<crate::analysis::steps::Dist>| {
+        d.as_ref().map(|d| {
+            json!({
+                "mean_s": r(d.mean_s, 6), "p50_s": r(d.p50_s, 6), "p90_s": r(d.p90_s, 6),
+                "p95_s": r(d.p95_s, 6), "p99_s": r(d.p99_s, 6), "min_s": r(d.min_s, 6),
+                "max_s": r(d.max_s, 6),
+            })
+        })
+    };
+    json!({
+        "method": s.method,
+        "how": s.how,
+        "name": s.name,
+        "pid": s.pid,
+        "tid": s.tid,
+        "count": s.count,
+        "steps_per_s": s.steps_per_s.map(|v| r(v, 4)),
+        "time": dist(&s.time),
+        "range_time": dist(&s.range_time),
+        "slow_threshold_s": s.slow_threshold_s.map(|v| r(v, 6)),
+        "slow_count": s.slow_count,
+        "slow_pattern": s.slow_pattern,
+        "slow_causes": s.slow_causes,
+        "slow": s.slow.iter().map(|x| json!({
+            "index": x.index,
+            "start_s": r(x.start_s, 3),
+            "duration_s": r(x.duration_s, 6),
+            "vs_median": r(x.vs_median, 2),
+            "causes": x.causes.iter().map(|c| json!({
+                "kind": c.kind, "text": c.text, "excess_s": c.excess_s.map(|v| r(v, 3)),
+            })).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+        "notes": s.notes,
+        "hint": hint(a),
+    })
+}
+
+/// Without NVTX ranges in the job: how to add a step range (one line).
+pub fn hint(a: &Analysis) -> Option<String> {
+    if !a.nvtx.captured() || !a.nvtx.ranges.is_empty() {
+        return None;
+    }
+    let python = a.processes.values().any(|p| {
+        p.cmdline
+            .first()
+            .is_some_and(|c| c.rsplit('/').next().unwrap_or(c).starts_with("python"))
+            || p.comm.starts_with("python")
+    });
+    Some(if python {
+        "For exact per-step times, mark the training step in the loop — `torch.cuda.nvtx.range_push(\"step\")` at its start and `torch.cuda.nvtx.range_pop()` at its end (no GPU needed; gpuprof captures NVTX by itself).".to_string()
+    } else {
+        "For exact per-step times, mark the training step with NVTX — `nvtxRangePushA(\"step\")` at its start and `nvtxRangePop()` at its end (gpuprof captures NVTX by itself).".to_string()
+    })
+}
+
+/// Summary lines about steps.
+pub fn steps_lines(a: &Analysis) -> Vec<String> {
+    let s = &a.steps;
+    let mut out = Vec::new();
+    if s.found() {
+        let rate = s
+            .steps_per_s
+            .map(|v| format!("{v:.2} steps/s"))
+            .unwrap_or_else(|| "steps/s unknown".into());
+        let what = match s.method.as_str() {
+            "nvtx-range" => format!("NVTX range `{}`", s.name.as_deref().unwrap_or("?")),
+            "nvtx-range-auto" => format!(
+                "NVTX range `{}` (chosen automatically; --step-range NAME to choose)",
+                s.name.as_deref().unwrap_or("?")
+            ),
+            "gpu-idle-gaps" => "estimated from the GPU's recurring idle gaps".to_string(),
+            _ => format!(
+                "estimated from the main thread's stacks (`{}` recurs)",
+                s.name.as_deref().unwrap_or("?")
+            ),
+        };
+        out.push(format!("{} steps, {rate}; steps from {what}.", s.count));
+        if let Some(d) = &s.time {
+            out.push(format!(
+                "Step time: mean {}, p50 {}, p90 {}, p99 {}, max {}.",
+                dur(d.mean_s),
+                dur(d.p50_s),
+                dur(d.p90_s),
+                dur(d.p99_s),
+                dur(d.max_s)
+            ));
+        }
+        if s.slow_count > 0 {
+            let thr = s.slow_threshold_s.unwrap_or(0.0);
+            let pat = s
+                .slow_pattern
+                .as_deref()
+                .map(|p| format!(", {p}"))
+                .unwrap_or_default();
+            out.push(format!(
+                "Slow steps (≥ {} = {:.1}× the median): {} of {}{pat}.",
+                dur(thr),
+                crate::analysis::steps::SLOW_FACTOR,
+                s.slow_count,
+                s.count
+            ));
+            for c in &s.slow_causes {
+                out.push(format!("In slow steps: {c}."));
+            }
+            if let Some(w) = s.slow.first() {
+                out.push(format!(
+                    "Slowest: step {} at {:.1} s, {} ({:.1}× the median): {}.",
+                    w.index,
+                    w.start_s,
+                    dur(w.duration_s),
+                    w.vs_median,
+                    w.causes
+                        .iter()
+                        .map(|c| c.text.as_str())
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                ));
+            }
+        } else if s.count >= 5 {
+            out.push("No slow steps: every step took less than 1.5× the median.".into());
+        }
+    } else if a.nvtx.captured() && !a.nvtx.ranges.is_empty() {
+        out.push(format!("No training steps identified ({}).", s.how));
+    }
+    out.extend(s.notes.iter().cloned());
+    if let Some(h) = hint(a) {
+        out.push(h);
+    }
+    out
+}

@@ -115,6 +115,10 @@ pub fn sections(a: &Analysis) -> Vec<(String, Vec<String>)> {
         out.push(("GPU".to_string(), gpu));
     }
 
+    let steps = super::report_nvtx::steps_lines(a);
+    if !steps.is_empty() {
+        out.push(("Steps".to_string(), steps));
+    }
     let nvtx = super::report_nvtx::summary_lines(a);
     if !nvtx.is_empty() {
         out.push(("NVTX ranges".to_string(), nvtx));

@@ -160,10 +160,12 @@ pub fn write<W: Write>(a: &Analysis, w: W, view: crate::analysis::stacks::View) 
     super::trace_gpu::write_gpus(a, &mut tw)?;
     let stacks = super::flame::write_trace(a, &mut tw, view)?;
     let nvtx = super::trace_nvtx::write_nvtx(a, &mut tw)?;
+    let steps = super::trace_nvtx::write_steps(a, &mut tw)?;
     let h = &a.header;
     let meta = json!({
         "stack_slices": stacks,
         "nvtx": nvtx,
+        "steps": steps,
         "gpuprof_version": h.gpuprof_version,
         "command": h.command,
         "host": h.host,

@@ -116,6 +116,55 @@ fn args(n: &NvtxAnalysis, r: &NvtxRange) -> Option<Value> {
     (!m.is_empty()).then_some(Value::Object(m))
 }
 
+/// Track id of the steps track (on the process whose thread marks steps,
+/// else the job's process).
+pub const STEPS_TID: i64 = NVTX_TID_BASE - 1;
+/// Steps drawn in the trace at most.
+pub const TRACE_MAX_STEPS: usize = 100_000;
+
+/// The steps as slices "step N" on a track "Steps (…)"; slow steps carry
+/// their causes in args.
+pub fn write_steps<W: Write>(a: &Analysis, tw: &mut TraceWriter<W>) -> io::Result<Value> {
+    let s = &a.steps;
+    if s.intervals.is_empty() {
+        return Ok(Value::Null);
+    }
+    let pid = s.pid.map(|p| p as i64).unwrap_or(a.header.job_pid.0 as i64);
+    if !a.processes.contains_key(&Pid(pid as i32)) {
+        tw.process_name(pid, &format!("pid {pid}"), 3000)?;
+    }
+    let what = match s.method.as_str() {
+        "nvtx-range" | "nvtx-range-auto" => s.name.clone().unwrap_or_default(),
+        "gpu-idle-gaps" => "estimated from GPU idle gaps".into(),
+        _ => "estimated from stacks".into(),
+    };
+    tw.thread_name(pid, STEPS_TID, &format!("Steps ({what})"), -1)?;
+    let slow: BTreeMap<usize, &crate::analysis::steps::SlowStep> =
+        s.slow.iter().map(|x| (x.index, x)).collect();
+    let thr = s.slow_threshold_s.unwrap_or(f64::INFINITY);
+    for (i, &(from, to)) in s.intervals.iter().enumerate().take(TRACE_MAX_STEPS) {
+        let d = to.secs_since(from);
+        let args = match slow.get(&i) {
+            Some(x) => Some(json!({
+                "slow": format!("{:.1}× the median step", x.vs_median),
+                "causes": x.causes.iter().map(|c| c.text.clone()).collect::<Vec<_>>(),
+            })),
+            None if d >= thr => Some(json!({"slow": "yes (not analysed: only the slowest are)"})),
+            None => None,
+        };
+        let name = if d >= thr {
+            format!("step {i} (slow)")
+        } else {
+            format!("step {i}")
+        };
+        tw.slice(pid, STEPS_TID, &name, from, to, args)?;
+    }
+    Ok(json!({
+        "steps": s.intervals.len().min(TRACE_MAX_STEPS),
+        "method": s.method,
+    }))
+}
+
 /// Write the NVTX tracks; returns the trace metadata about them.
 pub fn write_nvtx<W: Write>(a: &Analysis, tw: &mut TraceWriter<W>) -> io::Result<Value> {
     let n = &a.nvtx;

@@ -1,0 +1,1014 @@
+//! Training steps: which intervals were steps, how long each took, and
+//! what differed during the slow ones.
+//!
+//! Where the steps come from, in order of preference (the report says
+//! which was used):
+//! 1. an NVTX range named with `--step-range`;
+//! 2. an NVTX range chosen automatically: a range that repeats on one
+//!    thread of a main process and covers most of that thread's time
+//!    (a name with "step", "iter" or "batch" first; otherwise the
+//!    outermost, descending one level when the outermost repeats too few
+//!    times to be steps, e.g. epochs);
+//! 3. the GPU's idle gaps, when they recur regularly (one wait per step);
+//! 4. the main thread's stacks: a function entered at a regular period.
+//!
+//! A step runs from the start of its range to the start of the next one
+//! (the time between two steps — waiting for data, say — belongs to the
+//! step before); the last step ends with its range.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use serde::Serialize;
+
+use super::nvtx::{name_group, NvtxRange};
+use super::{Analysis, Role};
+use crate::event::{MonoNs, Pid, Tid};
+
+/// Steps listed one by one in the analysis at most (the distribution and
+/// counts cover all of them).
+pub const MAX_STEPS: usize = 1_000_000;
+/// Slow steps described in the report at most (slowest first).
+pub const MAX_SLOW_LISTED: usize = 20;
+/// A step is slow when it takes this many times the median step or more.
+pub const SLOW_FACTOR: f64 = 1.5;
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Dist {
+    pub mean_s: f64,
+    pub p50_s: f64,
+    pub p90_s: f64,
+    pub p95_s: f64,
+    pub p99_s: f64,
+    pub min_s: f64,
+    pub max_s: f64,
+}
+
+impl Dist {
+    fn of(v: &[f64]) -> Option<Dist> {
+        if v.is_empty() {
+            return None;
+        }
+        let mut s = v.to_vec();
+        s.sort_by(|a, b| a.total_cmp(b));
+        let q = |p: f64| s[((s.len() - 1) as f64 * p).round() as usize];
+        Some(Dist {
+            mean_s: s.iter().sum::<f64>() / s.len() as f64,
+            p50_s: q(0.5),
+            p90_s: q(0.9),
+            p95_s: q(0.95),
+            p99_s: q(0.99),
+            min_s: s[0],
+            max_s: s[s.len() - 1],
+        })
+    }
+}
+
+/// One thing that differed during a slow step.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Cause {
+    /// `gpu-idle`, `io`, `cpu`, `workers`, `nvtx-range`, `stack`,
+    /// `first-step`.
+    pub kind: &'static str,
+    pub text: String,
+    /// The extra time it accounts for, where it is a time.
+    pub excess_s: Option<f64>,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct SlowStep {
+    /// 0-based step number in the recording.
+    pub index: usize,
+    /// Seconds from the start of the recording.
+    pub start_s: f64,
+    pub duration_s: f64,
+    /// Duration / median step.
+    pub vs_median: f64,
+    pub causes: Vec<Cause>,
+}
+
+#[derive(Clone, Debug, Serialize, Default)]
+pub struct Steps {
+    /// `nvtx-range` (named with --step-range), `nvtx-range-auto`,
+    /// `gpu-idle-gaps`, `python-stacks`, or `none`.
+    pub method: String,
+    /// How the steps were found, in a sentence.
+    pub how: String,
+    /// The step range (NVTX) or function (stacks).
+    pub name: Option<String>,
+    pub pid: Option<i32>,
+    pub tid: Option<i32>,
+    pub count: usize,
+    pub steps_per_s: Option<f64>,
+    /// Step times (start to next start).
+    pub time: Option<Dist>,
+    /// Durations of the step ranges themselves (NVTX methods).
+    pub range_time: Option<Dist>,
+    pub slow_threshold_s: Option<f64>,
+    pub slow_count: usize,
+    /// E.g. "every 5th step".
+    pub slow_pattern: Option<String>,
+    /// What differed most often in the slow steps.
+    pub slow_causes: Vec<String>,
+    pub slow: Vec<SlowStep>,
+    pub notes: Vec<String>,
+    /// The steps, in time order (start, end).
+    #[serde(skip)]
+    pub intervals: Vec<(MonoNs, MonoNs)>,
+}
+
+impl Steps {
+    pub fn found(&self) -> bool {
+        self.count > 0
+    }
+}
+
+struct Cand {
+    pid: Pid,
+    tid: Tid,
+    label: String,
+    group: String,
+    level: u32,
+    ranges: Vec<(MonoNs, MonoNs)>,
+    main: bool,
+}
+
+impl Cand {
+    fn coverage(&self) -> f64 {
+        let first = self.ranges.first().map(|r| r.0 .0).unwrap_or(0);
+        let last = self.ranges.iter().map(|r| r.1 .0).max().unwrap_or(0);
+        let span = last.saturating_sub(first) as f64;
+        if span <= 0.0 {
+            return 0.0;
+        }
+        self.ranges
+            .iter()
+            .map(|r| r.1 .0.saturating_sub(r.0 .0) as f64)
+            .sum::<f64>()
+            / span
+    }
+    /// Share of ranges that start before the previous one ended.
+    fn overlap(&self) -> f64 {
+        let mut n = 0;
+        for w in self.ranges.windows(2) {
+            if w[1].0 < w[0].1 {
+                n += 1;
+            }
+        }
+        n as f64 / self.ranges.len().max(1) as f64
+    }
+}
+
+fn step_like(group: &str) -> bool {
+    let g = group.to_ascii_lowercase();
+    (g.contains("step") || g.contains("iter") || g.contains("batch")) && !g.contains("epoch")
+}
+
+/// Candidate step ranges: per thread, domain and name group.
+fn candidates(a: &Analysis) -> Vec<Cand> {
+    let n = &a.nvtx;
+    let mut by: BTreeMap<(Pid, Tid, u32, String), Cand> = BTreeMap::new();
+    let mut groups: HashMap<u32, String> = HashMap::new();
+    for r in &n.ranges {
+        let g = groups
+            .entry(r.name)
+            .or_insert_with(|| name_group(n.name(r.name)))
+            .clone();
+        let label = if n.domain(r.dom).is_empty() {
+            g.clone()
+        } else {
+            format!("{}: {g}", n.domain(r.dom))
+        };
+        let c = by
+            .entry((r.pid, r.tid, r.dom, g.clone()))
+            .or_insert_with(|| Cand {
+                pid: r.pid,
+                tid: r.tid,
+                label,
+                group: g,
+                level: r.lvl,
+                ranges: Vec::new(),
+                main: a
+                    .processes
+                    .get(&r.pid)
+                    .map_or(r.pid == a.header.job_pid, |p| p.role == Role::Main),
+            });
+        c.level = c.level.min(r.lvl);
+        c.ranges.push((r.start, r.end));
+    }
+    let mut v: Vec<Cand> = by.into_values().collect();
+    for c in &mut v {
+        c.ranges.sort();
+    }
+    v
+}
+
+/// Does `r` match the name the user gave?
+fn matches(given: &str, c: &Cand, n: &super::nvtx::NvtxAnalysis, r: &NvtxRange) -> bool {
+    let raw = n.name(r.name);
+    raw == given || c.group == given || c.label == given || c.group == name_group(given)
+}
+
+fn choose_nvtx(a: &Analysis, given: Option<&str>, notes: &mut Vec<String>) -> Option<(Cand, bool)> {
+    let cands = candidates(a);
+    if let Some(name) = given {
+        // The thread where the named range repeats most.
+        let n = &a.nvtx;
+        let best = cands
+            .iter()
+            .filter(|c| {
+                n.ranges
+                    .iter()
+                    .find(|r| {
+                        r.pid == c.pid && r.tid == c.tid && name_group(n.name(r.name)) == c.group
+                    })
+                    .is_some_and(|r| matches(name, c, n, r))
+            })
+            .max_by_key(|c| (c.main, c.ranges.len(), std::cmp::Reverse(c.pid)))
+            .map(|c| (c.pid, c.tid, c.label.clone()));
+        match best {
+            Some(k) => {
+                let c = cands
+                    .into_iter()
+                    .find(|c| (c.pid, c.tid, c.label.clone()) == k)?;
+                return Some((c, true));
+            }
+            None => {
+                let mut names: Vec<String> = n
+                    .groups
+                    .iter()
+                    .take(8)
+                    .map(|g| format!("`{}`", g.name))
+                    .collect();
+                names.dedup();
+                notes.push(if names.is_empty() {
+                    format!("--step-range `{name}`: the job recorded no NVTX range; steps were looked for in the rest of the recording.")
+                } else {
+                    format!(
+                        "--step-range `{name}`: no NVTX range has this name (ranges seen: {}); steps were chosen automatically.",
+                        names.join(", ")
+                    )
+                });
+            }
+        }
+    }
+    let mut ok: Vec<Cand> = cands
+        .into_iter()
+        .filter(|c| c.ranges.len() >= 3 && c.overlap() <= 0.1)
+        .collect();
+    if ok.iter().any(|c| c.main) {
+        ok.retain(|c| c.main);
+    }
+    let better = |x: &Cand, y: &Cand| -> std::cmp::Ordering {
+        // Higher coverage, then more ranges, then lower pid/tid (stable).
+        x.coverage()
+            .total_cmp(&y.coverage())
+            .then(x.ranges.len().cmp(&y.ranges.len()))
+            .then(y.pid.cmp(&x.pid))
+            .then(y.tid.cmp(&x.tid))
+    };
+    // 1. Named like a step.
+    let named: Vec<&Cand> = ok.iter().filter(|c| step_like(&c.group)).collect();
+    if let Some(min_lvl) = named.iter().map(|c| c.level).min() {
+        let pick = named
+            .iter()
+            .filter(|c| c.level == min_lvl)
+            .max_by(|x, y| better(x, y))
+            .map(|c| (c.pid, c.tid, c.label.clone()));
+        if let Some(k) = pick {
+            let i = ok
+                .iter()
+                .position(|c| (c.pid, c.tid, c.label.clone()) == k)?;
+            return Some((ok.swap_remove(i), false));
+        }
+    }
+    // 2. The outermost range that repeats (at least 5 times), covering
+    //    most of its thread's time; one level down when the outermost
+    //    repeats too few times to be steps (epochs).
+    for lvl in 0..4u32 {
+        let pick = ok
+            .iter()
+            .filter(|c| c.level == lvl && c.ranges.len() >= 5 && c.coverage() >= 0.3)
+            .max_by(|x, y| better(x, y))
+            .map(|c| (c.pid, c.tid, c.label.clone()));
+        if let Some(k) = pick {
+            let i = ok
+                .iter()
+                .position(|c| (c.pid, c.tid, c.label.clone()) == k)?;
+            return Some((ok.swap_remove(i), false));
+        }
+        if !ok.iter().any(|c| c.level == lvl) {
+            break;
+        }
+    }
+    None
+}
+
+fn intervals_from_starts(ranges: &[(MonoNs, MonoNs)]) -> Vec<(MonoNs, MonoNs)> {
+    let mut out = Vec::with_capacity(ranges.len());
+    for (i, r) in ranges.iter().enumerate() {
+        let end = ranges.get(i + 1).map(|n| n.0).unwrap_or(r.1);
+        out.push((r.0, end.max(r.0)));
+    }
+    out
+}
+
+fn cv(v: &[f64]) -> f64 {
+    let m = v.iter().sum::<f64>() / v.len().max(1) as f64;
+    if m <= 0.0 {
+        return f64::INFINITY;
+    }
+    let var = v.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / v.len().max(1) as f64;
+    var.sqrt() / m
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// Steps from the GPU's idle gaps: one gap per step, recurring regularly.
+fn from_gpu_gaps(a: &Analysis) -> Option<(Vec<(MonoNs, MonoNs)>, String)> {
+    let mut gaps: Vec<(MonoNs, MonoNs)> = a
+        .gpu
+        .idle_intervals()
+        .into_iter()
+        .filter(|g| g.0 >= a.start && g.1 <= a.end)
+        .collect();
+    if gaps.len() < 6 {
+        return None;
+    }
+    // Start-up and shutdown idle are not steps.
+    let mut durs: Vec<f64> = gaps.iter().map(|g| g.1.secs_since(g.0)).collect();
+    let med = median(&mut durs);
+    if gaps
+        .first()
+        .is_some_and(|g| g.1.secs_since(g.0) > 5.0 * med)
+    {
+        gaps.remove(0);
+    }
+    if gaps.last().is_some_and(|g| g.1.secs_since(g.0) > 5.0 * med) {
+        gaps.pop();
+    }
+    if gaps.len() < 6 {
+        return None;
+    }
+    let starts: Vec<MonoNs> = gaps.iter().map(|g| g.0).collect();
+    let periods: Vec<f64> = starts.windows(2).map(|w| w[1].secs_since(w[0])).collect();
+    let c = cv(&periods);
+    if c > 0.5 {
+        return None;
+    }
+    let iv: Vec<(MonoNs, MonoNs)> = starts.windows(2).map(|w| (w[0], w[1])).collect();
+    let res = a
+        .gpu
+        .devices
+        .iter()
+        .map(|d| d.resolution_ns)
+        .max()
+        .unwrap_or(0) as f64
+        / 1e6;
+    Some((
+        iv,
+        format!(
+            "estimated from the GPU's idle gaps, which recur every {:.0} ms on average (one wait per step; NVML resolution {res:.0} ms): steps run from one gap's start to the next",
+            periods.iter().sum::<f64>() / periods.len() as f64 * 1e3
+        ),
+    ))
+}
+
+/// The sampled thread that drives the loop: the job's main thread (or the
+/// busiest thread of the busiest main process).
+fn loop_thread(a: &Analysis) -> Option<(Pid, Tid)> {
+    let st = &a.stacks;
+    let mut per: BTreeMap<(Pid, Tid), usize> = BTreeMap::new();
+    for s in &st.samples {
+        let main = a
+            .processes
+            .get(&s.pid)
+            .map_or(s.pid == a.header.job_pid, |p| p.role == Role::Main);
+        if main {
+            *per.entry((s.pid, s.tid)).or_default() += 1;
+        }
+    }
+    let job = a.header.job_pid;
+    if per.contains_key(&(job, Tid(job.0))) {
+        return Some((job, Tid(job.0)));
+    }
+    per.into_iter()
+        .max_by_key(|(k, n)| (*n, std::cmp::Reverse(*k)))
+        .map(|(k, _)| k)
+}
+
+/// Steps from the loop thread's stacks: a function that the thread enters
+/// at a regular period (its runs of consecutive samples start regularly).
+/// Steps found in the stacks: intervals, how, function, pid, tid.
+type StackSteps = (Vec<(MonoNs, MonoNs)>, String, String, Pid, Tid);
+
+fn from_stacks(a: &Analysis) -> Option<StackSteps> {
+    let st = &a.stacks;
+    let (pid, tid) = loop_thread(a)?;
+    let period = st.period_ns.max(1);
+    let samples: Vec<&super::stacks::Sample> = st
+        .samples
+        .iter()
+        .filter(|s| s.pid == pid && s.tid == tid)
+        .collect();
+    if samples.len() < 50 {
+        return None;
+    }
+    // Python functions only ("name (file.py)"): the loop is the job's
+    // Python code; samples without Python frames (not merged) are skipped,
+    // so they neither end nor start a run.
+    let is_py = |f: &str| f.ends_with(".py)");
+    let mut last: HashMap<&str, usize> = HashMap::new();
+    let mut runs: HashMap<&str, Vec<MonoNs>> = HashMap::new();
+    let mut k = 0usize;
+    for s in &samples {
+        let mut seen = BTreeSet::new();
+        for f in st.stack(s.stack).filter(|f| is_py(f)) {
+            if !seen.insert(f) {
+                continue;
+            }
+            if !last.get(f).is_some_and(|&j| j + 1 == k) {
+                runs.entry(f).or_default().push(s.t);
+            }
+            last.insert(f, k);
+        }
+        if !seen.is_empty() {
+            k += 1;
+        }
+    }
+    let mut best: Option<(f64, usize, &str)> = None;
+    for (f, starts) in &runs {
+        if starts.len() < 5 {
+            continue;
+        }
+        let periods: Vec<f64> = starts
+            .windows(2)
+            .map(|w| w[1].0.saturating_sub(w[0].0) as f64)
+            .collect();
+        let mut p = periods.clone();
+        let med = median(&mut p);
+        if med < 3.0 * period as f64 {
+            continue;
+        }
+        let c = cv(&periods);
+        if c > 0.35 {
+            continue;
+        }
+        let better = match best {
+            None => true,
+            Some((bc, bn, bf)) => {
+                (c, std::cmp::Reverse(starts.len()), *f) < (bc, std::cmp::Reverse(bn), bf)
+            }
+        };
+        if better {
+            best = Some((c, starts.len(), f));
+        }
+    }
+    let (_, _, f) = best?;
+    let starts = &runs[f];
+    let iv: Vec<(MonoNs, MonoNs)> = starts.windows(2).map(|w| (w[0], w[1])).collect();
+    let hz = 1e9 / period as f64;
+    Some((
+        iv,
+        format!(
+            "estimated from the stacks of thread {tid} of process {pid}: `{f}` was entered {} times at a regular period (stack samples at {hz:.0} Hz: steps shorter than ~{:.0} ms are not resolved, and each step boundary is known to ±{:.0} ms)",
+            starts.len(),
+            3e3 / hz,
+            1e3 / hz
+        ),
+        f.to_string(),
+        pid,
+        tid,
+    ))
+}
+
+/// Figures of one interval, compared between slow and typical steps.
+#[derive(Clone, Debug, Default)]
+struct Metrics {
+    gpu_idle_s: Option<f64>,
+    read_b: f64,
+    write_b: f64,
+    io_wait_s: f64,
+    main_cpu_s: f64,
+    worker_cpu_s: f64,
+    workers_started: usize,
+    workers_exited: usize,
+    ranges: HashMap<String, f64>,
+    frames: HashMap<String, f64>,
+}
+
+fn overlap(iv: &[(MonoNs, MonoNs)], s: MonoNs, e: MonoNs) -> f64 {
+    let i = iv.partition_point(|g| g.1 <= s);
+    iv[i..]
+        .iter()
+        .take_while(|g| g.0 < e)
+        .map(|g| g.1.min(e).0.saturating_sub(g.0.max(s).0) as f64 / 1e9)
+        .sum()
+}
+
+struct Context<'a> {
+    a: &'a Analysis,
+    idle: Option<Vec<(MonoNs, MonoNs)>>,
+    pid: Option<Pid>,
+    step_group: Option<String>,
+    ranges_on_thread: Vec<&'a NvtxRange>,
+    samples: Vec<&'a super::stacks::Sample>,
+}
+
+impl Context<'_> {
+    fn metrics(&self, s: MonoNs, e: MonoNs) -> Metrics {
+        let a = self.a;
+        let dur = e.secs_since(s).max(0.0);
+        let mut m = Metrics {
+            gpu_idle_s: self.idle.as_ref().map(|iv| overlap(iv, s, e)),
+            ..Default::default()
+        };
+        for p in a.processes.values() {
+            let (from, to) = p.lifetime(a.end);
+            if to <= s || from >= e {
+                if p.role == Role::Worker && p.exited.is_some_and(|x| x >= s && x < e) {
+                    m.workers_exited += 1;
+                }
+                continue;
+            }
+            m.read_b += p.read_bps.mean_in(s, e).unwrap_or(0.0) * dur;
+            m.write_b += p.write_bps.mean_in(s, e).unwrap_or(0.0) * dur;
+            let cpu = p.cpu.mean_in(s, e).unwrap_or(0.0) * dur;
+            if Some(p.pid) == self.pid {
+                m.main_cpu_s += cpu;
+            } else if p.role == Role::Worker {
+                m.worker_cpu_s += cpu;
+            }
+            if p.role == Role::Worker {
+                if p.first_seen >= s && p.first_seen < e && p.first_seen > a.start {
+                    m.workers_started += 1;
+                }
+                if p.exited.is_some_and(|x| x >= s && x < e) {
+                    m.workers_exited += 1;
+                }
+            }
+            for th in p.threads.values() {
+                for &(f, t, st) in &th.state_runs {
+                    if st == 'D' && t > s && f < e {
+                        m.io_wait_s += t.min(e).0.saturating_sub(f.max(s).0) as f64 / 1e9;
+                    }
+                }
+            }
+        }
+        let i = self.ranges_on_thread.partition_point(|r| r.start < s);
+        for r in self.ranges_on_thread[i..]
+            .iter()
+            .take_while(|r| r.start < e)
+        {
+            let g = name_group(a.nvtx.name(r.name));
+            if Some(&g) == self.step_group.as_ref() {
+                continue;
+            }
+            *m.ranges
+                .entry(a.nvtx.label(r).replace(a.nvtx.name(r.name), &g))
+                .or_default() += r.end.min(e).secs_since(r.start).max(0.0);
+        }
+        let period = a.stacks.period_ns as f64 / 1e9;
+        if period > 0.0 {
+            let j = self.samples.partition_point(|x| x.t < s);
+            for x in self.samples[j..].iter().take_while(|x| x.t < e) {
+                let mut seen = BTreeSet::new();
+                for f in a.stacks.stack(x.stack) {
+                    if seen.insert(f) {
+                        *m.frames.entry(f.to_string()).or_default() += period;
+                    }
+                }
+            }
+        }
+        m
+    }
+}
+
+fn mb(b: f64) -> String {
+    if b >= 1e6 {
+        format!("{:.1} MB", b / 1e6)
+    } else {
+        format!("{:.0} kB", b / 1e3)
+    }
+}
+
+fn med_of(v: impl Iterator<Item = f64>) -> f64 {
+    let mut v: Vec<f64> = v.collect();
+    median(&mut v)
+}
+
+/// What differed during one slow step, compared with the typical step.
+fn causes(
+    ctx: &Context,
+    m: &Metrics,
+    typical: &[Metrics],
+    excess: f64,
+    index: usize,
+) -> Vec<Cause> {
+    let mut out: Vec<Cause> = Vec::new();
+    let t = |f: &dyn Fn(&Metrics) -> f64| med_of(typical.iter().map(f));
+    let big = |x: f64| x >= 0.25 * excess && x > 0.0;
+    if index == 0 {
+        out.push(Cause {
+            kind: "first-step",
+            text: "the first step recorded: warm-up (allocations, compilation, autotuning, workers starting) is usual here".into(),
+            excess_s: None,
+        });
+    }
+    if let Some(idle) = m.gpu_idle_s {
+        let ti = t(&|x| x.gpu_idle_s.unwrap_or(0.0));
+        if big(idle - ti) {
+            out.push(Cause {
+                kind: "gpu-idle",
+                text: format!("the GPU was idle {idle:.2} s (typical step {ti:.2} s)"),
+                excess_s: Some(idle - ti),
+            });
+        }
+    }
+    let started = m.workers_started;
+    if started > 0 && t(&|x| x.workers_started as f64) < 0.5 {
+        out.push(Cause {
+            kind: "workers",
+            text: format!(
+                "{started} input worker process(es) started during this step (none in a typical step): workers were (re)created — with PyTorch, `persistent_workers=True` keeps DataLoader workers between epochs"
+            ),
+            excess_s: None,
+        });
+    } else if m.workers_exited > 0 && t(&|x| x.workers_exited as f64) < 0.5 {
+        out.push(Cause {
+            kind: "workers",
+            text: format!(
+                "{} input worker process(es) exited during this step",
+                m.workers_exited
+            ),
+            excess_s: None,
+        });
+    }
+    let (tr, tw, td) = (t(&|x| x.read_b), t(&|x| x.write_b), t(&|x| x.io_wait_s));
+    let io_wait = m.io_wait_s - td;
+    let read_more = m.read_b - tr >= 1e6 && m.read_b > 2.0 * tr;
+    let write_more = m.write_b - tw >= 1e6 && m.write_b > 2.0 * tw;
+    if read_more || write_more || big(io_wait) {
+        let mut parts = Vec::new();
+        if read_more {
+            parts.push(format!("read {} (typical step {})", mb(m.read_b), mb(tr)));
+        }
+        if write_more {
+            parts.push(format!("wrote {} (typical step {})", mb(m.write_b), mb(tw)));
+        }
+        if big(io_wait) {
+            parts.push(format!(
+                "threads waited on IO (D state) {:.2} s (typical {td:.2} s)",
+                m.io_wait_s
+            ));
+        }
+        out.push(Cause {
+            kind: "io",
+            text: format!("IO: the job {}", parts.join(", ")),
+            excess_s: big(io_wait).then_some(io_wait),
+        });
+    }
+    let tc = t(&|x| x.main_cpu_s);
+    if big(m.main_cpu_s - tc) {
+        out.push(Cause {
+            kind: "cpu",
+            text: format!(
+                "CPU: the step's process used {:.2} CPU-s (typical step {tc:.2})",
+                m.main_cpu_s
+            ),
+            excess_s: Some(m.main_cpu_s - tc),
+        });
+    }
+    let twc = t(&|x| x.worker_cpu_s);
+    if big(m.worker_cpu_s - twc) {
+        out.push(Cause {
+            kind: "cpu",
+            text: format!(
+                "CPU: input workers used {:.2} CPU-s (typical step {twc:.2})",
+                m.worker_cpu_s
+            ),
+            excess_s: Some(m.worker_cpu_s - twc),
+        });
+    }
+    // NVTX ranges inside the step that took longer than usual.
+    let mut rs: Vec<(f64, &String, f64, f64)> = m
+        .ranges
+        .iter()
+        .map(|(k, v)| {
+            let tv = med_of(
+                typical
+                    .iter()
+                    .map(|x| x.ranges.get(k).copied().unwrap_or(0.0)),
+            );
+            (v - tv, k, *v, tv)
+        })
+        .filter(|x| big(x.0))
+        .collect();
+    rs.sort_by(|x, y| y.0.total_cmp(&x.0).then(x.1.cmp(y.1)));
+    for (ex, k, v, tv) in rs.into_iter().take(2) {
+        out.push(Cause {
+            kind: "nvtx-range",
+            text: if tv > 0.0 {
+                format!("range `{k}` took {v:.2} s (typical step {tv:.2} s)")
+            } else {
+                format!("range `{k}` took {v:.2} s (not in a typical step)")
+            },
+            excess_s: Some(ex),
+        });
+    }
+    // Functions on the loop thread specific to the slow step: the outermost
+    // and the innermost frames that account for most of the extra time.
+    let mut fs: Vec<(f64, &String, f64, f64)> = m
+        .frames
+        .iter()
+        .map(|(k, v)| {
+            let tv = med_of(
+                typical
+                    .iter()
+                    .map(|x| x.frames.get(k).copied().unwrap_or(0.0)),
+            );
+            (v - tv, k, *v, tv)
+        })
+        .collect();
+    let max_ex = fs.iter().map(|x| x.0).fold(0.0, f64::max);
+    if big(max_ex) {
+        fs.retain(|x| x.0 >= 0.6 * max_ex && x.3 <= 0.25 * x.2);
+        if !fs.is_empty() {
+            // Depth order: a frame's position in the stacks of the step.
+            let depth = |f: &str| -> usize {
+                let j = ctx.samples.partition_point(|x| x.t < MonoNs(0));
+                ctx.samples[j..]
+                    .iter()
+                    .find_map(|x| ctx.a.stacks.stack(x.stack).position(|n| n == f))
+                    .unwrap_or(usize::MAX)
+            };
+            fs.sort_by_key(|x| (depth(x.1), x.1.clone()));
+            let outer = fs.first().unwrap();
+            let inner = fs.last().unwrap();
+            let text = if outer.1 == inner.1 {
+                format!(
+                    "the loop thread was in `{}` for ~{:.2} s (typical step {:.2} s)",
+                    outer.1, outer.2, outer.3
+                )
+            } else {
+                format!(
+                    "the loop thread was in `{}` → … → `{}` for ~{:.2} s (typical step {:.2} s)",
+                    outer.1, inner.1, outer.2, outer.3
+                )
+            };
+            out.push(Cause {
+                kind: "stack",
+                text,
+                excess_s: Some(outer.0),
+            });
+        }
+    }
+    if out.is_empty() || out.iter().all(|c| c.kind == "first-step") {
+        out.push(Cause {
+            kind: "unknown",
+            text: "nothing measured differed from a typical step (GPU, IO, CPU, workers, ranges); look at this step in trace.json".into(),
+            excess_s: None,
+        });
+    }
+    out
+}
+
+fn ordinal(k: usize) -> String {
+    let suffix = match (k % 10, k % 100) {
+        (1, x) if x != 11 => "st",
+        (2, x) if x != 12 => "nd",
+        (3, x) if x != 13 => "rd",
+        _ => "th",
+    };
+    format!("{k}{suffix}")
+}
+
+/// "every 5th step" when the slow steps recur at a fixed stride.
+fn pattern(idx: &[usize]) -> Option<String> {
+    if idx.len() < 3 {
+        return None;
+    }
+    let d: Vec<usize> = idx.windows(2).map(|w| w[1] - w[0]).collect();
+    let mut counts: BTreeMap<usize, usize> = BTreeMap::new();
+    for x in &d {
+        *counts.entry(*x).or_default() += 1;
+    }
+    let (k, n) = counts
+        .iter()
+        .max_by_key(|(k, n)| (**n, std::cmp::Reverse(**k)))?;
+    if *k < 2 {
+        return None;
+    }
+    if *n == d.len() {
+        Some(format!(
+            "every {} step (steps {}, {}, …)",
+            ordinal(*k),
+            idx[0],
+            idx[1]
+        ))
+    } else if *n * 4 >= d.len() * 3 {
+        Some(format!("mostly every {} step", ordinal(*k)))
+    } else {
+        None
+    }
+}
+
+/// Find the steps of the recording and analyse the slow ones.
+pub fn analyze(a: &Analysis, step_range: Option<&str>) -> Steps {
+    let mut notes = Vec::new();
+    let mut steps = Steps::default();
+    let mut range_durs: Option<Vec<f64>> = None;
+    let mut step_group = None;
+    let (iv, method, how, name, pid, tid) = if let Some((c, given)) =
+        choose_nvtx(a, step_range, &mut notes)
+    {
+        let iv = intervals_from_starts(&c.ranges);
+        range_durs = Some(c.ranges.iter().map(|r| r.1.secs_since(r.0)).collect());
+        step_group = Some(c.group.clone());
+        let how = if given {
+            format!(
+                "NVTX range `{}` named with --step-range, on thread {} of process {}",
+                c.label, c.tid, c.pid
+            )
+        } else {
+            format!(
+                "NVTX range `{}` chosen automatically: it repeats {} times on thread {} of process {} (nesting level {}) and covers {:.0}% of the time from its first start to its last end; name another with --step-range",
+                c.label,
+                c.ranges.len(),
+                c.tid,
+                c.pid,
+                c.level,
+                c.coverage() * 100.0
+            )
+        };
+        let method = if given {
+            "nvtx-range"
+        } else {
+            "nvtx-range-auto"
+        };
+        (iv, method, how, Some(c.label), Some(c.pid), Some(c.tid))
+    } else if let Some((iv, how)) = from_gpu_gaps(a) {
+        (iv, "gpu-idle-gaps", how, None, None, None)
+    } else if let Some((iv, how, f, pid, tid)) = from_stacks(a) {
+        (iv, "python-stacks", how, Some(f), Some(pid), Some(tid))
+    } else {
+        steps.method = "none".into();
+        steps.how = "no steps found: no repeating NVTX range, no regular GPU idle gaps, no function of the main thread entered at a regular period".into();
+        steps.notes = notes;
+        return steps;
+    };
+    let iv: Vec<(MonoNs, MonoNs)> = iv
+        .into_iter()
+        .filter(|s| s.1 > a.start && s.0 < a.end)
+        .take(MAX_STEPS)
+        .collect();
+    if iv.is_empty() {
+        steps.method = "none".into();
+        steps.how = "no steps inside the recorded window".into();
+        steps.notes = notes;
+        return steps;
+    }
+    let durs: Vec<f64> = iv.iter().map(|s| s.1.secs_since(s.0)).collect();
+    let span = iv.last().unwrap().1.secs_since(iv[0].0);
+    steps.method = method.into();
+    steps.how = how;
+    steps.name = name;
+    steps.pid = pid.map(|p| p.0);
+    steps.tid = tid.map(|t| t.0);
+    steps.count = iv.len();
+    steps.steps_per_s = (span > 0.0).then(|| iv.len() as f64 / span);
+    steps.time = Dist::of(&durs);
+    steps.range_time = range_durs.as_deref().and_then(Dist::of);
+
+    // Slow steps.
+    let med = steps.time.as_ref().map(|d| d.p50_s).unwrap_or(0.0);
+    if iv.len() >= 5 && med > 0.0 {
+        let thr = med * SLOW_FACTOR;
+        steps.slow_threshold_s = Some(thr);
+        let slow: Vec<usize> = (0..iv.len())
+            .filter(|&i| durs[i] >= thr && durs[i] - med >= 0.001)
+            .collect();
+        steps.slow_count = slow.len();
+        steps.slow_pattern = pattern(&slow);
+        if !slow.is_empty() {
+            let measured = a.gpu.available && !a.gpu.devices.is_empty();
+            let loop_pt = match (pid, tid) {
+                (Some(p), Some(t)) => Some((p, t)),
+                _ => loop_thread(a),
+            };
+            let mut ranges_on_thread: Vec<&NvtxRange> = match loop_pt {
+                Some((p, t)) => a
+                    .nvtx
+                    .ranges
+                    .iter()
+                    .filter(|r| r.pid == p && r.tid == t)
+                    .collect(),
+                None => Vec::new(),
+            };
+            ranges_on_thread.sort_by_key(|r| r.start);
+            let samples = match loop_pt {
+                Some((p, t)) => a
+                    .stacks
+                    .samples
+                    .iter()
+                    .filter(|s| s.pid == p && s.tid == t)
+                    .collect(),
+                None => Vec::new(),
+            };
+            let ctx = Context {
+                a,
+                idle: measured.then(|| a.gpu.idle_intervals()),
+                pid: loop_pt.map(|x| x.0),
+                step_group,
+                ranges_on_thread,
+                samples,
+            };
+            // Typical steps: up to 300 of the others, evenly spread.
+            let normal: Vec<usize> = (0..iv.len()).filter(|i| !slow.contains(i)).collect();
+            let stride = normal.len().div_ceil(300).max(1);
+            let typical: Vec<Metrics> = normal
+                .iter()
+                .step_by(stride)
+                .map(|&i| ctx.metrics(iv[i].0, iv[i].1))
+                .collect();
+            let mut order = slow.clone();
+            order.sort_by(|x, y| durs[*y].total_cmp(&durs[*x]).then(x.cmp(y)));
+            let mut kinds: BTreeMap<&'static str, (usize, String)> = BTreeMap::new();
+            for &i in order.iter().take(MAX_SLOW_LISTED.max(50)) {
+                let m = ctx.metrics(iv[i].0, iv[i].1);
+                let cs = causes(&ctx, &m, &typical, durs[i] - med, i);
+                for c in &cs {
+                    let e = kinds.entry(c.kind).or_insert((0, c.text.clone()));
+                    e.0 += 1;
+                }
+                if steps.slow.len() < MAX_SLOW_LISTED {
+                    steps.slow.push(SlowStep {
+                        index: i,
+                        start_s: a.rel_s(iv[i].0),
+                        duration_s: durs[i],
+                        vs_median: durs[i] / med,
+                        causes: cs,
+                    });
+                }
+            }
+            let examined = order.len().min(MAX_SLOW_LISTED.max(50));
+            let mut ks: Vec<(&&str, &(usize, String))> =
+                kinds.iter().filter(|(k, _)| **k != "first-step").collect();
+            ks.sort_by(|x, y| y.1 .0.cmp(&x.1 .0).then(x.0.cmp(y.0)));
+            steps.slow_causes = ks
+                .into_iter()
+                .take(3)
+                .map(|(_, (n, text))| format!("{text} — in {n} of {examined} slow steps examined"))
+                .collect();
+        }
+    }
+    if method == "gpu-idle-gaps" || method == "python-stacks" {
+        notes.push("steps are estimated (see `how`): add an NVTX range around the training step for exact step times".into());
+    }
+    steps.notes = notes;
+    steps.intervals = iv;
+    steps
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slow_step_patterns() {
+        assert_eq!(
+            pattern(&[4, 9, 14, 19]).as_deref(),
+            Some("every 5th step (steps 4, 9, …)")
+        );
+        assert_eq!(pattern(&[1, 2, 3]), None);
+        assert_eq!(pattern(&[0, 10]), None);
+        assert_eq!(
+            pattern(&[2, 4, 6, 8, 11]).as_deref(),
+            Some("mostly every 2nd step")
+        );
+        assert_eq!(ordinal(21), "21st");
+        assert_eq!(ordinal(12), "12th");
+    }
+
+    #[test]
+    fn steps_run_from_start_to_next_start() {
+        let r = |a: u64, b: u64| (MonoNs(a), MonoNs(b));
+        assert_eq!(
+            intervals_from_starts(&[r(0, 5), r(8, 12), r(20, 22)]),
+            vec![r(0, 8), r(8, 20), r(20, 22)]
+        );
+    }
+
+    #[test]
+    fn step_like_names() {
+        assert!(step_like("train_step"));
+        assert!(step_like("iteration N"));
+        assert!(!step_like("epoch N"));
+        assert!(!step_like("forward"));
+    }
+}
