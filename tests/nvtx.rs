@@ -236,7 +236,9 @@ fn push_pop_costs_well_under_a_microsecond() {
         Ok(p) => p,
         Err(why) => skip!("{why}"),
     };
-    let args = ["bench", "20000", "20"];
+    // 20,000 pairs 50 µs apart: a high but realistic rate, which the
+    // reader keeps up with (a ring holds ~4000 pairs).
+    let args = ["bench", "20000", "50"];
     let mut without = Vec::new();
     let mut with = Vec::new();
     for i in 0..2 {
@@ -461,7 +463,16 @@ fn without_nvtx_steps_come_from_the_gpus_idle_gaps() {
         .unwrap_or_else(|| panic!("no rate in {stdout:?}"));
     let r = report(&out);
     let s = &r["steps"];
-    assert_eq!(s["method"], "gpu-idle-gaps", "{s}");
+    if s["method"] != "gpu-idle-gaps" {
+        let keep = std::env::temp_dir().join("gpuprof-nvtx-gaps-failure");
+        let _ = std::fs::remove_dir_all(&keep);
+        let _ = std::fs::rename(&out, &keep);
+        panic!(
+            "{s}\nGPU: {}\n(kept in {})",
+            r["gpus"][0]["idle_gaps"],
+            keep.display()
+        );
+    }
     let count = s["count"].as_u64().unwrap();
     assert!((35..=40).contains(&count), "{count} steps found of 40");
     let rate = s["steps_per_s"].as_f64().unwrap();
@@ -469,6 +480,13 @@ fn without_nvtx_steps_come_from_the_gpus_idle_gaps() {
         (rate / job_rate - 1.0).abs() < 0.2,
         "estimated {rate} steps/s, the job measured {job_rate}"
     );
-    assert!(s["notes"][0].as_str().unwrap().contains("estimated"));
+    assert!(
+        s["notes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n.as_str().unwrap().contains("estimated")),
+        "{s}"
+    );
     assert!(s["hint"].as_str().unwrap().contains("range_push"));
 }

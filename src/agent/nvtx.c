@@ -272,6 +272,9 @@ typedef struct {
     uint64_t gen;
     ring_header *ring;
     uint8_t *data;
+    /* The reader's tail as last read: reloaded (a cache line the reader
+     * writes) only when the ring looks full with it. */
+    uint64_t tail_cache;
     int32_t tid;
     int failed;         /* no ring for this thread in this generation */
     int busy;           /* a handler is running on this thread */
@@ -427,6 +430,7 @@ static int attach_thread(thread_state *ts) {
     }
     ts->ring = (ring_header *)m;
     ts->data = (uint8_t *)m + RING_HEADER;
+    ts->tail_cache = 0;
     ts->failed = 0;
     /* Any non-NULL value makes the destructor run at thread exit. */
     pthread_setspecific(g_key, ts);
@@ -438,14 +442,16 @@ static int attach_thread(thread_state *ts) {
 static uint8_t *reserve(thread_state *ts, uint32_t size, uint64_t *new_head) {
     ring_header *r = ts->ring;
     uint64_t head = atomic_load_explicit(&r->head, memory_order_relaxed);
-    uint64_t tail = atomic_load_explicit(&r->tail, memory_order_acquire);
     uint64_t off = head & (RING_DATA - 1);
     uint64_t need = size;
     if (off + size > RING_DATA)
         need += RING_DATA - off; /* pad to the end, start over at 0 */
-    if (head + need - tail > RING_DATA) {
-        atomic_fetch_add_explicit(&r->lost, 1, memory_order_relaxed);
-        return NULL;
+    if (head + need - ts->tail_cache > RING_DATA) {
+        ts->tail_cache = atomic_load_explicit(&r->tail, memory_order_acquire);
+        if (head + need - ts->tail_cache > RING_DATA) {
+            atomic_fetch_add_explicit(&r->lost, 1, memory_order_relaxed);
+            return NULL;
+        }
     }
     if (off + size > RING_DATA) {
         /* The reader wraps at a PAD kind byte, or by itself when fewer

@@ -67,7 +67,7 @@ impl Dist {
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct Cause {
     /// `gpu-idle`, `io`, `cpu`, `workers`, `nvtx-range`, `stack`,
-    /// `first-step`.
+    /// `unknown`.
     pub kind: &'static str,
     pub text: String,
     /// The extra time it accounts for, where it is a time.
@@ -312,6 +312,23 @@ fn intervals_from_starts(ranges: &[(MonoNs, MonoNs)]) -> Vec<(MonoNs, MonoNs)> {
     out
 }
 
+/// Share of `v` within [0.6, 1.6] × its median: how regular a spacing is,
+/// robust to the occasional slow step (which is what we look for).
+fn regularity(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    let m = median(&mut s);
+    if m <= 0.0 || v.is_empty() {
+        return 0.0;
+    }
+    v.iter()
+        .filter(|x| **x >= 0.6 * m && **x <= 1.6 * m)
+        .count() as f64
+        / v.len() as f64
+}
+
+/// Spacings regular enough to be steps.
+const MIN_REGULARITY: f64 = 0.75;
+
 fn cv(v: &[f64]) -> f64 {
     let m = v.iter().sum::<f64>() / v.len().max(1) as f64;
     if m <= 0.0 {
@@ -357,8 +374,7 @@ fn from_gpu_gaps(a: &Analysis) -> Option<(Vec<(MonoNs, MonoNs)>, String)> {
     }
     let starts: Vec<MonoNs> = gaps.iter().map(|g| g.0).collect();
     let periods: Vec<f64> = starts.windows(2).map(|w| w[1].secs_since(w[0])).collect();
-    let c = cv(&periods);
-    if c > 0.5 {
+    if regularity(&periods) < MIN_REGULARITY {
         return None;
     }
     let iv: Vec<(MonoNs, MonoNs)> = starts.windows(2).map(|w| (w[0], w[1])).collect();
@@ -455,10 +471,10 @@ fn from_stacks(a: &Analysis) -> Option<StackSteps> {
         if med < 3.0 * period as f64 {
             continue;
         }
-        let c = cv(&periods);
-        if c > 0.35 {
+        if regularity(&periods) < MIN_REGULARITY {
             continue;
         }
+        let c = cv(&periods);
         let better = match best {
             None => true,
             Some((bc, bn, bf)) => {
@@ -608,18 +624,11 @@ fn causes(
     m: &Metrics,
     typical: &[Metrics],
     excess: f64,
-    index: usize,
+    _index: usize,
 ) -> Vec<Cause> {
     let mut out: Vec<Cause> = Vec::new();
     let t = |f: &dyn Fn(&Metrics) -> f64| med_of(typical.iter().map(f));
     let big = |x: f64| x >= 0.25 * excess && x > 0.0;
-    if index == 0 {
-        out.push(Cause {
-            kind: "first-step",
-            text: "the first step recorded: warm-up (allocations, compilation, autotuning, workers starting) is usual here".into(),
-            excess_s: None,
-        });
-    }
     if let Some(idle) = m.gpu_idle_s {
         let ti = t(&|x| x.gpu_idle_s.unwrap_or(0.0));
         if big(idle - ti) {
@@ -768,7 +777,7 @@ fn causes(
             });
         }
     }
-    if out.is_empty() || out.iter().all(|c| c.kind == "first-step") {
+    if out.is_empty() {
         out.push(Cause {
             kind: "unknown",
             text: "nothing measured differed from a typical step (GPU, IO, CPU, workers, ranges); look at this step in trace.json".into(),
@@ -890,7 +899,25 @@ pub fn analyze(a: &Analysis, step_range: Option<&str>) -> Steps {
     if iv.len() >= 5 && med > 0.0 {
         let thr = med * SLOW_FACTOR;
         steps.slow_threshold_s = Some(thr);
-        let slow: Vec<usize> = (0..iv.len())
+        // The job's first step is warm-up (allocations, compilation,
+        // autotuning, workers starting), not an anomaly: said apart, when
+        // the recording saw the job start (not attached, not delayed) or
+        // the steps' process started during the recording.
+        let launched_here = a.header.attached.is_none()
+            && a.start.0.saturating_sub(a.header.start.0) < 2 * a.header.interval_ns.max(1);
+        let born_in_window = pid
+            .and_then(|p| a.processes.get(&p))
+            .is_some_and(|p| p.first_seen.0 > a.start.0 + 1_000_000_000);
+        let warmup = launched_here || born_in_window;
+        if warmup && durs[0] >= thr {
+            notes.push(format!(
+                "step 0, the job's first, took {:.3} s ({:.1}× the median): warm-up (allocations, compilation, autotuning, workers starting); not counted among the slow steps",
+                durs[0],
+                durs[0] / med
+            ));
+        }
+        let first = usize::from(warmup);
+        let slow: Vec<usize> = (first..iv.len())
             .filter(|&i| durs[i] >= thr && durs[i] - med >= 0.001)
             .collect();
         steps.slow_count = slow.len();
@@ -957,8 +984,7 @@ pub fn analyze(a: &Analysis, step_range: Option<&str>) -> Steps {
                 }
             }
             let examined = order.len().min(MAX_SLOW_LISTED.max(50));
-            let mut ks: Vec<(&&str, &(usize, String))> =
-                kinds.iter().filter(|(k, _)| **k != "first-step").collect();
+            let mut ks: Vec<(&&str, &(usize, String))> = kinds.iter().collect();
             ks.sort_by(|x, y| y.1 .0.cmp(&x.1 .0).then(x.0.cmp(y.0)));
             steps.slow_causes = ks
                 .into_iter()
@@ -1002,6 +1028,17 @@ mod tests {
             intervals_from_starts(&[r(0, 5), r(8, 12), r(20, 22)]),
             vec![r(0, 8), r(8, 20), r(20, 22)]
         );
+    }
+
+    #[test]
+    fn regular_spacing_survives_a_slow_step_every_fifth() {
+        let mut v = vec![0.1; 20];
+        for i in (4..20).step_by(5) {
+            v[i] = 0.5;
+        }
+        assert!(regularity(&v) >= MIN_REGULARITY);
+        let noise: Vec<f64> = (0..20).map(|i| [0.05, 0.3, 0.1, 0.9][i % 4]).collect();
+        assert!(regularity(&noise) < MIN_REGULARITY);
     }
 
     #[test]

@@ -55,9 +55,10 @@ const REC_THREAD_EXIT: u8 = 9;
 /// pairs, so a thread can make ~100k NVTX calls per second before this
 /// reader's lag costs records.
 const POLL: Duration = Duration::from_millis(20);
-/// How often the folder is listed for new rings and instances are checked
-/// for having ended.
-const SCAN: Duration = Duration::from_millis(200);
+/// How often the folder is listed for new rings (a thread's first NVTX
+/// call creates one, and its records wait there until it is found) and
+/// instances are checked for having ended.
+const SCAN: Duration = Duration::from_millis(50);
 /// Completed ranges wait at most this long before they are written.
 const FLUSH: Duration = Duration::from_secs(1);
 /// Counters are written this often (cumulative), so that a killed gpuprof
@@ -476,7 +477,7 @@ impl Reader {
                 self.scan();
                 last_scan = Some(Instant::now());
             }
-            self.drain_all();
+            let busy = self.drain_all();
             if stopping {
                 break;
             }
@@ -488,7 +489,16 @@ impl Reader {
                 self.write_stats();
                 last_stats = Instant::now();
             }
-            std::thread::park_timeout(POLL);
+            // Wake often only while the job is emitting: idle rings are
+            // checked every 2.5 polls, and with no ring at all only the
+            // folder is listed.
+            std::thread::park_timeout(if self.rings.is_empty() {
+                SCAN
+            } else if busy {
+                POLL
+            } else {
+                POLL * 5 / 2
+            });
         }
         // Whatever is still open ends with the recording.
         let now = MonoNs::now().0;
@@ -677,17 +687,26 @@ impl Reader {
         }))
     }
 
-    fn drain_all(&mut self) {
+    /// Drain every ring; true when any had records.
+    fn drain_all(&mut self) -> bool {
         let keys: Vec<String> = self.rings.keys().cloned().collect();
+        let mut any = false;
         for k in keys {
-            self.drain(&k);
+            any |= self.drain(&k);
         }
+        any
     }
 
-    /// Read every complete record of one ring and release the space.
-    fn drain(&mut self, key: &str) {
-        let Some(mut ring) = self.rings.remove(key) else {
-            return;
+    /// Read every complete record of one ring and release the space; true
+    /// when there were records.
+    fn drain(&mut self, key: &str) -> bool {
+        let has_data = self.rings.get(key).is_some_and(|r| {
+            r.map.u64_at(OFF_HEAD).load(Ordering::Acquire)
+                != r.map.u64_at(OFF_TAIL).load(Ordering::Relaxed)
+        });
+        // Nothing new (the common case): leave the ring in place.
+        let Some(mut ring) = has_data.then(|| self.rings.remove(key)).flatten() else {
+            return false;
         };
         let head = ring.map.u64_at(OFF_HEAD).load(Ordering::Acquire);
         let mut tail = ring.map.u64_at(OFF_TAIL).load(Ordering::Relaxed);
@@ -734,6 +753,7 @@ impl Reader {
             self.stats_dirty = true;
         }
         self.rings.insert(key.to_string(), ring);
+        true
     }
 
     fn inst_of(&self, nonce: u64) -> (u32, Pid) {
