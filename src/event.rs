@@ -588,6 +588,10 @@ pub struct NvtxStats {
 }
 
 /// Every event of a recording. The serialized tag is `k`.
+// The header is the large variant and there is one per recording; boxing it
+// would cost every reader of `Event::Header` for a few hundred bytes held
+// briefly in the writer's queue.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(tag = "k", rename_all = "snake_case")]
 pub enum Event {
