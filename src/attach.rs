@@ -168,6 +168,10 @@ async fn run(cfg: RecordConfig, out: PathBuf, target: Target) -> Result<i32> {
     });
     let (sink, writer) = record::start_writer(&out)?;
     sink.send_blocking(Event::Header(header));
+    // The window opens before the first sample: the analysis then takes
+    // each running process's first sample as its baseline, so counters
+    // cover the window, not the time since the process started.
+    sink.send_blocking(Event::WindowStart { t: MonoNs::now() });
     let samplers = SamplerThread::start(&sink, cfg.interval, true, Some(target.pid))?;
     let gpu = session::start_gpu(&cfg, &sink)?;
     let stacks = StackCollectors::start_attached(cfg.stacks.as_ref(), target.pid, &sink, cfg.quiet);
@@ -176,7 +180,6 @@ async fn run(cfg: RecordConfig, out: PathBuf, target: Target) -> Result<i32> {
         available: false,
         detail: "not captured: NVTX is captured only for jobs gpuprof launches (NVTX_INJECTION64_PATH must be set when the job starts)".into(),
     }));
-    sink.send_blocking(Event::WindowStart { t: MonoNs::now() });
     say(
         cfg.quiet,
         &format!(

@@ -1,12 +1,13 @@
-"""A running "training" job for the attach tests.
+"""A running "training" job for the attach tests, steered through files.
 
 Two forked workers spend their time in `crunch` (pure Python arithmetic)
-from the start; a third worker is forked `late` seconds after the start,
-so that a test attached by then sees a process start while it records.
-The main process waits for them and exits with `code`.
-Usage: attach_job.py SECONDS LATE CODE
+from the start. When the file DIR/fork-late appears, the main process forks
+a third worker (a process that starts while gpuprof records); when DIR/stop
+appears, every worker ends and the main process exits with CODE.
+Usage: attach_job.py DIR CODE
 """
 import multiprocessing as mp
+import os
 import sys
 import time
 
@@ -18,23 +19,28 @@ def crunch(n):
     return acc
 
 
-def worker(until):
-    while time.monotonic() < until:
+def worker(stop):
+    while not os.path.exists(stop):
         crunch(20000)
 
 
 def main():
-    seconds, late, code = float(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
+    ctl, code = sys.argv[1], int(sys.argv[2])
+    stop, late = os.path.join(ctl, "stop"), os.path.join(ctl, "fork-late")
     ctx = mp.get_context("fork")
-    t0 = time.monotonic()
-    until = t0 + seconds
-    procs = [ctx.Process(target=worker, args=(until,)) for _ in range(2)]
+    procs = [ctx.Process(target=worker, args=(stop,)) for _ in range(2)]
     for p in procs:
         p.start()
-    time.sleep(max(0.0, t0 + late - time.monotonic()))
-    extra = ctx.Process(target=worker, args=(until,))
-    extra.start()
-    procs.append(extra)
+    deadline = time.monotonic() + 120
+    forked = False
+    while not os.path.exists(stop) and time.monotonic() < deadline:
+        if not forked and os.path.exists(late):
+            extra = ctx.Process(target=worker, args=(stop,))
+            extra.start()
+            procs.append(extra)
+            forked = True
+        time.sleep(0.02)
+    open(stop, "a").close()
     for p in procs:
         p.join()
     print("attach_job done", flush=True)
