@@ -502,4 +502,82 @@ garbage line
         assert_eq!(pm.locate(0x1800), None, "the old mapping was replaced");
         assert_eq!(pm.locate(0x2800), Some((1, 0x800)));
     }
+
+    /// A forked child names JIT code from its own map first, then from its
+    /// parent's (the trampolines that were running at the fork); code in a
+    /// file-backed mapping is never looked up.
+    #[test]
+    fn jit_code_is_named_from_own_then_parent_maps() {
+        use super::super::perfmap::PerfMap;
+        let dir = std::env::temp_dir();
+        let write = |name: &str, text: &str| {
+            let p = dir.join(format!("gpuprof-unwind-{}-{name}", std::process::id()));
+            std::fs::write(&p, text).unwrap();
+            p.to_string_lossy().into_owned()
+        };
+        let parent = write(
+            "parent",
+            "7000 b py::outer:/x/a.py\n700b b py::shadowed:/x/a.py\n",
+        );
+        let child = write("child", "700b b py::inner:/x/a.py\n");
+        let mut files = Files::default();
+        let mut pm = ProcessMaps::default();
+        let mk = |addr, len, path: &str| Mmap2 {
+            pid: Pid(1),
+            tid: crate::event::Tid(1),
+            t: Default::default(),
+            addr,
+            len,
+            pgoff: 0,
+            prot: 5,
+            path: path.into(),
+        };
+        pm.add(&mut files, &mk(0x7000, 0x1000, "//anon"));
+        pm.add(&mut files, &mk(0x9000, 0x1000, "[z]"));
+        pm.jit.push(PerfMap::shared(child.clone(), None));
+        pm.jit.push(PerfMap::shared(parent.clone(), None));
+        let name = |addr| {
+            pm.jit_entry(addr, 1, MonoNs(0))
+                .map(|(i, e)| (i, e.name.to_string()))
+        };
+        assert_eq!(name(0x7005), Some((1, "py::outer:/x/a.py".into())));
+        assert_eq!(name(0x700c), Some((0, "py::inner:/x/a.py".into())));
+        assert_eq!(name(0x7100), None);
+        assert_eq!(name(0x9005), None, "file-backed code is not JIT code");
+        std::fs::remove_file(parent).unwrap();
+        std::fs::remove_file(child).unwrap();
+    }
+
+    /// Out of a trampoline's call: the return address is at sp + 8 and the
+    /// caller's stack pointer just above it; on the first instruction, at sp.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn stepping_out_of_a_trampoline() {
+        let e = JitEntry {
+            start: 0x7000,
+            size: 11,
+            name: "py::f:/x.py".into(),
+        };
+        let stack: Vec<u64> = vec![0xaaaa, 0x5555_1234, 0xbbbb];
+        let mut read = |addr: u64| -> Result<u64, ()> {
+            stack
+                .get(addr.checked_sub(0x1000).ok_or(())? as usize / 8)
+                .copied()
+                .ok_or(())
+        };
+        let mut regs = UnwindRegsNative::new(0, 0x1000, 0x4242);
+        let ra = FrameAddress::from_return_address(0x7006).unwrap();
+        assert_eq!(
+            step_trampoline(&e, ra, &mut regs, &mut read),
+            Ok(Some(0x5555_1234))
+        );
+        assert_eq!((regs.sp(), regs.bp()), (0x1010, 0x4242));
+        let mut regs = UnwindRegsNative::new(0x7000, 0x1000, 0x4242);
+        let ip = FrameAddress::InstructionPointer(0x7000);
+        assert_eq!(
+            step_trampoline(&e, ip, &mut regs, &mut read),
+            Ok(Some(0xaaaa))
+        );
+        assert_eq!(regs.sp(), 0x1008);
+    }
 }
