@@ -121,8 +121,17 @@ fn problems(r: &Value) -> BTreeMap<String, String> {
         .unwrap_or_default()
 }
 
-/// One GPU's figures: busy fraction, idle gap count, idle total seconds.
-type GpuFigures = (Option<f64>, Option<f64>, Option<f64>);
+/// One GPU's figures.
+#[derive(Clone, Copy, Default)]
+struct GpuFigures {
+    busy: Option<f64>,
+    /// Idle seconds from the utilization deficit, over the sampled span
+    /// and in the steady state.
+    idle_s: Option<f64>,
+    steady_idle_s: Option<f64>,
+    gaps: Option<f64>,
+    gaps_s: Option<f64>,
+}
 
 /// GPU figures keyed by index.
 fn gpus(r: &Value) -> BTreeMap<i64, GpuFigures> {
@@ -132,11 +141,13 @@ fn gpus(r: &Value) -> BTreeMap<i64, GpuFigures> {
             let idx = g.get("index").and_then(|x| x.as_i64()).unwrap_or(i as i64);
             out.insert(
                 idx,
-                (
-                    num(g, &["busy_fraction"]),
-                    num(g, &["idle_gaps", "count"]),
-                    num(g, &["idle_gaps", "total_s"]),
-                ),
+                GpuFigures {
+                    busy: num(g, &["busy_fraction"]),
+                    idle_s: num(g, &["idle", "total_s"]),
+                    steady_idle_s: num(g, &["idle", "steady_s"]),
+                    gaps: num(g, &["idle_gaps", "count"]),
+                    gaps_s: num(g, &["idle_gaps", "total_s"]),
+                },
             );
         }
     }
@@ -225,13 +236,28 @@ pub fn compare(a: &Run, b: &Run) -> Comparison {
     for i in &idx {
         let x = ga.get(i).copied().unwrap_or_default();
         let y = gb.get(i).copied().unwrap_or_default();
-        rows.push(row(&format!("GPU {i} busy"), x.0, y.0, &|v| {
+        rows.push(row(&format!("GPU {i} busy"), x.busy, y.busy, &|v| {
             format!("{:.0}%", v * 100.0)
         }));
-        rows.push(row(&format!("GPU {i} idle gaps"), x.1, y.1, &|v| {
-            format!("{v:.0}")
-        }));
-        rows.push(row(&format!("GPU {i} idle total"), x.2, y.2, &secs));
+        rows.push(row(&format!("GPU {i} idle"), x.idle_s, y.idle_s, &secs));
+        rows.push(row(
+            &format!("GPU {i} idle, steady state"),
+            x.steady_idle_s,
+            y.steady_idle_s,
+            &secs,
+        ));
+        rows.push(row(
+            &format!("GPU {i} fully idle gaps"),
+            x.gaps,
+            y.gaps,
+            &|v| format!("{v:.0}"),
+        ));
+        rows.push(row(
+            &format!("GPU {i} in fully idle gaps"),
+            x.gaps_s,
+            y.gaps_s,
+            &secs,
+        ));
     }
     if idx.is_empty() {
         notes.push("GPU: neither run has GPU figures (not measured).".into());

@@ -95,8 +95,7 @@ pub fn generate(rec_dir: &Path, out_dir: &Path, opts: &OutputOptions) -> Result<
         &mut write_bytes,
     )?);
     written.extend(export::flame::write_gpu_idle(
-        &a.stacks,
-        &a.gpu.idle_intervals(),
+        &a,
         out_dir,
         opts.flame,
         &mut write_bytes,

@@ -199,27 +199,58 @@ fn cuda_runtime_newer_than_the_driver() {
     );
 }
 
+/// `gpuprof compare A B` as text.
+fn compare_text(a: &Path, b: &Path) -> String {
+    let o = gpuprof().arg("compare").arg(a).arg(b).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// The A and B figures of a compare row ("GPU 0 idle  4.10 s  1.20 s  -71%").
+fn compare_row(text: &str, label: &str) -> (f64, f64) {
+    let line = text
+        .lines()
+        .find(|l| {
+            l.strip_prefix(label)
+                .is_some_and(|rest| rest.starts_with("  "))
+        })
+        .unwrap_or_else(|| panic!("no `{label}` row in\n{text}"));
+    let v: Vec<f64> = line[label.len()..]
+        .split_whitespace()
+        .filter_map(|w| w.trim_end_matches('%').parse().ok())
+        .collect();
+    assert!(v.len() >= 2, "{line}");
+    (v[0], v[1])
+}
+
+const HEAVY_AUGMENTATION: &[&str] = &["--augment-ms", "40", "--gpu-ms", "10", "--steps", "70"];
+
+/// At the real driver period (1/6 s) one worker with heavy augmentation
+/// leaves the GPU waiting for every batch without a single fully idle
+/// sample: the input-bound finding must still cost what the job's own log
+/// says was lost; three workers lose less, and `compare` shows by how
+/// much; a GPU-bound job with enough workers stays quiet and the finding
+/// is listed as fixed.
 #[test]
 fn measured_input_bound_then_fixed() {
     let _g = serial();
     let dir = tempfile::tempdir().unwrap();
-    let log1 = dir.path().join("one.log");
-    let one = dir.path().join("one-worker");
-    let r = run(
-        &one,
-        "activity",
-        &[("GPUPROF_ACTIVITY_LOG", &log1)],
-        &strs(&train_sim(&[
-            "--workers",
-            "1",
-            "--augment-ms",
-            "40",
-            "--gpu-ms",
-            "10",
-            "--steps",
-            "60",
-        ])),
-    );
+    let traced = |name: &str, workers: &str, rest: &[&str]| {
+        let log = dir.path().join(format!("{name}.log"));
+        let out = dir.path().join(name);
+        let mut args = vec!["--workers", workers];
+        args.extend(rest);
+        let r = run(
+            &out,
+            "activity",
+            &[("GPUPROF_ACTIVITY_LOG", &log)],
+            &strs(&train_sim(&args)),
+        );
+        let truth = log_truth(&r["gpus"][0], &log);
+        (r, out, truth)
+    };
+
+    let (r, one, truth1) = traced("one-worker", "1", HEAVY_AUGMENTATION);
     let top = top_id(&r).to_string();
     assert!(
         top == "input-pipeline-bound" || top == "too-few-workers",
@@ -228,15 +259,48 @@ fn measured_input_bound_then_fixed() {
     );
     let f = &r["findings"][0];
     assert_eq!(f["gpu_time_basis"], "measured", "{f}");
-    assert_eq!(f["severity"], "critical", "{f}");
+    assert!(
+        f["severity"] == "critical" || f["severity"] == "warning",
+        "{f}"
+    );
+    // Its GPU time is the idle time the log implies between the first
+    // step and the last (start-up and shutdown are reported apart).
+    let cost = f["gpu_time_s"].as_f64().unwrap();
+    assert!(
+        (cost - truth1.steady_idle_s).abs() <= 0.2 * truth1.steady_idle_s,
+        "finding costs {cost:.2} s; the activity log implies {:.2} s of idle GPU in the steady state ({:.2} s over the sampled span)",
+        truth1.steady_idle_s,
+        truth1.sampled_idle_s
+    );
     assert!(
         f["evidence"].to_string().contains("GPU 0 idle"),
         "{}",
         f["evidence"]
     );
 
-    let log4 = dir.path().join("four.log");
+    // Three workers: compare shows the idle seconds each log implies.
+    let (_r3, three, truth3) = traced("three-workers", "3", HEAVY_AUGMENTATION);
+    let text = compare_text(&one, &three);
+    let (a, b) = compare_row(&text, "GPU 0 idle");
+    for (got, want, which) in [
+        (a, truth1.sampled_idle_s, "1 worker"),
+        (b, truth3.sampled_idle_s, "3 workers"),
+    ] {
+        assert!(
+            (got - want).abs() <= (0.1 * want).max(0.1),
+            "{which}: compare shows {got:.2} s idle, the log implies {want:.2} s\n{text}"
+        );
+    }
+    // (More workers lose less idle time only when the machine has the
+    // CPU for them; on a loaded one the logs say so, and compare must
+    // show what the logs say — checked above.)
+    eprintln!(
+        "1 vs 3 workers: GPU 0 idle {a:.2} s vs {b:.2} s (logs: {:.2} s vs {:.2} s)",
+        truth1.sampled_idle_s, truth3.sampled_idle_s
+    );
+
     let four = dir.path().join("four-workers");
+    let log4 = dir.path().join("four.log");
     let r4 = run(
         &four,
         "activity",
@@ -246,28 +310,9 @@ fn measured_input_bound_then_fixed() {
     for f in r4["findings"].as_array().unwrap() {
         assert_eq!(f["severity"], "info", "false alarm: {f}");
     }
-
-    let o = gpuprof()
-        .arg("compare")
-        .arg(&one)
-        .arg(&four)
-        .output()
-        .unwrap();
-    assert!(o.status.success());
-    let text = String::from_utf8_lossy(&o.stdout);
-    let busy = text
-        .lines()
-        .find(|l| l.starts_with("GPU 0 busy"))
-        .unwrap_or_else(|| panic!("{text}"));
-    let pcts: Vec<f64> = busy
-        .split_whitespace()
-        .filter_map(|w| w.strip_suffix('%'))
-        .filter_map(|w| w.parse().ok())
-        .collect();
-    assert!(
-        pcts.len() >= 2 && pcts[1] > pcts[0],
-        "busy should rise: {busy}"
-    );
+    let text = compare_text(&one, &four);
+    let (a, b) = compare_row(&text, "GPU 0 busy");
+    assert!(b > a, "busy should rise:\n{text}");
     let fixed = text
         .lines()
         .find(|l| l.starts_with("findings fixed:"))

@@ -8,12 +8,22 @@
 //!   driver's sample period before its timestamp; the period (the median
 //!   spacing of the first samples) is the stated resolution of everything
 //!   below.
+//! - **Idle time is the utilization deficit**: a sample of u% says no
+//!   kernel ran for (1 − u/100) of its period, so the GPU's idle seconds
+//!   are Σ (1 − u/100) × period. This is exact over any span of whole
+//!   samples, whatever the length of the job's steps: at the real driver
+//!   period (1/6 s) a job with 30 ms steps and 40 ms waits never produces
+//!   a fully idle sample, yet every sample shows its 57% deficit. Within a
+//!   sample the idle share is spread evenly ([`GpuDeviceAnalysis::idle`]),
+//!   which is what attributing idle time to shorter spans (the diagnosis'
+//!   bins, a CPU stack sample's instant) assumes.
 //! - An idle gap is a run of consecutive samples at or below the threshold
-//!   (default 5%). Its edges are placed inside the neighbouring, partly busy
+//!   (default 5%): the second view, for long stalls (start-up, checkpoints,
+//!   evaluation). Its edges are placed inside the neighbouring, partly busy
 //!   samples by their utilization — exact when such a sample holds one
 //!   busy/idle transition, off by less than one period otherwise. A run
 //!   with no fully idle sample is shorter than the resolution and is not
-//!   claimed.
+//!   claimed as a gap (its idle time is still counted by the deficit).
 //! - NVML PIDs are matched against every process of the job's tree. If
 //!   processes hold GPU memory but none of them is the job's, attribution is
 //!   reported unavailable (PID namespace?) rather than guessed.
@@ -63,6 +73,11 @@ pub fn throttle_names(bits: u64) -> Vec<String> {
 /// per GPU as intervals; the statistics count every one.
 pub const MAX_INTERVALS: usize = 100_000;
 
+/// Points kept of a GPU's idle-share series: finer than the diagnosis'
+/// bins (at most 20 000 per run) on any run length — 2^16 driver samples
+/// are 3 h at 1/6 s before neighbours are merged. 1.5 MB per GPU.
+pub const IDLE_SERIES_CAP: usize = 1 << 16;
+
 /// Samples buffered to estimate the driver's sample period before the
 /// rest are processed as they come.
 const PERIOD_PROBE: usize = 32;
@@ -102,6 +117,9 @@ pub struct GpuProcUse {
     pub sm: Series,
     /// Time-weighted mean SM utilization until the process was last seen.
     pub sm_mean: Option<f64>,
+    /// Seconds covered by the per-process samples (their first to the
+    /// process's last sighting): the span `sm_mean` is over.
+    pub sm_s: f64,
     /// MIG GPU / compute instance the process ran in.
     pub gi: Option<u32>,
     pub ci: Option<u32>,
@@ -172,6 +190,12 @@ pub struct GpuDeviceAnalysis {
     /// Time-weighted mean utilization / 100: the share of the sampled time
     /// during which a kernel ran.
     pub busy_fraction: Option<f64>,
+    /// Share of each sample window during which no kernel ran
+    /// (1 − utilization/100), at up to [`IDLE_SERIES_CAP`] points: what
+    /// idle time is measured from.
+    pub idle: Series,
+    /// Idle seconds over the sampled span: Σ (1 − u/100) × window.
+    pub idle_s: f64,
     /// Idle gaps in time order (at most `MAX_INTERVALS`; `gap_stats`
     /// counts all).
     pub idle_gaps: Vec<(MonoNs, MonoNs)>,
@@ -190,6 +214,96 @@ pub struct GpuDeviceAnalysis {
     pub pcie_rx: Gauge,
     pub throttle: Vec<ThrottleUse>,
     pub processes: Vec<GpuProcUse>,
+}
+
+/// A GPU's sampled span (within the recording) cut into start-up — the
+/// fully idle gap it begins with (imports, model build, DataLoader
+/// start) —, the steady state, and shutdown — the gap it ends with. A gap
+/// counts as start-up when it begins within one sample period of the
+/// span's start, as shutdown when it ends within one period of its end.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Phases {
+    pub startup: Option<(MonoNs, MonoNs)>,
+    pub steady: Option<(MonoNs, MonoNs)>,
+    pub shutdown: Option<(MonoNs, MonoNs)>,
+}
+
+/// A GPU's idle seconds (utilization deficit) per phase.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct IdleSplit {
+    pub total_s: f64,
+    pub startup_s: f64,
+    pub steady_s: f64,
+    pub shutdown_s: f64,
+}
+
+/// The phases of a GPU sampled over `sampled`, with fully idle `gaps` at a
+/// resolution of `resolution_ns`, within the recording [start, end).
+pub fn phases_of(
+    gaps: &[(MonoNs, MonoNs)],
+    sampled: Option<(MonoNs, MonoNs)>,
+    resolution_ns: u64,
+    start: MonoNs,
+    end: MonoNs,
+) -> Phases {
+    let Some((s0, s1)) = sampled else {
+        return Phases::default();
+    };
+    let (start, end) = (start.max(s0), end.min(s1));
+    if end <= start {
+        return Phases::default();
+    }
+    let n = gaps.len();
+    let mut p = Phases::default();
+    for (i, &(a, b)) in gaps.iter().enumerate() {
+        if i == 0 && a.0 <= start.0 + resolution_ns {
+            p.startup = Some((a.max(start), b.min(end)));
+        } else if i + 1 == n && b.0 + resolution_ns >= end.0 {
+            p.shutdown = Some((a.max(start), b.min(end)));
+        }
+    }
+    let from = p.startup.map_or(start, |g| g.1);
+    let to = p.shutdown.map_or(end, |g| g.0);
+    p.steady = (to > from).then_some((from, to));
+    p
+}
+
+impl Phases {
+    /// Idle seconds per phase from a GPU's idle-share series.
+    pub fn idle_split(&self, idle: &Series) -> IdleSplit {
+        let of = |span: Option<(MonoNs, MonoNs)>| span.map_or(0.0, |(a, b)| idle.integral_in(a, b));
+        let (startup_s, steady_s, shutdown_s) =
+            (of(self.startup), of(self.steady), of(self.shutdown));
+        IdleSplit {
+            total_s: startup_s + steady_s + shutdown_s,
+            startup_s,
+            steady_s,
+            shutdown_s,
+        }
+    }
+}
+
+impl GpuDeviceAnalysis {
+    /// The phases of the sampled span within the recording [start, end).
+    pub fn phases(&self, start: MonoNs, end: MonoNs) -> Phases {
+        phases_of(
+            &self.idle_gaps,
+            self.sampled,
+            self.resolution_ns,
+            start,
+            end,
+        )
+    }
+
+    /// Idle seconds (utilization deficit) in [from, to).
+    pub fn idle_between(&self, from: MonoNs, to: MonoNs) -> f64 {
+        self.idle.integral_in(from, to)
+    }
+
+    /// Idle seconds of the sampled span within [start, end), per phase.
+    pub fn idle_split(&self, start: MonoNs, end: MonoNs) -> IdleSplit {
+        self.phases(start, end).idle_split(&self.idle)
+    }
 }
 
 #[derive(Clone, Debug, Default)]
@@ -218,27 +332,48 @@ impl GpuAnalysis {
             .collect()
     }
 
-    /// Idle intervals of the GPUs the job used (all GPUs when attribution
-    /// is unavailable or the job used none), merged into their union — the
-    /// times when at least one of them waited: what `flame-gpu-idle.svg`
-    /// and the diagnosis look at. Sorted, non-overlapping.
-    pub fn idle_intervals(&self) -> Vec<(MonoNs, MonoNs)> {
+    /// The GPUs the job used; all GPUs when attribution is unavailable or
+    /// the job used none.
+    pub fn job_devices(&self) -> Vec<&GpuDeviceAnalysis> {
         let used: Vec<&GpuDeviceAnalysis> = self
             .devices
             .iter()
             .filter(|d| d.processes.iter().any(|p| p.in_job))
             .collect();
-        let devs: Vec<&GpuDeviceAnalysis> = if used.is_empty() {
+        if used.is_empty() {
             self.devices.iter().collect()
         } else {
             used
-        };
-        let mut all: Vec<(MonoNs, MonoNs)> = devs
+        }
+    }
+
+    /// Fully idle gaps of the job's GPUs (see [`Self::job_devices`]),
+    /// merged into their union — the times when at least one of them sat
+    /// fully idle. Sorted, non-overlapping.
+    pub fn idle_intervals(&self) -> Vec<(MonoNs, MonoNs)> {
+        let mut all: Vec<(MonoNs, MonoNs)> = self
+            .job_devices()
             .iter()
             .flat_map(|d| d.idle_gaps.iter().copied())
             .collect();
         all.sort();
         merge(all)
+    }
+
+    /// How idle the job's GPUs were at `t`: the mean over them of the idle
+    /// share of the driver sample covering `t` (the expected share of the
+    /// job's GPU capacity that sat idle then). None when no GPU of the job
+    /// was sampled at `t`. What `flame-gpu-idle.svg` weights a CPU stack
+    /// sample by.
+    pub fn idle_weight_at(&self, t: MonoNs) -> Option<f64> {
+        let (mut sum, mut n) = (0.0, 0usize);
+        for d in self.job_devices() {
+            if let Some(v) = d.idle.value_at(t) {
+                sum += v;
+                n += 1;
+            }
+        }
+        (n > 0).then(|| sum / n as f64)
     }
 }
 
@@ -363,6 +498,8 @@ struct UtilAcc {
     period_ns: u64,
     gaps: GapFinder,
     series: Series,
+    idle: Series,
+    idle_ns: f64,
     hist: [u64; 101],
     busy: f64,
     covered: f64,
@@ -376,6 +513,8 @@ impl UtilAcc {
             period_ns,
             gaps: GapFinder::new(period_ns, threshold_pct),
             series: Series::default(),
+            idle: Series::with_cap(IDLE_SERIES_CAP),
+            idle_ns: 0.0,
             hist: [0; 101],
             busy: 0.0,
             covered: 0.0,
@@ -386,8 +525,11 @@ impl UtilAcc {
 
     fn push(&mut self, w: UtilWindow) {
         let len = (w.end.0 - w.start.0) as f64;
-        self.busy += len * w.pct as f64 / 100.0;
+        let pct = w.pct.min(100) as f64;
+        self.busy += len * pct / 100.0;
+        self.idle_ns += len * (1.0 - pct / 100.0);
         self.covered += len;
+        self.idle.push(w.start, w.end, 1.0 - pct / 100.0);
         self.hist[w.pct.min(100) as usize] += 1;
         self.series.push(w.start, w.end, w.pct as f64);
         self.first.get_or_insert(w.start);
@@ -560,6 +702,7 @@ impl GpuBuilder {
                         mem: Series::default(),
                         sm: Series::default(),
                         sm_mean: None,
+                        sm_s: 0.0,
                         gi: p.gi,
                         ci: p.ci,
                         present: true,
@@ -827,6 +970,8 @@ impl DevAcc {
                 d.sampled = u.first.zip(u.last);
             }
             d.util = u.series;
+            d.idle = u.idle;
+            d.idle_s = u.idle_ns / 1e9;
             let (gaps, stats) = u.gaps.finish();
             d.idle_gaps = gaps;
             d.gap_stats = stats;
@@ -861,6 +1006,7 @@ impl DevAcc {
                 } else {
                     v as f64
                 });
+                u.sm_s = u.sm_ns / 1e9;
             }
             d.processes.push(u);
         }
@@ -919,6 +1065,72 @@ mod tests {
         assert_eq!(g[0], (MonoNs(0), MonoNs(20_000_000)));
     }
 
+    /// Windows of the real period (1/6 s) with the given utilizations,
+    /// from 0, through the accumulator, into a device analysis.
+    fn device_at_real_period(pcts: &[u32]) -> GpuDeviceAnalysis {
+        let p = DEFAULT_PERIOD_NS;
+        let mut u = UtilAcc::new(p, DEFAULT_IDLE_THRESHOLD_PCT);
+        for (i, &pct) in pcts.iter().enumerate() {
+            u.push(UtilWindow {
+                start: MonoNs(i as u64 * p),
+                end: MonoNs((i as u64 + 1) * p),
+                pct,
+            });
+        }
+        let (gaps, stats) = u.gaps.finish();
+        GpuDeviceAnalysis {
+            resolution_ns: p,
+            sampled: u.first.zip(u.last),
+            idle: u.idle,
+            idle_s: u.idle_ns / 1e9,
+            idle_gaps: gaps,
+            gap_stats: stats,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn idle_time_is_the_utilization_deficit() {
+        // Steps shorter than a sample: never a fully idle sample, yet the
+        // GPU was idle 70% of 2 s.
+        let d = device_at_real_period(&[30; 12]);
+        assert!(d.idle_gaps.is_empty());
+        assert!((d.idle_s - 1.4).abs() < 1e-6, "{}", d.idle_s);
+        let end = MonoNs(12 * DEFAULT_PERIOD_NS);
+        let s = d.idle_split(MonoNs(0), end);
+        assert!((s.steady_s - 1.4).abs() < 1e-6, "{s:?}");
+        assert_eq!((s.startup_s, s.shutdown_s), (0.0, 0.0));
+        // Half a sample: half of its idle share.
+        let half = d.idle_between(MonoNs(0), MonoNs(DEFAULT_PERIOD_NS / 2));
+        assert!((half - 0.7 / 12.0).abs() < 1e-6, "{half}");
+    }
+
+    #[test]
+    fn start_up_and_shutdown_are_the_edge_gaps() {
+        // Idle 3 samples, then 40% busy, then idle 2 samples.
+        let mut pcts = vec![0, 0, 0];
+        pcts.extend([40; 6]);
+        pcts.extend([0, 0]);
+        let d = device_at_real_period(&pcts);
+        let end = MonoNs(pcts.len() as u64 * DEFAULT_PERIOD_NS);
+        let ph = d.phases(MonoNs(0), end);
+        let (a, b) = ph.startup.unwrap();
+        assert_eq!(a, MonoNs(0));
+        // The gap reaches into the first busy sample by its idle share.
+        assert_eq!(
+            b.0,
+            3 * DEFAULT_PERIOD_NS + (DEFAULT_PERIOD_NS as f64 * 0.6) as u64
+        );
+        assert!(ph.shutdown.is_some() && ph.steady.is_some());
+        let s = d.idle_split(MonoNs(0), end);
+        assert!((s.total_s - d.idle_s).abs() < 1e-6, "{s:?} vs {}", d.idle_s);
+        assert!(s.startup_s > 0.5 && s.shutdown_s > 0.3, "{s:?}");
+        // A GPU that never worked is all start-up.
+        let d = device_at_real_period(&[0; 6]);
+        let ph = d.phases(MonoNs(0), MonoNs(6 * DEFAULT_PERIOD_NS));
+        assert!(ph.startup.is_some() && ph.steady.is_none());
+    }
+
     fn proc_use(pid: i32, in_job: bool) -> GpuProcUse {
         GpuProcUse {
             pid: Pid(pid),
@@ -930,6 +1142,7 @@ mod tests {
             mem: Series::default(),
             sm: Series::default(),
             sm_mean: None,
+            sm_s: 0.0,
             gi: None,
             ci: None,
             present: false,

@@ -19,7 +19,7 @@ impl Point {
     }
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Series {
     pts: Vec<Point>,
     cap: usize,
@@ -120,6 +120,30 @@ impl Series {
         (dur > 0.0).then(|| sum / dur)
     }
 
+    /// ∫ value dt over [from, to), in value × seconds (a point partly
+    /// inside counts for the part inside, its value spread evenly).
+    pub fn integral_in(&self, from: MonoNs, to: MonoNs) -> f64 {
+        let mut sum = 0.0;
+        let start = self.pts.partition_point(|p| p.t1 <= from);
+        for p in &self.pts[start..] {
+            if p.t0 >= to {
+                break;
+            }
+            let a = p.t0.max(from).0;
+            let b = p.t1.min(to).0;
+            if b > a {
+                sum += p.v * (b - a) as f64 / 1e9;
+            }
+        }
+        sum
+    }
+
+    /// The value at `t` (None outside the points).
+    pub fn value_at(&self, t: MonoNs) -> Option<f64> {
+        let i = self.pts.partition_point(|p| p.t1 <= t);
+        self.pts.get(i).filter(|p| p.t0 <= t).map(|p| p.v)
+    }
+
     /// Time-weighted quantile (0..=1) of the values.
     pub fn quantile(&self, q: f64) -> f64 {
         let mut v: Vec<(f64, f64)> = self.pts.iter().map(|p| (p.v, p.dur_s())).collect();
@@ -165,5 +189,9 @@ mod tests {
         assert_eq!(s.mean_in(MonoNs(30), MonoNs(40)), None);
         assert_eq!(s.quantile(0.25), 1.0);
         assert_eq!(s.quantile(0.95), 3.0);
+        // 1.0 × 5 ns + 3.0 × 5 ns.
+        assert!((s.integral_in(MonoNs(5), MonoNs(15)) - 20e-9).abs() < 1e-18);
+        assert_eq!(s.value_at(MonoNs(10)), Some(3.0));
+        assert_eq!(s.value_at(MonoNs(20)), None);
     }
 }

@@ -1297,6 +1297,47 @@ impl Stacks {
         out
     }
 
+    /// Folded stacks of `samples` with each counted by its weight × `scale`
+    /// (counts rounded to whole units per line, lines of 0 left out): e.g.
+    /// each sample weighted by how idle the GPU was when it was taken.
+    pub fn folded_weighted<'a>(
+        &self,
+        samples: impl Iterator<Item = (&'a Sample, f64)>,
+        opts: FoldOptions,
+        scale: f64,
+    ) -> String {
+        let roots = self.roots(opts.merge_workers);
+        let mut sums: BTreeMap<(&str, u32), f64> = BTreeMap::new();
+        for (s, w) in samples {
+            if w > 0.0 {
+                let root = roots.get(&s.pid).map_or("?", |r| r.as_str());
+                *sums
+                    .entry((root, self.view_stack(s, opts.view)))
+                    .or_default() += w;
+            }
+        }
+        let mut lines: BTreeMap<String, f64> = BTreeMap::new();
+        for ((root, stack), w) in sums {
+            let mut line = root.to_string();
+            for f in self.stack(stack) {
+                line.push(';');
+                line.push_str(f);
+            }
+            *lines.entry(line).or_default() += w;
+        }
+        let mut out = String::new();
+        for (l, w) in lines {
+            let n = (w * scale).round() as u64;
+            if n > 0 {
+                out.push_str(&l);
+                out.push(' ');
+                out.push_str(&n.to_string());
+                out.push('\n');
+            }
+        }
+        out
+    }
+
     /// Folded stacks of one role (None: all processes).
     pub fn folded_role(&self, role: Option<Role>, opts: FoldOptions) -> String {
         self.folded(self.role_samples(role), opts)

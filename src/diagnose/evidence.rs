@@ -9,8 +9,8 @@
 
 use std::collections::BTreeMap;
 
-use crate::analysis::gpu::GpuDeviceAnalysis;
-use crate::analysis::{Analysis, Role};
+use crate::analysis::gpu::{phases_of, GpuDeviceAnalysis, IdleSplit, Phases};
+use crate::analysis::{Analysis, Role, Series};
 use crate::event::MonoNs;
 
 /// Time a group of clock-event ("throttle") reasons was active.
@@ -35,9 +35,13 @@ pub struct GpuDeviceEvidence {
     /// Share of the run the GPU was busy (None when utilization is not
     /// supported, e.g. MIG).
     pub busy_fraction: Option<f64>,
-    /// Idle gaps (start, end) at the driver's sample resolution.
+    /// Share of each utilization sample window during which no kernel ran
+    /// (1 − utilization): idle time is measured from it.
+    pub idle: Series,
+    /// Fully idle gaps (start, end) at the driver's sample resolution: the
+    /// second view (start-up, checkpoints, evaluation).
     pub idle_gaps: Vec<(MonoNs, MonoNs)>,
-    /// The utilization sample period: gaps shorter than this are not seen.
+    /// The utilization sample period: the resolution of `idle`.
     pub resolution_s: f64,
     /// Start of the first and end of the last utilization sample window
     /// (NVML opens a little after the recording starts).
@@ -57,38 +61,22 @@ pub struct GpuDeviceEvidence {
     pub pcie_max: Option<(u32, u32)>,
 }
 
-/// A device's idle gaps split into start-up (the gap the recording begins
-/// with: imports, model build, DataLoader start), steady state, and
-/// shutdown (the gap it ends with).
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct GapSplit {
-    pub startup_s: f64,
-    pub steady: Vec<(MonoNs, MonoNs)>,
-    pub shutdown_s: f64,
-}
-
 impl GpuDeviceEvidence {
-    /// Split the gaps of a recording spanning [start, end): a gap that
-    /// begins within one sample period of the start is start-up, one that
-    /// ends within one period of the end is shutdown.
-    pub fn split_gaps(&self, start: MonoNs, end: MonoNs) -> GapSplit {
-        let (start, end) = match self.sampled {
-            Some((s, e)) => (start.max(s), end.min(e)),
-            None => (start, end),
-        };
-        let tol = (self.resolution_s * 1e9) as u64;
-        let mut out = GapSplit::default();
-        let n = self.idle_gaps.len();
-        for (i, (a, b)) in self.idle_gaps.iter().enumerate() {
-            if i == 0 && a.0 <= start.0 + tol {
-                out.startup_s += b.secs_since((*a).max(start));
-            } else if i + 1 == n && b.0 + tol >= end.0 {
-                out.shutdown_s += (*b).min(end).secs_since(*a);
-            } else {
-                out.steady.push((*a, *b));
-            }
-        }
-        out
+    /// Start-up, steady state and shutdown of a recording spanning
+    /// [start, end) (see [`phases_of`]).
+    pub fn phases(&self, start: MonoNs, end: MonoNs) -> Phases {
+        phases_of(
+            &self.idle_gaps,
+            self.sampled,
+            (self.resolution_s * 1e9) as u64,
+            start,
+            end,
+        )
+    }
+
+    /// Idle seconds (utilization deficit) per phase.
+    pub fn idle_split(&self, start: MonoNs, end: MonoNs) -> IdleSplit {
+        self.phases(start, end).idle_split(&self.idle)
     }
 }
 
@@ -258,6 +246,7 @@ fn device(d: &GpuDeviceAnalysis) -> GpuDeviceEvidence {
         index: d.index,
         name: d.name.clone(),
         busy_fraction: d.busy_fraction,
+        idle: d.idle.clone(),
         idle_gaps: d.idle_gaps.clone(),
         resolution_s: d.resolution_ns as f64 / 1e9,
         sampled: d.sampled,

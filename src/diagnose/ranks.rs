@@ -246,13 +246,7 @@ fn rank_figures(a: &Analysis, gpu: Option<&GpuEvidence>, r: u32) -> RankFigures 
         gpu_idle_s: measured.then(|| {
             devs.iter()
                 .filter(|d| d.busy_fraction.is_some())
-                .map(|d| {
-                    d.split_gaps(a.start, a.end)
-                        .steady
-                        .iter()
-                        .map(|(x, y)| y.secs_since(*x))
-                        .sum::<f64>()
-                })
+                .map(|d| d.idle_split(a.start, a.end).steady_s)
                 .sum::<f64>()
                 / busy.len() as f64
         }),

@@ -144,8 +144,38 @@ fn measured_devices(gpu: Option<&GpuEvidence>) -> Vec<&GpuDeviceEvidence> {
     .unwrap_or_default()
 }
 
-/// GPU time explained by the bins of `cause`: the GPU's idle gaps inside
-/// them when measured, else `estimate` seconds described by `method`.
+/// Steady-state idle seconds (utilization deficit; start-up and shutdown
+/// left out) of one measured GPU, by the cause of the bins they fell in.
+fn device_idle_by_cause(
+    a: &Analysis,
+    tl: &Timeline,
+    d: &GpuDeviceEvidence,
+) -> Vec<(Option<Cause>, f64)> {
+    match d.phases(a.start, a.end).steady {
+        Some(w) => tl.idle_by_cause(&d.idle, w),
+        None => Vec::new(),
+    }
+}
+
+fn idle_of(by_cause: &[(Option<Cause>, f64)], cause: Option<Cause>) -> f64 {
+    by_cause
+        .iter()
+        .filter(|(c, _)| *c == cause)
+        .map(|(_, s)| s)
+        .sum()
+}
+
+/// "each 167 ms driver sample idle for (1 − utilization) of its period".
+fn idle_measure_text(d: &GpuDeviceEvidence) -> String {
+    format!(
+        "utilization deficit: each {:.0} ms driver sample counts (1 − utilization) of its period as idle",
+        d.resolution_s * 1e3
+    )
+}
+
+/// GPU time explained by the bins of `cause`: the measured GPUs' idle
+/// time (utilization deficit) inside them, else `estimate` seconds
+/// described by `method`.
 fn gpu_time(
     a: &Analysis,
     tl: &Timeline,
@@ -164,22 +194,17 @@ fn gpu_time(
             method: method.to_string(),
         };
     }
-    let mut secs = 0.0;
-    for d in &devs {
-        secs += tl
-            .gap_time_by_cause(&d.split_gaps(a.start, a.end).steady)
-            .into_iter()
-            .filter(|(c, _)| *c == Some(cause))
-            .map(|(_, s)| s)
-            .sum::<f64>();
-    }
+    let secs: f64 = devs
+        .iter()
+        .map(|d| idle_of(&device_idle_by_cause(a, tl, d), Some(cause)))
+        .sum();
     GpuTime {
         seconds: secs,
         share: (secs / (dur * devs.len() as f64)).min(1.0),
         basis: Basis::Measured,
         method: format!(
-            "GPU idle gaps (at the driver's {:.0} ms resolution) that fell while this cause was active",
-            devs[0].resolution_s * 1e3
+            "GPU idle time while this cause was active ({}; start-up and shutdown left out)",
+            idle_measure_text(devs[0])
         ),
     }
 }
@@ -189,13 +214,7 @@ fn gpu_time(
 pub fn unexplained_gap_s(a: &Analysis, tl: &Timeline, g: &GpuEvidence) -> f64 {
     measured_devices(Some(g))
         .iter()
-        .map(|d| {
-            tl.gap_time_by_cause(&d.split_gaps(a.start, a.end).steady)
-                .into_iter()
-                .filter(|(c, _)| c.is_none())
-                .map(|(_, s)| s)
-                .sum::<f64>()
-        })
+        .map(|d| idle_of(&device_idle_by_cause(a, tl, d), None))
         .sum()
 }
 
@@ -204,7 +223,7 @@ pub fn edge_gap_notes(a: &Analysis, g: &GpuEvidence) -> Vec<String> {
     measured_devices(Some(g))
         .iter()
         .filter_map(|d| {
-            let s = d.split_gaps(a.start, a.end);
+            let s = d.idle_split(a.start, a.end);
             (s.startup_s + s.shutdown_s >= 0.05).then(|| {
                 format!(
                     "GPU {} was idle {:.1} s before its first work (start-up: imports, model build, workers starting) and {:.1} s after its last (shutdown); findings attribute only the idle time in between.",
@@ -215,7 +234,7 @@ pub fn edge_gap_notes(a: &Analysis, g: &GpuEvidence) -> Vec<String> {
         .collect()
 }
 
-/// "GPU 0 idle 68% of the run in 412 gaps (median 85 ms); 9.1 s of it while …".
+/// "GPU 0 idle 68% of its sampled time (4.1 s …); 3.9 s of that idle time fell while …".
 fn gpu_gap_lines(
     a: &Analysis,
     tl: &Timeline,
@@ -225,21 +244,18 @@ fn gpu_gap_lines(
 ) -> Vec<String> {
     let mut out = Vec::new();
     for d in measured_devices(gpu) {
-        let mut lens: Vec<f64> = d.idle_gaps.iter().map(|(x, y)| y.secs_since(*x)).collect();
-        lens.sort_by(f64::total_cmp);
-        let median = lens.get(lens.len() / 2).copied().unwrap_or(0.0);
-        let in_cause: f64 = tl
-            .gap_time_by_cause(&d.split_gaps(a.start, a.end).steady)
-            .into_iter()
-            .filter(|(c, _)| *c == Some(cause))
-            .map(|(_, s)| s)
-            .sum();
+        let split = d.idle_split(a.start, a.end);
+        let in_cause = idle_of(&device_idle_by_cause(a, tl, d), Some(cause));
+        let gaps: f64 = d.idle_gaps.iter().map(|(x, y)| y.secs_since(*x)).sum();
         out.push(format!(
-            "GPU {} idle {} of the run in {} gaps (median {:.0} ms); {:.1} s of that idle time fell while {while_}.",
+            "GPU {} idle {} of its sampled time: {:.1} s ({}), {:.1} s of it in {} fully idle {}; {:.1} s of the steady-state idle time fell while {while_}.",
             d.index,
             pct(1.0 - d.busy_fraction.unwrap_or(0.0)),
-            lens.len(),
-            median * 1e3,
+            split.total_s,
+            idle_measure_text(d),
+            gaps,
+            d.idle_gaps.len(),
+            if d.idle_gaps.len() == 1 { "gap" } else { "gaps" },
             in_cause
         ));
     }

@@ -142,6 +142,20 @@ fn saturated_worker(pid: i32) -> Th {
     }
 }
 
+/// Idle-share series of a GPU sampled over the whole run that was fully
+/// idle in `gaps` and fully busy otherwise.
+fn idle_series(gaps: &[(MonoNs, MonoNs)]) -> crate::analysis::Series {
+    let mut s = crate::analysis::Series::default();
+    let mut at = t(0);
+    for &(a, b) in gaps {
+        s.push(at, a, 0.0);
+        s.push(a, b, 1.0);
+        at = b;
+    }
+    s.push(at, t(TICKS), 0.0);
+    s
+}
+
 /// GPU 0 used by the job, idle in every other 100 ms from 1 s to 9 s.
 fn gpu_with_gaps() -> GpuEvidence {
     let gaps: Vec<(MonoNs, MonoNs)> = (10..90).step_by(2).map(|k| (t(k), t(k + 1))).collect();
@@ -150,8 +164,10 @@ fn gpu_with_gaps() -> GpuEvidence {
             index: 0,
             name: "Fake GPU".into(),
             busy_fraction: Some(0.6),
+            idle: idle_series(&gaps),
             idle_gaps: gaps,
             resolution_s: 1.0 / 6.0,
+            sampled: Some((t(0), t(TICKS))),
             job_processes: 1,
             mem_total: Some(80 << 30),
             mem_used_max: Some(10 << 30),
@@ -518,8 +534,10 @@ fn start_up_and_shutdown_idle_is_not_attributed() {
     let a = analysis(4, &[sleeping_main(), saturated_worker(20)], &[20], |_| 0.27);
     let mut g = gpu_with_gaps();
     // Idle for the first second and the last half second as well.
-    g.devices[0].idle_gaps.insert(0, (t(0), t(10)));
-    g.devices[0].idle_gaps.push((t(95), t(TICKS)));
+    let d0 = &mut g.devices[0];
+    d0.idle_gaps.insert(0, (t(0), t(10)));
+    d0.idle_gaps.push((t(95), t(TICKS)));
+    d0.idle = idle_series(&d0.idle_gaps);
     let d = diagnose(&a, Some(&g), None);
     let gt = d.top().unwrap().gpu_time.as_ref().unwrap();
     assert!((gt.seconds - 4.0).abs() < 0.05, "{gt:?}");
@@ -530,4 +548,26 @@ fn start_up_and_shutdown_idle_is_not_attributed() {
         "{:?}",
         d.notes
     );
+}
+
+#[test]
+fn partly_busy_samples_count_their_idle_share() {
+    // At the real driver period a job whose steps are shorter than a
+    // sample never leaves a sample fully idle: 30% busy in every sample,
+    // no gap at all, yet 70% of the run lost to the saturated worker.
+    let a = analysis(4, &[sleeping_main(), saturated_worker(20)], &[20], |_| 0.27);
+    let mut g = gpu_with_gaps();
+    let d0 = &mut g.devices[0];
+    d0.idle_gaps.clear();
+    d0.busy_fraction = Some(0.3);
+    d0.idle = crate::analysis::Series::default();
+    d0.idle.push(t(0), t(TICKS), 0.7);
+    let d = diagnose(&a, Some(&g), None);
+    let top = d.top().unwrap();
+    assert_eq!(top.kind, FindingKind::TooFewWorkers, "{:?}", ids(&d));
+    let gt = top.gpu_time.as_ref().unwrap();
+    assert_eq!(gt.basis, Basis::Measured);
+    assert!((gt.seconds - 7.0).abs() < 0.05, "{gt:?}");
+    assert_eq!(top.severity, Severity::Critical);
+    assert!(gt.method.contains("utilization deficit"), "{}", gt.method);
 }

@@ -381,16 +381,28 @@ impl Timeline {
         (dur > 0.0).then(|| sum / dur)
     }
 
-    /// Seconds of `gaps` falling in bins with each cause, and in none.
-    pub fn gap_time_by_cause(&self, gaps: &[(MonoNs, MonoNs)]) -> Vec<(Option<Cause>, f64)> {
+    /// Idle seconds of a GPU's idle-share series within `window`, by the
+    /// cause of the bins they fell in (None: no cause). A sample window
+    /// spanning several bins gives each the part of its idle time that
+    /// overlaps it (its idle share spread evenly, see `analysis::gpu`).
+    pub fn idle_by_cause(
+        &self,
+        idle: &Series,
+        window: (MonoNs, MonoNs),
+    ) -> Vec<(Option<Cause>, f64)> {
         let mut acc: Vec<(Option<Cause>, f64)> = Vec::new();
         let mut add = |c: Option<Cause>, s: f64| match acc.iter_mut().find(|x| x.0 == c) {
             Some(x) => x.1 += s,
             None => acc.push((c, s)),
         };
-        for (g0, g1) in gaps {
-            let (g0, g1) = ((*g0).max(self.start), (*g1).min(self.end));
-            if g1 <= g0 {
+        let (w0, w1) = (window.0.max(self.start), window.1.min(self.end));
+        let first_pt = idle.points().partition_point(|p| p.t1 <= w0);
+        for p in &idle.points()[first_pt..] {
+            if p.t0 >= w1 {
+                break;
+            }
+            let (g0, g1) = (p.t0.max(w0), p.t1.min(w1));
+            if g1 <= g0 || p.v <= 0.0 {
                 continue;
             }
             let first = ((g0.0 - self.start.0) / self.bin_ns) as usize;
@@ -400,7 +412,7 @@ impl Timeline {
                 let lo = a.max(g0);
                 let hi = b.min(g1);
                 if hi > lo {
-                    add(self.cause[i], hi.secs_since(lo));
+                    add(self.cause[i], p.v * hi.secs_since(lo));
                 }
             }
         }

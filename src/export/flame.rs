@@ -16,7 +16,6 @@ use serde_json::json;
 
 use crate::analysis::stacks::{FoldOptions, Sample, Stacks, View};
 use crate::analysis::{Analysis, Role};
-use crate::event::MonoNs;
 use crate::export::trace::TraceWriter;
 
 /// (role, folded file, SVG file, title) of the per-role outputs; role None
@@ -52,6 +51,19 @@ pub const ROLE_OUTPUTS: &[(Option<Role>, &str, &str, &str)] = &[
 /// Write an SVG flamegraph of folded lines. Empty input → `Ok(false)`,
 /// nothing written.
 pub fn svg<W: Write>(folded: &str, title: &str, subtitle: &str, w: W) -> io::Result<bool> {
+    svg_in_units(folded, title, subtitle, "samples", 1.0, w)
+}
+
+/// As [`svg`], with counts in other units: the graph shows count ×
+/// `factor` `count_name` (e.g. µs counts shown as ms: factor 0.001).
+pub fn svg_in_units<W: Write>(
+    folded: &str,
+    title: &str,
+    subtitle: &str,
+    count_name: &str,
+    factor: f64,
+    w: W,
+) -> io::Result<bool> {
     if folded.trim().is_empty() {
         return Ok(false);
     }
@@ -60,7 +72,8 @@ pub fn svg<W: Write>(folded: &str, title: &str, subtitle: &str, w: W) -> io::Res
     opts.subtitle = Some(subtitle.to_string());
     opts.colors = Palette::Basic(BasicPalette::Hot);
     opts.deterministic = true;
-    opts.count_name = "samples".into();
+    opts.count_name = count_name.into();
+    opts.factor = factor;
     flamegraph::from_lines(&mut opts, folded.lines(), w)
         .map_err(|e| io::Error::other(format!("flamegraph: {e}")))?;
     Ok(true)
@@ -223,45 +236,87 @@ pub fn write_role_outputs(
 }
 
 /// `flame-gpu-idle.svg` (+ `stacks-gpu-idle.folded`, and every frame per
-/// process in `stacks-gpu-idle-native.folded`): only the samples taken while
-/// a GPU was idle, all processes. Writes nothing when no sample falls in
-/// `idle`.
+/// process in `stacks-gpu-idle-native.folded`): what every process did
+/// while the job's GPUs were idle. Each CPU sample is weighted by the idle
+/// share of the driver sample covering it (mean over the job's GPUs,
+/// [`crate::analysis::gpu::GpuAnalysis::idle_weight_at`]): at the driver's
+/// 1/6 s resolution a sample cannot be placed inside or outside a kernel,
+/// but (1 − utilization) is the chance that the GPU was idle at its
+/// instant, so the weighted counts estimate the CPU time spent during GPU
+/// idle time without bias. Counts are µs of CPU time (a sample stands for
+/// one sampling period); samples taken where the GPU was not sampled count
+/// for nothing. Writes nothing without GPU data or samples.
 pub fn write_gpu_idle(
-    st: &Stacks,
-    idle: &[(MonoNs, MonoNs)],
+    a: &Analysis,
     dir: &Path,
     view: View,
     write: &mut dyn FnMut(&Path, &[u8]) -> anyhow::Result<()>,
 ) -> anyhow::Result<Vec<PathBuf>> {
-    let opts = FoldOptions {
-        view,
-        merge_workers: true,
-    };
-    let folded = st.folded_during(idle, opts);
+    let st = &a.stacks;
     let mut written = Vec::new();
-    let mut buf = Vec::new();
+    let devs = a.gpu.job_devices();
+    if st.samples.is_empty() || devs.iter().all(|d| d.util_samples == 0) {
+        return Ok(written);
+    }
+    let period_us = if st.period_ns > 0 {
+        st.period_ns as f64 / 1e3
+    } else if st.report.frequency_hz > 0.0 {
+        1e6 / st.report.frequency_hz
+    } else {
+        1.0
+    };
+    let weighted: Vec<(&Sample, f64)> = st
+        .samples
+        .iter()
+        .filter_map(|s| {
+            let w = a.gpu.idle_weight_at(s.t)?;
+            (w > 0.0).then_some((s, w))
+        })
+        .collect();
+    let fold = |view, merge_workers| {
+        st.folded_weighted(
+            weighted.iter().copied(),
+            FoldOptions {
+                view,
+                merge_workers,
+            },
+            period_us,
+        )
+    };
+    let folded = fold(view, true);
     let groups = st.worker_groups();
     let (title, sub) = titles(
         st,
         "while the GPU was idle",
-        st.samples_during(idle),
+        weighted.iter().map(|x| x.0),
         view,
         &groups,
         None,
     );
-    if svg(&folded, &title, &sub, &mut buf)? {
+    let cpu_s = weighted.iter().map(|x| x.1).sum::<f64>() * period_us / 1e6;
+    let source = devs
+        .iter()
+        .find(|d| d.util_samples > 0)
+        .map_or(String::new(), |d| {
+            format!(
+                "{:.0} ms driver utilization samples",
+                d.resolution_ns as f64 / 1e6
+            )
+        });
+    let head = format!(
+        "~{cpu_s:.1} CPU-s while the GPU idled: samples weighted by its idle share in the {source}"
+    );
+    let sub = match sub.split_once(" · ") {
+        Some((_, view_part)) => format!("{head} · {view_part}"),
+        None => head,
+    };
+    let mut buf = Vec::new();
+    if svg_in_units(&folded, &title, &sub, "ms", 1e-3, &mut buf)? {
         let p = dir.join("stacks-gpu-idle.folded");
         write(&p, folded.as_bytes())?;
         written.push(p);
-        let native = st.folded_during(
-            idle,
-            FoldOptions {
-                view: View::Native,
-                merge_workers: false,
-            },
-        );
         let p = dir.join("stacks-gpu-idle-native.folded");
-        write(&p, native.as_bytes())?;
+        write(&p, fold(View::Native, false).as_bytes())?;
         written.push(p);
         let p = dir.join("flame-gpu-idle.svg");
         write(&p, &buf)?;

@@ -38,6 +38,20 @@ fn device(a: &Analysis, d: &GpuDeviceAnalysis) -> Value {
             "sampled_to_monotonic_ns": d.sampled.map(|s| s.1 .0),
         })
     };
+    let idle = if d.util_samples == 0 {
+        Value::Null
+    } else {
+        let split = d.idle_split(a.start, a.end);
+        json!({
+            "total_s": r(split.total_s, 3),
+            "share_of_sampled_time": r(split.total_s / sampled_s.max(1e-9), 4),
+            "startup_s": r(split.startup_s, 3),
+            "steady_s": r(split.steady_s, 3),
+            "shutdown_s": r(split.shutdown_s, 3),
+            "resolution_s": r(period_s, 4),
+            "method": "utilization deficit: each driver sample counts (1 - utilization) of its period as idle",
+        })
+    };
     let gaps = &d.gap_stats;
     let idle_gaps = if d.util_samples == 0 {
         Value::Null
@@ -97,6 +111,9 @@ fn device(a: &Analysis, d: &GpuDeviceAnalysis) -> Value {
                 "context": match p.ctx { GpuContext::Compute => "compute", GpuContext::Graphics => "graphics" },
                 "memory_max_bytes": p.mem_max,
                 "sm_pct_mean": p.sm_mean.map(|v| r(v, 2)),
+                // Its own idle time, from its utilization samples the same way.
+                "idle_s": p.sm_mean.filter(|_| p.sm_s > 0.0).map(|m| r(p.sm_s * (1.0 - m / 100.0), 3)),
+                "sampled_s": (p.sm_s > 0.0).then(|| r(p.sm_s, 3)),
                 "gpu_instance_id": p.gi,
                 "compute_instance_id": p.ci,
                 "first_seen_s": r(a.rel_s(p.first_seen).max(0.0), 3),
@@ -114,6 +131,7 @@ fn device(a: &Analysis, d: &GpuDeviceAnalysis) -> Value {
         "mig_enabled": d.mig_enabled,
         "utilization": utilization,
         "busy_fraction": d.busy_fraction.map(|v| r(v, 4)),
+        "idle": idle,
         "idle_gaps": idle_gaps,
         "memory": {
             "total_bytes": d.mem_total,
@@ -194,15 +212,25 @@ pub fn summary_lines(a: &Analysis) -> Vec<String> {
             format!("used by {}", used_by.join(", "))
         };
         let busy = match d.busy_fraction {
-            Some(b) => format!(
-                "busy {:.0}% of the time; {} idle gaps totalling {:.1} s (median {:.0} ms, longest {:.0} ms, resolution {:.0} ms)",
-                b * 100.0,
-                d.gap_stats.count,
-                d.gap_stats.total_s,
-                d.gap_stats.median_s * 1e3,
-                d.gap_stats.max_s * 1e3,
-                d.resolution_ns as f64 / 1e6
-            ),
+            Some(b) => {
+                let split = d.idle_split(a.start, a.end);
+                let sampled_s = d.sampled.map_or(0.0, |(x, y)| y.secs_since(x));
+                format!(
+                    "busy {:.0}% of the sampled {:.1} s; idle {:.1} s (utilization deficit at {:.0} ms samples: start-up {:.1} s, steady state {:.1} s, shutdown {:.1} s); {} fully idle {} totalling {:.1} s (median {:.0} ms, longest {:.0} ms)",
+                    b * 100.0,
+                    sampled_s,
+                    split.total_s,
+                    d.resolution_ns as f64 / 1e6,
+                    split.startup_s,
+                    split.steady_s,
+                    split.shutdown_s,
+                    d.gap_stats.count,
+                    if d.gap_stats.count == 1 { "gap" } else { "gaps" },
+                    d.gap_stats.total_s,
+                    d.gap_stats.median_s * 1e3,
+                    d.gap_stats.max_s * 1e3,
+                )
+            }
             None => "utilization not available".into(),
         };
         let mut line = format!("{}: {busy}; {who}", super::trace_gpu::gpu_label(d));

@@ -1,8 +1,10 @@
 //! The GPU part of the Chrome trace.
 //!
 //! One trace process per GPU ("GPU 0: NVIDIA H100 … (…6b51)") with counter
-//! tracks for utilization, memory, clocks, temperature, power and limit,
-//! PCIe link and throughput; idle gaps as slices on their own "GPU idle"
+//! tracks for utilization, idle share (100 − utilization: the share of
+//! each driver sample during which no kernel ran — what idle time is
+//! measured from), memory, clocks, temperature, power and limit, PCIe link
+//! and throughput; fully idle gaps as slices on their own "GPU idle"
 //! thread (gaps never overlap, so they nest trivially and never interleave
 //! with anything else); clock-event reasons as slices on one thread per
 //! reason. Each job process on a GPU gets "GPU SM %" and "GPU memory MB"
@@ -49,6 +51,11 @@ pub fn write_gpus<W: Write>(a: &Analysis, tw: &mut TraceWriter<W>) -> io::Result
 
         // Counters; each is bounded (neighbouring points merged on long runs).
         tw.counter(pid, "utilization %", &d.util, 1.0)?;
+        let mut idle = crate::analysis::Series::with_cap(d.util.points().len().max(2));
+        for p in d.util.points() {
+            idle.push(p.t0, p.t1, 100.0 - p.v);
+        }
+        tw.counter(pid, "idle %", &idle, 1.0)?;
         tw.counter(pid, "memory used GB", &d.mem_used.series, 1e-9)?;
         tw.counter(pid, "SM clock MHz", &d.sm_mhz.series, 1.0)?;
         tw.counter(pid, "memory clock MHz", &d.mem_mhz.series, 1.0)?;

@@ -268,3 +268,68 @@ pub fn build_nvtx_program(src: &Path, out: &Path) -> Result<PathBuf, String> {
     }
     Ok(out.to_path_buf())
 }
+
+/// The simulated GPU steps (start, end) in CLOCK_MONOTONIC ns that a job
+/// wrote to its activity log (format in docs/testing.md): what the fake
+/// driver's utilization follows, so the truth gpuprof is checked against.
+pub fn activity_steps(log: &Path) -> Vec<(u64, u64)> {
+    let text =
+        std::fs::read_to_string(log).unwrap_or_else(|e| panic!("read {}: {e}", log.display()));
+    let mut steps = Vec::new();
+    let mut open = None;
+    for l in text.lines() {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        match f.as_slice() {
+            ["B", _, t] => open = Some(t.parse::<u64>().unwrap()),
+            ["E", _, t] => {
+                if let Some(s) = open.take() {
+                    steps.push((s, t.parse::<u64>().unwrap()));
+                }
+            }
+            [_, s, e] if !l.starts_with('#') => {
+                steps.push((s.parse().unwrap(), e.parse().unwrap()));
+            }
+            _ => {}
+        }
+    }
+    steps.sort_unstable();
+    steps
+}
+
+/// Seconds within [lo, hi) during which no logged step ran.
+pub fn log_idle_s(steps: &[(u64, u64)], lo: u64, hi: u64) -> f64 {
+    let mut busy = 0u64;
+    let mut covered_to = lo;
+    for &(s, e) in steps {
+        let (s, e) = (s.max(covered_to), e.min(hi));
+        if e > s {
+            busy += e - s;
+            covered_to = e;
+        }
+    }
+    hi.saturating_sub(lo).saturating_sub(busy) as f64 / 1e9
+}
+
+/// What a job's activity log says about GPU `g` of a report: idle seconds
+/// over the sampled span, and over its steady state (from the first step
+/// to the end of the last, within the sampled span).
+pub struct LogTruth {
+    pub sampled_idle_s: f64,
+    pub steady_idle_s: f64,
+}
+
+pub fn log_truth(g: &Value, log: &Path) -> LogTruth {
+    let lo = g["utilization"]["sampled_from_monotonic_ns"]
+        .as_u64()
+        .expect("sampled span in report");
+    let hi = g["utilization"]["sampled_to_monotonic_ns"]
+        .as_u64()
+        .expect("sampled span in report");
+    let steps = activity_steps(log);
+    let first = steps.first().map_or(lo, |s| s.0).max(lo);
+    let last = steps.last().map_or(hi, |s| s.1).min(hi);
+    LogTruth {
+        sampled_idle_s: log_idle_s(&steps, lo, hi),
+        steady_idle_s: log_idle_s(&steps, first, last.max(first)),
+    }
+}
