@@ -40,6 +40,9 @@ def main():
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--augment-ms", type=float, default=1.0, help="CPU ms per sample in the workers")
+    ap.add_argument("--gpu-time", action="store_true",
+                    help="time each step on the GPU with CUDA events and print the GPU's busy and idle seconds "
+                         "(the truth scripts/device-check.sh compares gpuprof's idle time with)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("train_torch.py needs a CUDA GPU (torch.cuda.is_available() is False)")
@@ -57,18 +60,30 @@ def main():
     data = RandomImages(args.steps * args.batch, args.augment_ms)
     loader = DataLoader(data, batch_size=args.batch, num_workers=args.workers,
                         pin_memory=True, persistent_workers=args.workers > 0)
+    events = []
     start = time.monotonic()
     steps = 0
     for x, y in loader:
+        if args.gpu_time:
+            ev = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            ev[0].record()
         x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
         opt.zero_grad(set_to_none=True)
         loss = loss_fn(model(x), y)
         loss.backward()
         opt.step()
+        if args.gpu_time:
+            ev[1].record()
+            events.append(ev)
         steps += 1
     torch.cuda.synchronize()
     el = time.monotonic() - start
     print(f"{steps} steps in {el:.1f} s ({steps / el:.1f} steps/s) with {args.workers} workers, loss {loss.item():.3f}", flush=True)
+    if args.gpu_time:
+        # From each step's first to its last GPU operation: an upper bound
+        # of its busy time (gaps between its own kernels are counted busy).
+        busy = sum(a.elapsed_time(b) for a, b in events) / 1000.0
+        print(f"GPU busy {busy:.2f} s of the {el:.2f} s training loop: idle {el - busy:.2f} s (CUDA events)", flush=True)
 
 
 if __name__ == "__main__":

@@ -829,6 +829,20 @@ pub enum Event {
         gpu: GpuIndex,
         samples: Vec<GpuProcSample>,
     },
+    /// GPU activity measured by NVML's GPU Performance Monitoring (GPM,
+    /// Hopper and newer) between two samples gpuprof took at `from` and
+    /// `t`: the share of that window during which any compute or graphics
+    /// work ran (`NVML_GPM_METRIC_GRAPHICS_UTIL`), at the poll interval
+    /// instead of the driver's 1/6 s. Windows follow each other.
+    GpuActivity {
+        t: MonoNs,
+        gpu: GpuIndex,
+        from: MonoNs,
+        busy_pct: f64,
+        /// `NVML_GPM_METRIC_SM_UTIL`: mean share of SMs busy, when read.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        sm_active_pct: Option<f64>,
+    },
     /// Mounted filesystems, once at the start.
     Mounts {
         t: MonoNs,
@@ -925,6 +939,7 @@ impl Event {
             | GpuPcie { t, .. }
             | GpuProcesses { t, .. }
             | GpuProcUtil { t, .. }
+            | GpuActivity { t, .. }
             | TaskFork { t, .. }
             | TaskExit { t, .. }
             | TaskComm { t, .. }

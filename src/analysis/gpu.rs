@@ -82,12 +82,13 @@ pub const IDLE_SERIES_CAP: usize = 1 << 16;
 /// rest are processed as they come.
 const PERIOD_PROBE: usize = 32;
 
-/// One utilization sample as a window on the monotonic axis.
+/// One utilization sample (or GPM window) as a window on the monotonic
+/// axis: the percent of it during which a kernel ran.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct UtilWindow {
     pub start: MonoNs,
     pub end: MonoNs,
-    pub pct: u32,
+    pub pct: f64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -162,6 +163,41 @@ impl Gauge {
     }
 }
 
+/// Where a GPU's utilization, idle time and gaps come from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum UtilSource {
+    /// The driver's utilization samples (`nvmlDeviceGetSamples`), at its
+    /// fixed period (1/6 s on most GPUs).
+    #[default]
+    DriverSamples,
+    /// NVML GPM graphics activity between gpuprof's polls (Hopper and
+    /// newer): the same measure at the poll interval.
+    Gpm,
+}
+
+impl UtilSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UtilSource::DriverSamples => "driver_samples",
+            UtilSource::Gpm => "gpm",
+        }
+    }
+
+    /// "driver samples of 167 ms" / "GPM windows of 100 ms".
+    pub fn describe(self, resolution_ns: u64) -> String {
+        let ms = resolution_ns as f64 / 1e6;
+        match self {
+            UtilSource::DriverSamples => format!("{ms:.0} ms driver utilization samples"),
+            UtilSource::Gpm => format!("{ms:.0} ms GPM activity windows"),
+        }
+    }
+}
+
+/// GPM covers the run when its windows span at least this share of what
+/// the driver's samples span; otherwise the driver's samples are used
+/// throughout (one source per GPU keeps every figure consistent).
+pub const GPM_MIN_COVERAGE: f64 = 0.9;
+
 /// Everything known about one GPU for the run.
 #[derive(Clone, Debug, Default)]
 pub struct GpuDeviceAnalysis {
@@ -177,6 +213,13 @@ pub struct GpuDeviceAnalysis {
     pub mig_enabled: Option<bool>,
     pub unsupported: Vec<String>,
 
+    /// What the utilization figures below come from.
+    pub util_source: UtilSource,
+    /// With GPM as the source: the driver's own samples' busy share over
+    /// their span, for comparison.
+    pub driver_busy_fraction: Option<f64>,
+    /// GPM SM activity (% of SMs busy) over the windows, when read.
+    pub sm_active: Series,
     /// Device utilization (%) over the sampled windows.
     pub util: Series,
     pub util_samples: u64,
@@ -421,13 +464,13 @@ impl GapFinder {
     }
 
     fn idle(&self, w: &UtilWindow) -> bool {
-        w.pct as f64 <= self.threshold_pct
+        w.pct <= self.threshold_pct
     }
 
     /// The idle part of a partly busy sample, in ns.
     fn idle_share(w: &UtilWindow) -> u64 {
         let len = w.end.0.saturating_sub(w.start.0);
-        (len as f64 * (100 - w.pct.min(100)) as f64 / 100.0) as u64
+        (len as f64 * (100.0 - w.pct.clamp(0.0, 100.0)) / 100.0) as u64
     }
 
     fn close(&mut self, extend_ns: u64) {
@@ -525,13 +568,13 @@ impl UtilAcc {
 
     fn push(&mut self, w: UtilWindow) {
         let len = (w.end.0 - w.start.0) as f64;
-        let pct = w.pct.min(100) as f64;
+        let pct = w.pct.clamp(0.0, 100.0);
         self.busy += len * pct / 100.0;
         self.idle_ns += len * (1.0 - pct / 100.0);
         self.covered += len;
         self.idle.push(w.start, w.end, 1.0 - pct / 100.0);
-        self.hist[w.pct.min(100) as usize] += 1;
-        self.series.push(w.start, w.end, w.pct as f64);
+        self.hist[pct.round() as usize] += 1;
+        self.series.push(w.start, w.end, pct);
         self.first.get_or_insert(w.start);
         self.last = Some(w.end);
         self.gaps.push(w);
@@ -568,6 +611,11 @@ struct DevAcc {
     /// Samples waiting until the period is known.
     pending: Vec<(u64, u32)>,
     util: Option<UtilAcc>,
+    /// GPM windows waiting until their interval is known, then their
+    /// accumulator.
+    gpm_pending: Vec<UtilWindow>,
+    gpm: Option<UtilAcc>,
+    sm_active: Series,
     last_ts: u64,
     last_state: Option<(MonoNs, GpuState)>,
     last_pcie: Option<(MonoNs, u32, u32)>,
@@ -661,6 +709,36 @@ impl GpuBuilder {
                 }
                 if acc.util.is_some() {
                     acc.drain_pending(anchor, start);
+                }
+            }
+            Event::GpuActivity {
+                t,
+                gpu,
+                from,
+                busy_pct,
+                sm_active_pct,
+            } => {
+                if *from < self.start || t <= from {
+                    return;
+                }
+                let threshold = self.threshold_pct;
+                let acc = self.devs.entry(*gpu).or_default();
+                if let Some(sm) = sm_active_pct {
+                    acc.sm_active.push(*from, *t, *sm);
+                }
+                let w = UtilWindow {
+                    start: *from,
+                    end: *t,
+                    pct: busy_pct.clamp(0.0, 100.0),
+                };
+                match acc.gpm.as_mut() {
+                    Some(u) => u.push(w),
+                    None => {
+                        acc.gpm_pending.push(w);
+                        if acc.gpm_pending.len() >= PERIOD_PROBE {
+                            acc.start_gpm(threshold);
+                        }
+                    }
                 }
             }
             Event::GpuState { t, gpu, state } => {
@@ -789,12 +867,23 @@ impl GpuBuilder {
         }
         for d in &out.devices {
             if d.util_samples > 0 {
-                out.notes.push(format!(
-                    "GPU {}: utilization is sampled by the driver every {:.0} ms; idle gaps \
-                     shorter than that cannot be seen",
-                    d.index,
-                    d.resolution_ns as f64 / 1e6
-                ));
+                out.notes.push(match d.util_source {
+                    UtilSource::DriverSamples => format!(
+                        "GPU {}: utilization is sampled by the driver every {:.0} ms; idle time \
+                         is counted from every sample (its utilization deficit), but idle gaps \
+                         shorter than that cannot be placed",
+                        d.index,
+                        d.resolution_ns as f64 / 1e6
+                    ),
+                    UtilSource::Gpm => format!(
+                        "GPU {}: activity measured by NVML GPM every {:.0} ms (the driver's own \
+                         samples said {}% busy); idle gaps shorter than that cannot be placed",
+                        d.index,
+                        d.resolution_ns as f64 / 1e6,
+                        d.driver_busy_fraction
+                            .map_or("?".into(), |b| format!("{:.0}", b * 100.0))
+                    ),
+                });
             }
             if d.mig_enabled == Some(true) {
                 out.notes.push(format!(
@@ -844,6 +933,25 @@ impl DevAcc {
         self.util = Some(UtilAcc::new(period, threshold));
     }
 
+    /// Fix the GPM interval (median window) and take the buffered windows.
+    fn start_gpm(&mut self, threshold: f64) {
+        let mut lens: Vec<u64> = self
+            .gpm_pending
+            .iter()
+            .map(|w| w.end.0 - w.start.0)
+            .collect();
+        lens.sort_unstable();
+        let period = lens
+            .get(lens.len() / 2)
+            .copied()
+            .unwrap_or(DEFAULT_PERIOD_NS);
+        let mut u = UtilAcc::new(period, threshold);
+        for w in self.gpm_pending.drain(..) {
+            u.push(w);
+        }
+        self.gpm = Some(u);
+    }
+
     fn drain_pending(&mut self, anchor: (u64, u64), start: MonoNs) {
         let Some(u) = self.util.as_mut() else { return };
         for (ts, pct) in self.pending.drain(..) {
@@ -852,7 +960,7 @@ impl DevAcc {
             let w = UtilWindow {
                 start: MonoNs(end.0.saturating_sub(u.period_ns)),
                 end,
-                pct: pct.min(100),
+                pct: pct.min(100) as f64,
             };
             if w.start >= start {
                 u.push(w);
@@ -916,6 +1024,9 @@ impl DevAcc {
         if self.util.is_none() && !self.pending.is_empty() {
             self.start_util(threshold);
         }
+        if self.gpm.is_none() && !self.gpm_pending.is_empty() {
+            self.start_gpm(threshold);
+        }
         self.drain_pending(anchor, start);
         if let Some((t, s)) = self.last_state.take() {
             self.hold_state(&s, t.max(start), inp.end);
@@ -952,7 +1063,22 @@ impl DevAcc {
             d.mig_enabled = mig_enabled;
             d.unsupported = unsupported;
         }
-        if let Some(u) = self.util {
+        d.sm_active = self.sm_active;
+        let covered = |u: &Option<UtilAcc>| u.as_ref().map_or(0.0, |u| u.covered);
+        let use_gpm = covered(&self.gpm) > 0.0
+            && covered(&self.gpm) >= GPM_MIN_COVERAGE * covered(&self.util);
+        let chosen = if use_gpm {
+            d.util_source = UtilSource::Gpm;
+            d.driver_busy_fraction = self
+                .util
+                .as_ref()
+                .filter(|u| u.covered > 0.0)
+                .map(|u| u.busy / u.covered);
+            self.gpm
+        } else {
+            self.util
+        };
+        if let Some(u) = chosen {
             let n: u64 = u.hist.iter().sum();
             d.resolution_ns = u.period_ns;
             d.util_samples = n;
@@ -1020,6 +1146,7 @@ mod tests {
     use crate::event::{GpuProc, GpuProcSample};
 
     fn w(start_ms: u64, pct: u32) -> UtilWindow {
+        let pct = pct as f64;
         UtilWindow {
             start: MonoNs(start_ms * 1_000_000),
             end: MonoNs((start_ms + 10) * 1_000_000),
@@ -1074,7 +1201,7 @@ mod tests {
             u.push(UtilWindow {
                 start: MonoNs(i as u64 * p),
                 end: MonoNs((i as u64 + 1) * p),
-                pct,
+                pct: pct as f64,
             });
         }
         let (gaps, stats) = u.gaps.finish();
@@ -1212,6 +1339,56 @@ mod tests {
             boot_id: None,
             anchor_error_ns: 0,
         }
+    }
+
+    #[test]
+    fn gpm_windows_are_the_source_when_they_cover_the_run() {
+        let h = header();
+        let wall = |mono_ms: u64| 1_700_000_000_000_000 + (mono_ms * 1000) - 1_000_000;
+        let ms = |x: u64| MonoNs(x * 1_000_000);
+        let build = |gpm_until_ms: u64| {
+            let mut b = GpuBuilder::new(&h);
+            // Driver samples: 50% busy every 100 ms from 1.1 s to 5 s.
+            b.push(&Event::GpuUtil {
+                t: ms(5000),
+                gpu: 0,
+                samples: (11..=50).map(|k| (wall(k * 100), 50)).collect(),
+            });
+            // GPM: 100 ms windows from 1.0 s, idle in every other one.
+            let mut at = 1000;
+            while at + 100 <= gpm_until_ms {
+                b.push(&Event::GpuActivity {
+                    t: ms(at + 100),
+                    gpu: 0,
+                    from: ms(at),
+                    busy_pct: if (at / 100) % 2 == 0 { 100.0 } else { 0.0 },
+                    sm_active_pct: Some(80.0),
+                });
+                at += 100;
+            }
+            let job: BTreeSet<Pid> = [Pid(41)].into();
+            b.finish(&GpuInputs {
+                job_pids: &job,
+                end: ms(5000),
+            })
+        };
+        let a = build(5000);
+        let d = &a.devices[0];
+        assert_eq!(d.util_source, UtilSource::Gpm);
+        assert_eq!(d.resolution_ns, 100_000_000);
+        assert!((d.busy_fraction.unwrap() - 0.5).abs() < 1e-9);
+        assert!((d.driver_busy_fraction.unwrap() - 0.5).abs() < 1e-9);
+        // Every other 100 ms window fully idle: 20 gaps GPM can place and
+        // the driver's 50% samples could not.
+        assert_eq!(d.gap_stats.count, 20);
+        assert!((d.idle_s - 2.0).abs() < 1e-6, "{}", d.idle_s);
+        assert!((d.sm_active.mean() - 80.0).abs() < 1e-9);
+        // GPM stopped half way: the driver's samples for the whole run.
+        let a = build(3000);
+        let d = &a.devices[0];
+        assert_eq!(d.util_source, UtilSource::DriverSamples);
+        assert_eq!(d.gap_stats.count, 0);
+        assert!((d.idle_s - 2.0).abs() < 1e-6, "{}", d.idle_s);
     }
 
     #[test]

@@ -339,7 +339,8 @@ impl Builder {
             | Event::GpuState { .. }
             | Event::GpuPcie { .. }
             | Event::GpuProcesses { .. }
-            | Event::GpuProcUtil { .. } => {}
+            | Event::GpuProcUtil { .. }
+            | Event::GpuActivity { .. } => {}
             ev @ (Event::StackFile { .. }
             | Event::NativeFrame { .. }
             | Event::PyFrame { .. }

@@ -43,6 +43,9 @@ pub struct GpuDeviceEvidence {
     pub idle_gaps: Vec<(MonoNs, MonoNs)>,
     /// The utilization sample period: the resolution of `idle`.
     pub resolution_s: f64,
+    /// Where utilization came from, in words ("167 ms driver utilization
+    /// samples").
+    pub source: String,
     /// Start of the first and end of the last utilization sample window
     /// (NVML opens a little after the recording starts).
     pub sampled: Option<(MonoNs, MonoNs)>,
@@ -249,6 +252,7 @@ fn device(d: &GpuDeviceAnalysis) -> GpuDeviceEvidence {
         idle: d.idle.clone(),
         idle_gaps: d.idle_gaps.clone(),
         resolution_s: d.resolution_ns as f64 / 1e9,
+        source: d.util_source.describe(d.resolution_ns),
         sampled: d.sampled,
         job_processes: d.processes.iter().filter(|p| p.in_job).count(),
         job_pids: d

@@ -165,11 +165,16 @@ fn idle_of(by_cause: &[(Option<Cause>, f64)], cause: Option<Cause>) -> f64 {
         .sum()
 }
 
-/// "each 167 ms driver sample idle for (1 − utilization) of its period".
+/// "utilization deficit: each of the 167 ms driver utilization samples
+/// counts (1 − utilization) of its window as idle".
 fn idle_measure_text(d: &GpuDeviceEvidence) -> String {
+    let source = if d.source.is_empty() {
+        format!("{:.0} ms driver utilization samples", d.resolution_s * 1e3)
+    } else {
+        d.source.clone()
+    };
     format!(
-        "utilization deficit: each {:.0} ms driver sample counts (1 − utilization) of its period as idle",
-        d.resolution_s * 1e3
+        "utilization deficit: each of the {source} counts (1 − utilization) of its window as idle"
     )
 }
 

@@ -34,6 +34,9 @@ fn device(a: &Analysis, d: &GpuDeviceAnalysis) -> Value {
             "p95_pct": d.util_p95.map(|v| r(v, 2)),
             "samples": d.util_samples,
             "sample_period_s": r(period_s, 4),
+            "source": d.util_source.as_str(),
+            "driver_busy_fraction": d.driver_busy_fraction.map(|v| r(v, 4)),
+            "sm_active_mean_pct": (!d.sm_active.is_empty()).then(|| r(d.sm_active.mean(), 2)),
             "sampled_from_monotonic_ns": d.sampled.map(|s| s.0 .0),
             "sampled_to_monotonic_ns": d.sampled.map(|s| s.1 .0),
         })
@@ -49,7 +52,11 @@ fn device(a: &Analysis, d: &GpuDeviceAnalysis) -> Value {
             "steady_s": r(split.steady_s, 3),
             "shutdown_s": r(split.shutdown_s, 3),
             "resolution_s": r(period_s, 4),
-            "method": "utilization deficit: each driver sample counts (1 - utilization) of its period as idle",
+            "source": d.util_source.as_str(),
+            "method": format!(
+                "utilization deficit: each of the {} counts (1 - utilization) of its window as idle",
+                d.util_source.describe(d.resolution_ns)
+            ),
         })
     };
     let gaps = &d.gap_stats;
@@ -216,11 +223,11 @@ pub fn summary_lines(a: &Analysis) -> Vec<String> {
                 let split = d.idle_split(a.start, a.end);
                 let sampled_s = d.sampled.map_or(0.0, |(x, y)| y.secs_since(x));
                 format!(
-                    "busy {:.0}% of the sampled {:.1} s; idle {:.1} s (utilization deficit at {:.0} ms samples: start-up {:.1} s, steady state {:.1} s, shutdown {:.1} s); {} fully idle {} totalling {:.1} s (median {:.0} ms, longest {:.0} ms)",
+                    "busy {:.0}% of the sampled {:.1} s; idle {:.1} s (utilization deficit of {}: start-up {:.1} s, steady state {:.1} s, shutdown {:.1} s); {} fully idle {} totalling {:.1} s (median {:.0} ms, longest {:.0} ms)",
                     b * 100.0,
                     sampled_s,
                     split.total_s,
-                    d.resolution_ns as f64 / 1e6,
+                    d.util_source.describe(d.resolution_ns),
                     split.startup_s,
                     split.steady_s,
                     split.shutdown_s,

@@ -147,7 +147,50 @@ pub struct ProcessUtilizationSample {
     dec_util: c_uint,
 }
 
+/// `nvmlGpmSupport_t`.
+#[repr(C)]
+pub struct GpmSupport {
+    version: c_uint,
+    is_supported_device: c_uint,
+}
+
+/// `nvmlGpmMetric_t`: one requested metric, filled in place.
+#[repr(C)]
+pub struct GpmMetric {
+    metric_id: c_uint,
+    nvml_return: Ret,
+    value: f64,
+    short_name: *const c_char,
+    long_name: *const c_char,
+    unit: *const c_char,
+}
+
+/// The head of `nvmlGpmMetricsGet_t`; `numMetrics` `GpmMetric`s follow
+/// (the array's declared length differs between driver versions, so only
+/// the requested ones are touched).
+#[repr(C)]
+pub struct GpmMetricsGetHead {
+    version: c_uint,
+    num_metrics: c_uint,
+    sample1: *mut c_void,
+    sample2: *mut c_void,
+}
+
+const GPM_METRICS_GET_VERSION: c_uint = 1;
+const GPM_SUPPORT_VERSION: c_uint = 1;
+/// `NVML_GPM_METRIC_GRAPHICS_UTIL`: % of time any compute/graphics work ran.
+const GPM_METRIC_GRAPHICS_UTIL: c_uint = 1;
+/// `NVML_GPM_METRIC_SM_UTIL`: % of SMs busy.
+const GPM_METRIC_SM_UTIL: c_uint = 2;
+/// The most metrics one call takes (`NVML_GPM_METRIC_MAX` of old headers;
+/// newer ones allow more).
+const GPM_METRIC_MAX: c_uint = 98;
+const GPM_HANDLE_BASE: usize = 0x6770_0000;
+
 const _: () = {
+    assert!(std::mem::size_of::<GpmSupport>() == 8);
+    assert!(std::mem::size_of::<GpmMetric>() == 40);
+    assert!(std::mem::size_of::<GpmMetricsGetHead>() == 24);
     assert!(std::mem::size_of::<PciInfo>() == 68);
     assert!(std::mem::size_of::<Memory>() == 24);
     assert!(std::mem::size_of::<MemoryV2>() == 40);
@@ -319,6 +362,9 @@ struct FakeDevice {
     rules: Vec<Rule>,
     foreign: Vec<Foreign>,
     activity: Option<Activity>,
+    /// GPU Performance Monitoring supported (Hopper and newer); off by
+    /// default, like most GPUs.
+    gpm: bool,
     errors: HashMap<String, Ret>,
     /// Function → how long a call takes, in ms (a slow or wedged driver).
     delays_ms: HashMap<String, u64>,
@@ -549,6 +595,7 @@ const DEVICE_KEYS: &[&str] = &[
     "processes",
     "foreign_processes",
     "activity_log",
+    "gpm",
     "errors",
     "delays_ms",
 ];
@@ -758,6 +805,11 @@ fn parse_device(i: usize, v: &Value) -> PResult<FakeDevice> {
         rules,
         foreign,
         activity,
+        gpm: match o.get("gpm") {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(b)) => *b,
+            Some(o) => return Err(format!("{what}.gpm: expected true or false, found {o}")),
+        },
         errors: parse_errors(o.get("errors"), &format!("{what}.errors"))?,
         delays_ms: match o.get("delays_ms") {
             None => HashMap::new(),
@@ -990,6 +1042,10 @@ struct Fake {
     procs: ProcTable,
     self_pid: u32,
     init_count: u32,
+    /// GPM samples by handle: the device and CLOCK_MONOTONIC ns at which
+    /// `nvmlGpmSampleGet` filled them (None: allocated, not yet filled).
+    gpm_samples: HashMap<usize, Option<(usize, u64)>>,
+    next_gpm: usize,
 }
 
 /// One process on a device as the driver lists it.
@@ -1227,6 +1283,26 @@ impl Fake {
         }
     }
 
+    /// Percent of [a, b) (CLOCK_MONOTONIC ns) during which a "kernel" ran
+    /// on device `i`: from the activity log, else the scenario's
+    /// utilization at the window's middle.
+    fn busy_pct_between(&mut self, i: usize, a: u64, b: u64) -> f64 {
+        self.refresh_activity(i);
+        let dev = &self.scenario.devices[i];
+        match &dev.activity {
+            Some(act) => {
+                let busy = act.busy_ns(None, a, b, clock_ns(libc::CLOCK_MONOTONIC));
+                (busy as f64 / (b - a).max(1) as f64 * 100.0).min(100.0)
+            }
+            None => {
+                let mid = self.clock.mono_to_wall_us(a + (b - a) / 2);
+                dev.utilization
+                    .at(self.clock.scenario_t(mid))
+                    .clamp(0.0, 100.0)
+            }
+        }
+    }
+
     /// The processes on device `i`, as the driver would list them now.
     fn processes(&mut self, i: usize) -> Vec<GpuProc> {
         self.procs.refresh();
@@ -1412,6 +1488,8 @@ fn init(name: &str) -> Ret {
             },
             self_pid: std::process::id(),
             init_count: 1,
+            gpm_samples: HashMap::new(),
+            next_gpm: 0,
         });
         SUCCESS
     });
@@ -2080,6 +2158,133 @@ pub extern "C" fn nvmlDeviceGetGraphicsRunningProcesses(
 ) -> Ret {
     let name = "nvmlDeviceGetGraphicsRunningProcesses";
     process_list(name, h, Kind::Graphics, count, infos, v1)
+}
+
+// ---------------------------------------------------------------------------
+// GPU Performance Monitoring (Hopper and newer; `"gpm": true` in a device
+// of the scenario). A sample records when it was taken; the metrics of two
+// samples are the activity between those instants, from the activity log.
+
+#[cfg(not(feature = "old-driver"))]
+#[no_mangle]
+pub extern "C" fn nvmlGpmQueryDeviceSupport(h: Device, support: *mut GpmSupport) -> Ret {
+    with_device("nvmlGpmQueryDeviceSupport", h, |f, i| {
+        if support.is_null() {
+            return Err(ERROR_INVALID_ARGUMENT);
+        }
+        // SAFETY: non-null, a caller's nvmlGpmSupport_t.
+        if unsafe { (*support).version } != GPM_SUPPORT_VERSION {
+            return Err(ERROR_ARGUMENT_VERSION_MISMATCH);
+        }
+        let supported = f.scenario.devices[i].gpm as c_uint;
+        put(
+            support,
+            GpmSupport {
+                version: GPM_SUPPORT_VERSION,
+                is_supported_device: supported,
+            },
+        )
+    })
+}
+
+#[cfg(not(feature = "old-driver"))]
+#[no_mangle]
+pub extern "C" fn nvmlGpmSampleAlloc(sample: *mut *mut c_void) -> Ret {
+    with_fake("nvmlGpmSampleAlloc", |f| {
+        f.injected(None, "nvmlGpmSampleAlloc")?;
+        // Bounded: a caller that never frees cannot grow the fake forever.
+        if f.gpm_samples.len() >= 4096 {
+            return Err(ERROR_UNKNOWN);
+        }
+        f.next_gpm += 1;
+        let handle = GPM_HANDLE_BASE + f.next_gpm;
+        f.gpm_samples.insert(handle, None);
+        put(sample, handle as *mut c_void)
+    })
+}
+
+#[cfg(not(feature = "old-driver"))]
+#[no_mangle]
+pub extern "C" fn nvmlGpmSampleFree(sample: *mut c_void) -> Ret {
+    with_fake("nvmlGpmSampleFree", |f| {
+        f.gpm_samples
+            .remove(&(sample as usize))
+            .map(|_| ())
+            .ok_or(ERROR_INVALID_ARGUMENT)
+    })
+}
+
+#[cfg(not(feature = "old-driver"))]
+#[no_mangle]
+pub extern "C" fn nvmlGpmSampleGet(h: Device, sample: *mut c_void) -> Ret {
+    with_device("nvmlGpmSampleGet", h, |f, i| {
+        if !f.scenario.devices[i].gpm {
+            return Err(ERROR_NOT_SUPPORTED);
+        }
+        let now = clock_ns(libc::CLOCK_MONOTONIC);
+        match f.gpm_samples.get_mut(&(sample as usize)) {
+            Some(slot) => {
+                *slot = Some((i, now));
+                Ok(())
+            }
+            None => Err(ERROR_INVALID_ARGUMENT),
+        }
+    })
+}
+
+#[cfg(not(feature = "old-driver"))]
+#[no_mangle]
+pub extern "C" fn nvmlGpmMetricsGet(req: *mut GpmMetricsGetHead) -> Ret {
+    with_fake("nvmlGpmMetricsGet", |f| {
+        f.injected(None, "nvmlGpmMetricsGet")?;
+        if req.is_null() {
+            return Err(ERROR_INVALID_ARGUMENT);
+        }
+        // SAFETY: non-null; the caller's nvmlGpmMetricsGet_t starts with
+        // this head.
+        let head = unsafe { &*req };
+        if head.version != GPM_METRICS_GET_VERSION {
+            return Err(ERROR_ARGUMENT_VERSION_MISMATCH);
+        }
+        if head.num_metrics > GPM_METRIC_MAX {
+            return Err(ERROR_INVALID_ARGUMENT);
+        }
+        let get = |s: *mut c_void| f.gpm_samples.get(&(s as usize)).copied().flatten();
+        let (Some((d1, t1)), Some((d2, t2))) = (get(head.sample1), get(head.sample2)) else {
+            return Err(ERROR_INVALID_ARGUMENT);
+        };
+        if d1 != d2 || t2 <= t1 {
+            return Err(ERROR_INVALID_ARGUMENT);
+        }
+        f.injected(Some(d1), "nvmlGpmMetricsGet")?;
+        let busy = f.busy_pct_between(d1, t1, t2);
+        // SAFETY: `numMetrics` metrics follow the head in the caller's
+        // struct (nvml.h); only those are written.
+        let metrics = unsafe {
+            std::slice::from_raw_parts_mut(
+                (req as *mut u8).add(std::mem::size_of::<GpmMetricsGetHead>()) as *mut GpmMetric,
+                head.num_metrics as usize,
+            )
+        };
+        for m in metrics {
+            let (ret, value, names): (Ret, f64, [&'static [u8]; 3]) = match m.metric_id {
+                GPM_METRIC_GRAPHICS_UTIL => (
+                    SUCCESS,
+                    busy,
+                    [b"gr_util\0", b"Graphics Utilization\0", b"%\0"],
+                ),
+                // Every busy moment keeps all SMs busy in this fake.
+                GPM_METRIC_SM_UTIL => (SUCCESS, busy, [b"sm_util\0", b"SM Utilization\0", b"%\0"]),
+                _ => (ERROR_NOT_SUPPORTED, 0.0, [b"\0", b"\0", b"\0"]),
+            };
+            m.nvml_return = ret;
+            m.value = value;
+            m.short_name = names[0].as_ptr() as *const c_char;
+            m.long_name = names[1].as_ptr() as *const c_char;
+            m.unit = names[2].as_ptr() as *const c_char;
+        }
+        Ok(())
+    })
 }
 
 #[cfg(test)]
