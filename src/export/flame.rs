@@ -297,12 +297,7 @@ pub fn write_gpu_idle(
     let source = devs
         .iter()
         .find(|d| d.util_samples > 0)
-        .map_or(String::new(), |d| {
-            format!(
-                "{:.0} ms driver utilization samples",
-                d.resolution_ns as f64 / 1e6
-            )
-        });
+        .map_or(String::new(), |d| d.util_source.describe(d.resolution_ns));
     let head = format!(
         "~{cpu_s:.1} CPU-s while the GPU idled: samples weighted by its idle share in the {source}"
     );
