@@ -12,6 +12,7 @@ Examples:
   gpuprof -- python train.py --epochs 1
   gpuprof -o prof/ --delay 5m --duration 60s -- torchrun --nproc-per-node 8 train.py
   gpuprof report gpuprof-myhost-20261129-140000/
+  gpuprof explain input-pipeline-bound
 
 Outputs (see docs/outputs.md): trace.json (open in ui.perfetto.dev), report.json,
 summary.md and recording/ (the raw events; `gpuprof report DIR` rebuilds the rest).";
@@ -43,6 +44,16 @@ pub enum Command {
     /// it — until Ctrl-C, --duration or the job's end, without stopping or
     /// restarting it: `gpuprof attach 4242 --duration 2m`.
     Attach(AttachArgs),
+    /// Explain a finding (what it means, the evidence, the fix); without an
+    /// ID, list every finding.
+    Explain(ExplainArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ExplainArgs {
+    /// A finding id, as printed in the diagnosis (e.g. `io-bound`).
+    #[arg(value_name = "ID")]
+    pub id: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -390,6 +401,12 @@ mod tests {
         assert!(
             matches!(cli.command, Some(Command::Compare(c)) if c.markdown && c.b.as_os_str() == "b")
         );
+        let cli = Cli::try_parse_from(["gpuprof", "explain", "io-bound"]).unwrap();
+        assert!(
+            matches!(cli.command, Some(Command::Explain(e)) if e.id.as_deref() == Some("io-bound"))
+        );
+        let cli = Cli::try_parse_from(["gpuprof", "explain"]).unwrap();
+        assert!(matches!(cli.command, Some(Command::Explain(e)) if e.id.is_none()));
     }
 
     #[test]

@@ -12,6 +12,7 @@ pub mod compare;
 pub mod diagnose;
 pub mod doctor;
 pub mod event;
+pub mod explain;
 pub mod export;
 pub mod launch;
 pub mod outputs;

@@ -14,6 +14,7 @@ fn main() -> ExitCode {
             .into_config()
             .map_err(anyhow::Error::msg)
             .and_then(gpuprof::attach::attach),
+        Some(Command::Explain(args)) => explain(args),
         None => record(cli.record),
     };
     match result {
@@ -79,5 +80,11 @@ fn compare(args: gpuprof::cli::CompareArgs) -> anyhow::Result<i32> {
     } else {
         print!("{}", c.terminal());
     }
+    Ok(0)
+}
+
+fn explain(args: gpuprof::cli::ExplainArgs) -> anyhow::Result<i32> {
+    let text = gpuprof::explain::explain(args.id.as_deref()).map_err(anyhow::Error::msg)?;
+    print!("{text}");
     Ok(0)
 }

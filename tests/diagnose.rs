@@ -89,11 +89,12 @@ fn no_alarm(report: &Value) {
     }
 }
 
-/// Every finding carries its evidence, fix, GPU time basis and docs link.
+/// Every finding carries its evidence, fix, GPU time basis and the command
+/// that explains it.
 fn well_formed(report: &Value) {
     for f in report["findings"].as_array().unwrap() {
         let id = f["id"].as_str().unwrap();
-        assert_eq!(f["docs"], format!("docs/findings.md#{id}"));
+        assert_eq!(f["docs"], format!("gpuprof explain {id}"));
         assert!(!f["fix"].as_str().unwrap().is_empty());
         assert!(!f["evidence"].as_array().unwrap().is_empty(), "{f}");
         if !f["gpu_time_s"].is_null() {

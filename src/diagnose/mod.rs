@@ -6,7 +6,7 @@
 //! stable id, a severity, the GPU time it explains (seconds and share of
 //! the run, measured from GPU idle gaps when the GPU was measured, an
 //! estimate otherwise — and said so), evidence from this run, a concrete
-//! fix and a section in `docs/findings.md`. Findings are ranked by the GPU
+//! fix and a section in `docs/findings.md` (printed by `gpuprof explain ID`). Findings are ranked by the GPU
 //! time they explain. Every threshold is a named constant in
 //! [`thresholds`], documented in `docs/findings.md` with its reason.
 //!
@@ -91,9 +91,11 @@ impl FindingKind {
         FindingKind::ALL.into_iter().find(|k| k.id() == id)
     }
 
-    /// Where the finding is explained, relative to the project root.
+    /// Where the finding is explained: a command that prints its section
+    /// of `docs/findings.md` from the binary itself, so it works wherever
+    /// gpuprof is installed (a link into this repository would not).
     pub fn docs(self) -> String {
-        format!("{DOCS_PAGE}#{}", self.id())
+        format!("gpuprof explain {}", self.id())
     }
 }
 
@@ -102,9 +104,6 @@ impl std::fmt::Display for FindingKind {
         f.write_str(self.id())
     }
 }
-
-/// The page holding one section per finding.
-pub const DOCS_PAGE: &str = "docs/findings.md";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]

@@ -223,7 +223,9 @@ pub fn sections(a: &Analysis) -> Vec<(String, Vec<String>)> {
     out
 }
 
-/// The ranked findings as Markdown: what, GPU time, evidence, fix, link.
+/// The ranked findings as Markdown: what, GPU time, evidence, fix, and the
+/// `gpuprof explain` command for more. No links: summary.md is pasted into
+/// other repositories' pull requests, where a relative link would be dead.
 pub fn findings_markdown(d: &Diagnosis) -> String {
     let mut s = String::from("\n## Diagnosis\n\n");
     for n in &d.notes {
@@ -235,11 +237,10 @@ pub fn findings_markdown(d: &Diagnosis) -> String {
     }
     for (i, f) in d.findings.iter().enumerate() {
         s.push_str(&format!(
-            "{}. **{} · [{}]({})** — {}.  \n   {}.\n",
+            "{}. **{} · `{}`** — {}.  \n   {}.\n",
             i + 1,
             f.severity,
             f.kind.id(),
-            f.kind.docs(),
             f.title,
             capitalize(&f.gpu_time_text())
         ));
@@ -249,7 +250,8 @@ pub fn findings_markdown(d: &Diagnosis) -> String {
         for e in &f.evidence {
             s.push_str(&format!("   - {e}\n"));
         }
-        s.push_str(&format!("\n   **Fix:** {}\n\n", f.fix));
+        s.push_str(&format!("\n   **Fix:** {}\n", f.fix));
+        s.push_str(&format!("   More: `{}`\n\n", f.kind.docs()));
     }
     s
 }
