@@ -213,6 +213,19 @@ pub struct RecordArgs {
     #[arg(long, value_name = "NAME")]
     pub step_range: Option<String>,
 
+    /// Serve the job's live figures in the Prometheus text format at
+    /// http://HOST:PORT/metrics while recording, e.g. `127.0.0.1:9464`
+    /// (`0.0.0.0:9464` for a Prometheus on another machine).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub metrics_addr: Option<String>,
+
+    /// Early warnings: print a warning (with the finding it points at) when
+    /// a condition has held this long: GPU busy under 30%, thermal
+    /// throttling, a saturated disk while the job waits on IO, no process
+    /// on any GPU. `0` turns them off.
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_duration)]
+    pub warn_after: Duration,
+
     /// The job to run, after `--`, e.g. `-- python train.py --epochs 1`.
     #[arg(
         value_name = "CMD",
@@ -262,6 +275,10 @@ pub struct RecordConfig {
     pub no_nvtx: bool,
     pub outputs: crate::outputs::OutputOptions,
     pub step_range: Option<String>,
+    /// `--metrics-addr`, as given (bound before the job starts).
+    pub metrics_addr: Option<String>,
+    /// Early-warning window; zero: no early warnings.
+    pub warn_after: Duration,
 }
 
 impl RecordArgs {
@@ -297,6 +314,13 @@ impl RecordArgs {
                 self.idle_threshold
             ));
         }
+        if self
+            .metrics_addr
+            .as_deref()
+            .is_some_and(|a| a.trim().is_empty())
+        {
+            return Err("--metrics-addr is empty: give HOST:PORT, e.g. 127.0.0.1:9464".into());
+        }
         if self.duration.is_some_and(|d| d.is_zero()) {
             return Err(
                 "--duration 0 would record nothing: give a positive duration such as 60s".into(),
@@ -330,6 +354,8 @@ impl RecordArgs {
             attach: None,
             no_nvtx: self.no_nvtx,
             step_range: self.step_range.filter(|s| !s.trim().is_empty()),
+            metrics_addr: self.metrics_addr,
+            warn_after: self.warn_after,
         })
     }
 }

@@ -94,6 +94,7 @@ mod tests {
             | CpuOversubscribed
             | GpuMemoryPressure
             | PcieDegraded
+            | StragglerRank
             | LowSampleCoverage => FindingKind::ALL.contains(&k),
         }
     }

@@ -15,6 +15,7 @@ pub mod event;
 pub mod explain;
 pub mod export;
 pub mod launch;
+pub mod live;
 pub mod outputs;
 pub mod placeholders;
 pub mod record;

@@ -73,9 +73,18 @@ pub struct WriterStats {
     pub compressed_bytes: u64,
 }
 
+/// Sees every event, in order, on the writer thread just before it is
+/// written (the live figures: `crate::live`). Must be cheap.
+pub type Tap = Box<dyn FnMut(&Event) + Send>;
+
 /// Start the writer on `dir/recording/`. Returns the sink for collectors and
 /// the writer handle; the writer ends when every `Sink` is dropped.
 pub fn start_writer(out_dir: &Path) -> Result<(Sink, Writer)> {
+    start_writer_with_tap(out_dir, None)
+}
+
+/// [`start_writer`], with a tap that sees every event.
+pub fn start_writer_with_tap(out_dir: &Path, tap: Option<Tap>) -> Result<(Sink, Writer)> {
     let rec_dir = out_dir.join(RECORDING_DIR);
     std::fs::create_dir_all(&rec_dir)
         .with_context(|| format!("cannot create {}", rec_dir.display()))?;
@@ -88,7 +97,7 @@ pub fn start_writer(out_dir: &Path) -> Result<(Sink, Writer)> {
     };
     let thread = std::thread::Builder::new()
         .name("gpuprof-writer".into())
-        .spawn(move || write_loop(file, rx))
+        .spawn(move || write_loop(file, rx, tap))
         .context("cannot start the recording writer thread")?;
     Ok((sink, Writer { thread }))
 }
@@ -103,7 +112,7 @@ impl Writer {
     }
 }
 
-fn write_loop(file: File, rx: Receiver<Event>) -> Result<WriterStats> {
+fn write_loop(file: File, rx: Receiver<Event>, mut tap: Option<Tap>) -> Result<WriterStats> {
     let mut enc = GzEncoder::new(BufWriter::with_capacity(1 << 16, file), Compression::new(6));
     let mut line = Vec::with_capacity(512);
     let mut events = 0u64;
@@ -115,6 +124,9 @@ fn write_loop(file: File, rx: Receiver<Event>) -> Result<WriterStats> {
             Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
         };
         if let Some(ev) = ev {
+            if let Some(tap) = tap.as_mut() {
+                tap(&ev);
+            }
             line.clear();
             serde_json::to_writer(&mut line, &ev)?;
             line.push(b'\n');

@@ -262,6 +262,12 @@ pub(crate) fn make_header(cfg: &RecordConfig, job_pid: Pid) -> Header {
 /// Record `cfg.command`; returns the exit code gpuprof should exit with (the
 /// job's).
 pub fn record(cfg: RecordConfig) -> Result<i32> {
+    // Before anything else: a bad address must stop gpuprof before the job
+    // starts and before an output folder is made.
+    let metrics = match cfg.metrics_addr.as_deref() {
+        Some(a) => Some(crate::live::metrics::bind(a).map_err(anyhow::Error::msg)?),
+        None => None,
+    };
     let (out, created) = prepare_output(cfg.output.as_deref())?;
     // In-process agents: written into a private runtime folder that stays
     // until gpuprof exits (the job may run on after the recording window).
@@ -303,7 +309,7 @@ pub fn record(cfg: RecordConfig) -> Result<i32> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let code = rt.block_on(run(cfg, out, created, suspended, nvtx_plan));
+    let code = rt.block_on(run(cfg, out, created, suspended, nvtx_plan, metrics));
     drop(agents);
     code
 }
@@ -320,6 +326,7 @@ async fn run(
     created: bool,
     suspended: launch::Suspended,
     nvtx_plan: NvtxPlan,
+    metrics: Option<std::net::TcpListener>,
 ) -> Result<i32> {
     // Handlers are installed only now, after the fork: the job must inherit
     // the dispositions gpuprof was started with (e.g. SIGHUP ignored under
@@ -333,7 +340,10 @@ async fn run(
     let mut sigchld = signal(SignalKind::child())?;
 
     let header = make_header(&cfg, suspended.pid);
-    let (sink, writer) = match record::start_writer(&out) {
+    // Live figures for the progress line, early warnings and --metrics-addr,
+    // fed by the writer from the events it records.
+    let live = crate::live::Live::new(cfg.warn_after + Duration::from_secs(5));
+    let (sink, writer) = match record::start_writer_with_tap(&out, Some(live.tap())) {
         Ok(x) => x,
         Err(e) => {
             suspended.abort();
@@ -376,6 +386,23 @@ async fn run(
             return Ok(e.exit_code());
         }
     };
+    let recording_file = out.join(record::RECORDING_DIR).join(record::EVENTS_FILE);
+    let mut progress = crate::live::progress::Progress::new(
+        live.clone(),
+        cfg.quiet,
+        cfg.warn_after,
+        recording_file.clone(),
+    );
+    let server = metrics.map(|l| {
+        tokio::spawn(crate::live::metrics::serve(
+            l,
+            live.clone(),
+            crate::live::metrics::Context {
+                recording_file,
+                warn_window: cfg.warn_after,
+            },
+        ))
+    });
     let started = tokio::time::Instant::now();
     let window_start = started + cfg.delay.unwrap_or_default();
     let window_end = cfg.duration.map(|d| window_start + d);
@@ -408,7 +435,11 @@ async fn run(
                 .is_some_and(|r| !r.samplers.active.load(Ordering::Acquire));
         tokio::select! {
             _ = sigchld.recv() => {}
-            _ = tick.tick() => {}
+            _ = tick.tick() => {
+                if recording.is_some() {
+                    progress.tick();
+                }
+            }
             _ = sigint.recv() => {
                 interrupts += 1;
                 if interrupts == 1 {
@@ -436,6 +467,10 @@ async fn run(
         }
         if let Some(reason) = stop_reason.take() {
             if let Some(rec) = recording.take() {
+                progress.finish();
+                if let Some(s) = &server {
+                    s.abort();
+                }
                 finish_recording(
                     rec,
                     Some(&mut nvtx),
@@ -450,6 +485,10 @@ async fn run(
         }
     }
     let status = job_status.expect("loop ends with a status");
+    progress.finish();
+    if let Some(s) = &server {
+        s.abort();
+    }
     if let Some(rec) = recording.take() {
         finish_recording(
             rec,
@@ -581,7 +620,7 @@ pub(crate) fn finish_recording(
 }
 
 /// gpuprof's own CPU time and peak RSS so far, to report its overhead.
-fn self_usage() -> (u64, u64) {
+pub fn self_usage() -> (u64, u64) {
     match nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF) {
         Ok(u) => {
             let tv = |t: nix::sys::time::TimeVal| {

@@ -130,20 +130,51 @@ impl std::fmt::Display for Role {
 /// Thread/process name PyTorch gives its DataLoader workers.
 pub const TORCH_WORKER_NAME: &str = "pt_data_worker";
 
-pub fn is_python(p: &Process) -> bool {
-    let base = |s: &str| s.rsplit('/').next().unwrap_or(s).to_string();
-    let looks = |s: &str| {
-        let b = base(s);
-        b.starts_with("python") || b.starts_with("pypy")
-    };
-    looks(&p.comm)
-        || p.exe.as_deref().is_some_and(looks)
-        || p.cmdline.first().is_some_and(|c| looks(c))
-        || p.comm == TORCH_WORKER_NAME
+/// What the role rules look at in one process: the same rules classify the
+/// recording's processes (below) and the live figures while recording
+/// (`crate::live`).
+#[derive(Clone, Copy, Debug)]
+pub struct RoleFacts<'a> {
+    pub pid: Pid,
+    pub ppid: Pid,
+    pub comm: &'a str,
+    pub exe: Option<&'a str>,
+    pub cmdline: &'a [String],
+    /// A thread of the process is named like a DataLoader worker.
+    pub worker_thread: bool,
 }
 
-fn multiprocessing_kind(p: &Process) -> Option<&'static str> {
-    let cl = p.cmdline.join(" ");
+impl<'a> RoleFacts<'a> {
+    pub fn of(p: &'a Process) -> RoleFacts<'a> {
+        RoleFacts {
+            pid: p.pid,
+            ppid: p.ppid,
+            comm: &p.comm,
+            exe: p.exe.as_deref(),
+            cmdline: &p.cmdline,
+            worker_thread: p.threads.values().any(|t| t.comm == TORCH_WORKER_NAME),
+        }
+    }
+
+    pub fn is_python(&self) -> bool {
+        let base = |s: &str| s.rsplit('/').next().unwrap_or(s).to_string();
+        let looks = |s: &str| {
+            let b = base(s);
+            b.starts_with("python") || b.starts_with("pypy")
+        };
+        looks(self.comm)
+            || self.exe.is_some_and(looks)
+            || self.cmdline.first().is_some_and(|c| looks(c))
+            || self.comm == TORCH_WORKER_NAME
+    }
+}
+
+pub fn is_python(p: &Process) -> bool {
+    RoleFacts::of(p).is_python()
+}
+
+fn multiprocessing_kind(cmdline: &[String]) -> Option<&'static str> {
+    let cl = cmdline.join(" ");
     if !cl.contains("multiprocessing") {
         return None;
     }
@@ -165,15 +196,16 @@ pub fn assign_with_gpu(
     gpu_users: &BTreeSet<Pid>,
 ) {
     let launchers = assign_ranks(processes, gpu_users);
-    let snapshot: BTreeMap<Pid, (bool, Vec<String>, Pid)> = processes
+    let snapshot: BTreeMap<Pid, (bool, Vec<String>)> = processes
         .iter()
-        .map(|(pid, p)| (*pid, (is_python(p), p.cmdline.clone(), p.ppid)))
+        .map(|(pid, p)| (*pid, (is_python(p), p.cmdline.clone())))
         .collect();
     for p in processes.values_mut() {
         p.role = if launchers.contains(&p.pid) && !gpu_users.contains(&p.pid) {
             Role::Launcher
         } else {
-            role_of(p, job, gpu_users, &snapshot)
+            let parent = snapshot.get(&p.ppid).map(|(py, cmd)| (*py, cmd.as_slice()));
+            classify(&RoleFacts::of(p), job, gpu_users.contains(&p.pid), parent)
         };
     }
 }
@@ -271,31 +303,33 @@ pub fn assign(processes: &mut BTreeMap<Pid, Process>, job: Pid) {
     assign_with_gpu(processes, job, &BTreeSet::new());
 }
 
-fn role_of(
-    p: &Process,
+/// The role of one process that is not a launcher. `gpu_user`: it held a
+/// GPU context; `parent`: whether its parent is a Python process, and the
+/// parent's command line, when the parent is known.
+pub fn classify(
+    p: &RoleFacts,
     job: Pid,
-    gpu_users: &BTreeSet<Pid>,
-    all: &BTreeMap<Pid, (bool, Vec<String>, Pid)>,
+    gpu_user: bool,
+    parent: Option<(bool, &[String])>,
 ) -> Role {
-    if gpu_users.contains(&p.pid) {
+    if gpu_user {
         return Role::Main;
     }
-    if p.comm == TORCH_WORKER_NAME || p.threads.values().any(|t| t.comm == TORCH_WORKER_NAME) {
+    if p.comm == TORCH_WORKER_NAME || p.worker_thread {
         return Role::Worker;
     }
     if p.pid == job {
         return Role::Main;
     }
-    let python = is_python(p);
-    match multiprocessing_kind(p) {
+    let python = p.is_python();
+    match multiprocessing_kind(p.cmdline) {
         Some("helper") => return Role::Other,
         Some(_) if python => return Role::Worker,
         _ => {}
     }
-    let parent = all.get(&p.ppid);
     if python {
-        if let Some((parent_py, parent_cmd, _)) = parent {
-            if *parent_py && !p.cmdline.is_empty() && *parent_cmd == p.cmdline {
+        if let Some((parent_py, parent_cmd)) = parent {
+            if parent_py && !p.cmdline.is_empty() && parent_cmd == p.cmdline {
                 return Role::Worker;
             }
         }

@@ -1,0 +1,195 @@
+use super::*;
+use crate::event::{GpuProc, GpuState, Header};
+
+const S: u64 = 1_000_000_000;
+
+fn header() -> Event {
+    Event::Header(Header {
+        format: crate::record::FORMAT_NAME.into(),
+        version: crate::event::RECORDING_VERSION,
+        gpuprof_version: "test".into(),
+        command: vec!["python".into()],
+        host: "h".into(),
+        start: MonoNs(10 * S),
+        anchor_realtime_ns: 1_000 * S,
+        anchor_monotonic_ns: 10 * S,
+        anchor_error_ns: 0,
+        interval_ns: S / 10,
+        cpus: 4,
+        page_size: 4096,
+        clock_ticks_per_s: 100,
+        rank: None,
+        rank_env: Default::default(),
+        boot_id: None,
+        clock: None,
+        job_pid: Pid(100),
+        boottime_offset_ns: 0,
+        gpu_idle_threshold_pct: Some(5.0),
+        attached: None,
+        step_range: None,
+    })
+}
+
+fn process(t: u64, pid: i32, ppid: i32, cmd: &str) -> Event {
+    Event::Process {
+        t: MonoNs(t),
+        pid: Pid(pid),
+        ppid: Pid(ppid),
+        start_boot_ns: 0,
+        comm: "python3".into(),
+        cmdline: cmd.split(' ').map(String::from).collect(),
+        exe: None,
+        rank_env: None,
+    }
+}
+
+fn sample(t: u64, pid: i32, cpu_ns: u64, write: u64) -> Event {
+    Event::ProcessSample {
+        t: MonoNs(t),
+        pid: Pid(pid),
+        user_ns: cpu_ns,
+        sys_ns: 0,
+        rss_bytes: 1 << 20,
+        read_bytes: 0,
+        write_bytes: write,
+        rchar: 0,
+        wchar: 0,
+        threads: 1,
+    }
+}
+
+fn sys(t: u64) -> Event {
+    Event::SystemCpu {
+        t: MonoNs(t),
+        total: CpuTimes {
+            user: t,
+            idle: t,
+            ..Default::default()
+        },
+        per_cpu: vec![],
+        procs_running: 1,
+        procs_blocked: 0,
+    }
+}
+
+fn state(live: &Live) -> MutexGuard<'_, LiveState> {
+    live.lock()
+}
+
+#[test]
+fn cpu_and_io_are_counted_under_the_role_at_the_time() {
+    let live = Live::new(std::time::Duration::from_secs(60));
+    let mut tap = live.tap();
+    tap(&header());
+    tap(&Event::WindowStart { t: MonoNs(10 * S) });
+    tap(&process(10 * S, 100, 1, "python train.py"));
+    tap(&process(11 * S, 101, 100, "python train.py"));
+    tap(&sample(11 * S, 100, S, 100));
+    tap(&sample(11 * S, 101, S / 2, 0));
+    // A forked Python child with its parent's command line: a worker.
+    assert_eq!(state(&live).role_of(Pid(101)), Some(Role::Worker));
+    tap(&Event::Thread {
+        t: MonoNs(12 * S),
+        pid: Pid(101),
+        tid: Tid(101),
+        comm: TORCH_WORKER_NAME.into(),
+    });
+    tap(&sample(12 * S, 100, 2 * S, 300));
+    tap(&sample(12 * S, 101, 2 * S, 0));
+    let st = state(&live);
+    assert_eq!(st.roles[0].cpu_ns, 2 * S);
+    assert_eq!(st.roles[0].write_bytes, 300);
+    assert_eq!(st.roles[1].cpu_ns, 2 * S);
+    assert_eq!(st.alive(), [1, 1, 0, 0]);
+    assert_eq!(st.elapsed_s(), 2.0);
+}
+
+#[test]
+fn gpu_busy_share_and_throttle_seconds() {
+    let live = Live::new(std::time::Duration::from_secs(60));
+    let mut tap = live.tap();
+    tap(&header());
+    tap(&process(10 * S, 100, 1, "python train.py"));
+    // 20 samples of 100 ms: 10 at 80%, 10 idle. Unix µs = 1000 s + mono - 10 s.
+    let us = |mono_ns: u64| (1_000 * S + mono_ns - 10 * S) / 1000;
+    let samples: Vec<(u64, u32)> = (1..=20)
+        .map(|i| (us(10 * S + i * S / 10), if i <= 10 { 80 } else { 0 }))
+        .collect();
+    tap(&Event::GpuUtil {
+        t: MonoNs(12 * S),
+        gpu: 0,
+        samples,
+    });
+    tap(&Event::GpuProcesses {
+        t: MonoNs(12 * S),
+        gpu: 0,
+        procs: vec![GpuProc {
+            pid: Pid(100),
+            ctx: crate::event::GpuContext::Compute,
+            mem: Some(1 << 30),
+            gi: None,
+            ci: None,
+        }],
+    });
+    let hot = |t: u64, bits: u64| Event::GpuState {
+        t: MonoNs(t),
+        gpu: 0,
+        state: GpuState {
+            throttle: Some(bits),
+            ..Default::default()
+        },
+    };
+    tap(&hot(10 * S, 0x40));
+    tap(&hot(11 * S, 0));
+    tap(&hot(11 * S + S / 2, 0x40));
+    let st = state(&live);
+    let g = &st.gpus[&0];
+    // The first sample's period is assumed (1/6 s), the others measured.
+    assert!(
+        (g.busy_s - (0.8 / 6.0 + 9.0 * 0.08)).abs() < 1e-6,
+        "{}",
+        g.busy_s
+    );
+    let (share, len) = g.busy_share(MonoNs(11 * S), MonoNs(12 * S)).unwrap();
+    assert!((len - 1.0).abs() < 1e-6 && share == 0.0, "{share} {len}");
+    assert_eq!(st.role_of(Pid(100)), Some(Role::Main));
+    let th = g.throttle_s(MonoNs(12 * S));
+    assert!((th[&0x40] - 1.5).abs() < 1e-9, "{th:?}");
+    assert!((g.throttled_in(0x40, MonoNs(11 * S), MonoNs(12 * S)) - 0.5).abs() < 1e-9);
+}
+
+#[test]
+fn alerts_need_a_full_window_and_history_stays_bounded() {
+    let live = Live::new(std::time::Duration::from_secs(60));
+    let mut tap = live.tap();
+    tap(&header());
+    let us = |mono_ns: u64| (1_000 * S + mono_ns - 10 * S) / 1000;
+    let window = std::time::Duration::from_secs(30);
+    // 10% busy from t = 10 s on, one sample per 100 ms.
+    for sec in 0..200u64 {
+        let samples: Vec<(u64, u32)> = (1..=10)
+            .map(|i| (us(10 * S + sec * S + i * S / 10), 10))
+            .collect();
+        tap(&Event::GpuUtil {
+            t: MonoNs(11 * S + sec * S),
+            gpu: 0,
+            samples,
+        });
+        for k in 0..10 {
+            tap(&sys(10 * S + sec * S + k * S / 10));
+        }
+        if sec == 20 {
+            assert!(state(&live).alerts(window).is_empty());
+        }
+    }
+    let st = state(&live);
+    let alerts = st.alerts(window);
+    assert_eq!(alerts.len(), 1, "{alerts:?}");
+    assert_eq!(alerts[0].key, "gpu-idle:0");
+    assert!(alerts[0].message.contains("busy only 10%"), "{alerts:?}");
+    // Kept: a minute (the longest window asked for) plus one entry.
+    let per_minute = 600;
+    assert!(st.ticks.len() <= per_minute + 2, "{}", st.ticks.len());
+    assert!(st.gpus[&0].util.len() <= per_minute + 1);
+    assert!(st.alerts(std::time::Duration::ZERO).is_empty());
+}
