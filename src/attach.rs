@@ -40,6 +40,7 @@ pub fn attach(cfg: RecordConfig) -> Result<i32> {
         bail!("--delay does not apply to `gpuprof attach`: attach when the recording should start (use --duration to end it)");
     }
     let target = check_target(pid)?;
+    let metrics = crate::live::bind_metrics(&cfg)?;
     if cfg.stacks.is_some() {
         raise_open_file_limit();
     }
@@ -47,7 +48,7 @@ pub fn attach(cfg: RecordConfig) -> Result<i32> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let r = rt.block_on(run(cfg, out.clone(), target));
+    let r = rt.block_on(run(cfg, out.clone(), target, metrics));
     if r.is_err() && created {
         let _ = std::fs::remove_dir_all(&out);
     }
@@ -154,7 +155,12 @@ fn alive(t: &Target) -> bool {
     }
 }
 
-async fn run(cfg: RecordConfig, out: PathBuf, target: Target) -> Result<i32> {
+async fn run(
+    cfg: RecordConfig,
+    out: PathBuf,
+    target: Target,
+    metrics: Option<std::net::TcpListener>,
+) -> Result<i32> {
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sighup = signal(SignalKind::hangup())?;
@@ -166,7 +172,8 @@ async fn run(cfg: RecordConfig, out: PathBuf, target: Target) -> Result<i32> {
         processes: target.processes,
         threads: target.threads,
     });
-    let (sink, writer) = record::start_writer(&out)?;
+    let live = crate::live::Live::new(cfg.warn_after + Duration::from_secs(5));
+    let (sink, writer) = record::start_writer_with_tap(&out, Some(live.tap()))?;
     sink.send_blocking(Event::Header(header));
     // The window opens before the first sample: the analysis then takes
     // each running process's first sample as its baseline, so counters
@@ -197,6 +204,7 @@ async fn run(cfg: RecordConfig, out: PathBuf, target: Target) -> Result<i32> {
     let started = tokio::time::Instant::now();
     let end = cfg.duration.map(|d| started + d);
     let far = started + Duration::from_secs(100 * 365 * 86400);
+    let mut views = crate::live::Views::start(&live, &out, &cfg, metrics);
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     let (status, reason) = loop {
         tokio::select! {
@@ -204,6 +212,7 @@ async fn run(cfg: RecordConfig, out: PathBuf, target: Target) -> Result<i32> {
                 if !alive(&target) {
                     break (JobStatus::EndedUnknown, "job exited");
                 }
+                views.tick();
             }
             _ = sigint.recv() => break (JobStatus::StillRunning, "interrupted"),
             _ = sigterm.recv() => break (JobStatus::StillRunning, "interrupted"),
@@ -213,6 +222,7 @@ async fn run(cfg: RecordConfig, out: PathBuf, target: Target) -> Result<i32> {
             }
         }
     };
+    views.finish();
     session::finish_recording(rec, None, &out, status, reason, cfg.quiet, &cfg.outputs);
     if status == JobStatus::StillRunning {
         say(cfg.quiet, "detached; the job keeps running");

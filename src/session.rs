@@ -264,10 +264,7 @@ pub(crate) fn make_header(cfg: &RecordConfig, job_pid: Pid) -> Header {
 pub fn record(cfg: RecordConfig) -> Result<i32> {
     // Before anything else: a bad address must stop gpuprof before the job
     // starts and before an output folder is made.
-    let metrics = match cfg.metrics_addr.as_deref() {
-        Some(a) => Some(crate::live::metrics::bind(a).map_err(anyhow::Error::msg)?),
-        None => None,
-    };
+    let metrics = crate::live::bind_metrics(&cfg)?;
     let (out, created) = prepare_output(cfg.output.as_deref())?;
     // In-process agents: written into a private runtime folder that stays
     // until gpuprof exits (the job may run on after the recording window).
@@ -386,23 +383,7 @@ async fn run(
             return Ok(e.exit_code());
         }
     };
-    let recording_file = out.join(record::RECORDING_DIR).join(record::EVENTS_FILE);
-    let mut progress = crate::live::progress::Progress::new(
-        live.clone(),
-        cfg.quiet,
-        cfg.warn_after,
-        recording_file.clone(),
-    );
-    let server = metrics.map(|l| {
-        tokio::spawn(crate::live::metrics::serve(
-            l,
-            live.clone(),
-            crate::live::metrics::Context {
-                recording_file,
-                warn_window: cfg.warn_after,
-            },
-        ))
-    });
+    let mut views = crate::live::Views::start(&live, &out, &cfg, metrics);
     let started = tokio::time::Instant::now();
     let window_start = started + cfg.delay.unwrap_or_default();
     let window_end = cfg.duration.map(|d| window_start + d);
@@ -437,7 +418,7 @@ async fn run(
             _ = sigchld.recv() => {}
             _ = tick.tick() => {
                 if recording.is_some() {
-                    progress.tick();
+                    views.tick();
                 }
             }
             _ = sigint.recv() => {
@@ -467,10 +448,7 @@ async fn run(
         }
         if let Some(reason) = stop_reason.take() {
             if let Some(rec) = recording.take() {
-                progress.finish();
-                if let Some(s) = &server {
-                    s.abort();
-                }
+                views.finish();
                 finish_recording(
                     rec,
                     Some(&mut nvtx),
@@ -485,10 +463,7 @@ async fn run(
         }
     }
     let status = job_status.expect("loop ends with a status");
-    progress.finish();
-    if let Some(s) = &server {
-        s.abort();
-    }
+    views.finish();
     if let Some(rec) = recording.take() {
         finish_recording(
             rec,

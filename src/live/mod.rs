@@ -161,9 +161,8 @@ impl LiveGpu {
     /// Seconds within `(from, now]` during which any bit of `mask` was set.
     fn throttled_in(&self, mask: u64, from: MonoNs, now: MonoNs) -> f64 {
         let mut total = 0.0;
-        let mut it = self.throttle_hist.iter().peekable();
         let mut state: Option<(MonoNs, u64)> = None;
-        while let Some(&(t, bits)) = it.next() {
+        for &(t, bits) in &self.throttle_hist {
             if let Some((pt, pb)) = state {
                 if pb & mask != 0 {
                     total += overlap(pt, t, from, now);
@@ -514,11 +513,9 @@ impl LiveState {
                     self.idle_threshold_pct = th;
                 }
             }
-            Event::WindowStart { t } => {
-                if self.window_start.is_none() {
-                    self.delayed = t.0 > self.start.0 + self.interval_ns;
-                    self.window_start = Some(*t);
-                }
+            Event::WindowStart { t } if self.window_start.is_none() => {
+                self.delayed = t.0 > self.start.0 + self.interval_ns;
+                self.window_start = Some(*t);
             }
             Event::Process {
                 t,
@@ -599,13 +596,11 @@ impl LiveState {
             }
             Event::ThreadCpu {
                 pid, tid, state, ..
-            } => {
-                if self.procs.contains_key(pid)
-                    && (self.threads.len() < MAX_THREADS
-                        || self.threads.contains_key(&(*pid, *tid)))
-                {
-                    self.threads.insert((*pid, *tid), *state);
-                }
+            } if self.procs.contains_key(pid)
+                && (self.threads.len() < MAX_THREADS
+                    || self.threads.contains_key(&(*pid, *tid))) =>
+            {
+                self.threads.insert((*pid, *tid), *state);
             }
             Event::ProcessSample {
                 pid,
@@ -839,6 +834,69 @@ impl Live {
     pub fn tap(&self) -> crate::record::Tap {
         let live = self.clone();
         Box::new(move |ev: &Event| live.lock().observe(ev))
+    }
+}
+
+/// The live views of one recording: the progress line and early warnings,
+/// and the `/metrics` server when `--metrics-addr` was given (its listener
+/// bound before the job started: [`metrics::bind`]). Runs on the tokio
+/// runtime of the recording session.
+pub struct Views {
+    progress: progress::Progress,
+    server: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Views {
+    pub fn start(
+        live: &Live,
+        out: &std::path::Path,
+        cfg: &crate::cli::RecordConfig,
+        metrics: Option<std::net::TcpListener>,
+    ) -> Views {
+        let recording_file = out
+            .join(crate::record::RECORDING_DIR)
+            .join(crate::record::EVENTS_FILE);
+        let progress = progress::Progress::new(
+            live.clone(),
+            cfg.quiet,
+            cfg.warn_after,
+            recording_file.clone(),
+        );
+        let server = metrics.map(|l| {
+            tokio::spawn(metrics::serve(
+                l,
+                live.clone(),
+                metrics::Context {
+                    recording_file,
+                    warn_window: cfg.warn_after,
+                },
+            ))
+        });
+        Views { progress, server }
+    }
+
+    /// Call every few hundred ms while recording.
+    pub fn tick(&mut self) {
+        self.progress.tick();
+    }
+
+    /// Recording stops: erase the progress line, stop serving.
+    pub fn finish(&mut self) {
+        self.progress.finish();
+        if let Some(s) = self.server.take() {
+            s.abort();
+        }
+    }
+}
+
+/// The `--metrics-addr` listener, bound now (before the job or output
+/// folder), or None without the option.
+pub fn bind_metrics(
+    cfg: &crate::cli::RecordConfig,
+) -> anyhow::Result<Option<std::net::TcpListener>> {
+    match cfg.metrics_addr.as_deref() {
+        Some(a) => Ok(Some(metrics::bind(a).map_err(anyhow::Error::msg)?)),
+        None => Ok(None),
     }
 }
 
