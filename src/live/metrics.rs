@@ -410,6 +410,25 @@ fn families(st: &LiveState, ctx: &Context) -> Vec<Family> {
         ));
     }
 
+    // NVTX ranges (training steps, when the job marks them).
+    let ranges = st.nvtx_ranges();
+    let f = b.fam(
+        "gpuprof_nvtx_ranges",
+        "Completed NVTX ranges by message: rate() of a step range is steps/s.",
+        Counter,
+    );
+    for (name, (n, _)) in &ranges {
+        f.push((l(&[("name", name.clone())]), *n as f64));
+    }
+    let f = b.fam(
+        "gpuprof_nvtx_range_seconds",
+        "Seconds spent in completed NVTX ranges by message.",
+        Counter,
+    );
+    for (name, (_, secs)) in &ranges {
+        f.push((l(&[("name", name.clone())]), *secs));
+    }
+
     // Conditions holding now (the early warnings).
     let f = b.fam(
         "gpuprof_condition_active",

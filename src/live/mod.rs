@@ -28,6 +28,10 @@ const MAX_HISTORY: usize = 200_000;
 const MAX_EXITED: usize = 4096;
 /// Threads tracked for their scheduler state.
 const MAX_THREADS: usize = 100_000;
+/// NVTX names kept (for labels) and names given their own series; ranges
+/// of other names are counted under "(other)".
+const MAX_NVTX_NAMES: usize = 10_000;
+const MAX_NVTX_SERIES: usize = 100;
 /// Driver sample period assumed before two samples were seen (1/6 s).
 const DEFAULT_GPU_PERIOD_NS: u64 = 166_666_667;
 
@@ -258,6 +262,12 @@ pub struct LiveState {
     pub gpus: BTreeMap<GpuIndex, LiveGpu>,
     pub disks: BTreeMap<String, LiveDisk>,
     pub events: u64,
+    nvtx_names: HashMap<u32, String>,
+    /// Completed NVTX ranges recorded in detail, per name: (count, seconds).
+    nvtx_kept: BTreeMap<String, (u64, f64)>,
+    /// Ranges over the recorder's detail budget, per name, from its latest
+    /// cumulative totals.
+    nvtx_totals: BTreeMap<String, (u64, f64)>,
 }
 
 impl LiveState {
@@ -286,6 +296,9 @@ impl LiveState {
             gpus: BTreeMap::new(),
             disks: BTreeMap::new(),
             events: 0,
+            nvtx_names: HashMap::new(),
+            nvtx_kept: BTreeMap::new(),
+            nvtx_totals: BTreeMap::new(),
         }
     }
 
@@ -461,6 +474,25 @@ impl LiveState {
             .filter_map(|i| self.gpus.get(i)?.busy_share(from, to).map(|s| s.0))
             .collect();
         (!shares.is_empty()).then(|| shares.iter().sum::<f64>() / shares.len() as f64)
+    }
+
+    /// Completed NVTX ranges per name: (count, seconds), the detailed ones
+    /// and those the recorder only counted.
+    pub fn nvtx_ranges(&self) -> BTreeMap<String, (u64, f64)> {
+        let mut out = self.nvtx_kept.clone();
+        for (k, (n, s)) in &self.nvtx_totals {
+            let e = out.entry(k.clone()).or_default();
+            e.0 += n;
+            e.1 += s;
+        }
+        out
+    }
+
+    fn nvtx_series(&self, name: u32, map: &BTreeMap<String, (u64, f64)>) -> String {
+        match self.nvtx_names.get(&name) {
+            Some(n) if map.contains_key(n) || map.len() < MAX_NVTX_SERIES => n.clone(),
+            _ => "(other)".to_string(),
+        }
     }
 
     /// The role of a process of the job (None: not the job's).
@@ -670,6 +702,29 @@ impl LiveState {
                     e.io_ms = raw.2.saturating_sub(base.2);
                     e.hist.push_back((*t, e.io_ms));
                 }
+            }
+            Event::NvtxName { id, name } if self.nvtx_names.len() < MAX_NVTX_NAMES => {
+                self.nvtx_names.insert(*id, name.clone());
+            }
+            Event::NvtxRanges(b) => {
+                for r in &b.ranges {
+                    if let (Some(d), false) = (r.d, r.open) {
+                        let key = self.nvtx_series(r.n, &self.nvtx_kept);
+                        let e = self.nvtx_kept.entry(key).or_default();
+                        e.0 += 1;
+                        e.1 += d as f64 / 1e9;
+                    }
+                }
+            }
+            Event::NvtxStats(st) => {
+                let mut totals: BTreeMap<String, (u64, f64)> = BTreeMap::new();
+                for t in &st.totals {
+                    let key = self.nvtx_series(t.name, &self.nvtx_kept);
+                    let e = totals.entry(key).or_default();
+                    e.0 += t.count;
+                    e.1 += t.total_ns as f64 / 1e9;
+                }
+                self.nvtx_totals = totals;
             }
             Event::GpuDriver { .. } => self.gpu_driver = true,
             Event::GpuDevice {

@@ -193,3 +193,53 @@ fn alerts_need_a_full_window_and_history_stays_bounded() {
     assert!(st.gpus[&0].util.len() <= per_minute + 1);
     assert!(st.alerts(std::time::Duration::ZERO).is_empty());
 }
+
+#[test]
+fn nvtx_ranges_are_counted_per_name_with_the_recorders_totals() {
+    use crate::event::{NvtxBatch, NvtxRangeRec, NvtxStats, NvtxTotal};
+    let live = Live::new(std::time::Duration::from_secs(60));
+    let mut tap = live.tap();
+    tap(&header());
+    tap(&Event::NvtxName {
+        id: 1,
+        name: "train_step".into(),
+    });
+    let range = |d: Option<u64>, open: bool| NvtxRangeRec {
+        d,
+        n: 1,
+        open,
+        ..Default::default()
+    };
+    tap(&Event::NvtxRanges(NvtxBatch {
+        inst: 0,
+        pid: Pid(100),
+        tid: Tid(100),
+        t0: MonoNs(11 * S),
+        // Two steps of 0.25 s, a mark, and a range cut by the end.
+        ranges: vec![
+            range(Some(S / 4), false),
+            range(Some(S / 4), false),
+            range(None, false),
+            range(Some(S), true),
+        ],
+    }));
+    let stats = |count| {
+        Event::NvtxStats(NvtxStats {
+            totals: vec![NvtxTotal {
+                inst: 0,
+                dom: 0,
+                name: 1,
+                count,
+                total_ns: count * S / 4,
+                max_ns: S / 4,
+            }],
+            ..Default::default()
+        })
+    };
+    // Cumulative: the latest totals hold.
+    tap(&stats(4));
+    tap(&stats(6));
+    let r = state(&live).nvtx_ranges();
+    assert_eq!(r["train_step"].0, 8);
+    assert!((r["train_step"].1 - 2.0).abs() < 1e-9);
+}
