@@ -243,3 +243,55 @@ fn nvtx_ranges_are_counted_per_name_with_the_recorders_totals() {
     assert_eq!(r["train_step"].0, 8);
     assert!((r["train_step"].1 - 2.0).abs() < 1e-9);
 }
+
+#[test]
+fn ranks_and_launchers_as_the_analysis_sees_them() {
+    let live = Live::new(std::time::Duration::from_secs(60));
+    let mut tap = live.tap();
+    tap(&header());
+    let with_env = |pid: i32, ppid: i32, cmd: &str, rank: Option<&str>| {
+        let Event::Process {
+            t,
+            pid,
+            ppid,
+            start_boot_ns,
+            comm,
+            cmdline,
+            exe,
+            ..
+        } = process(10 * S, pid, ppid, cmd)
+        else {
+            unreachable!()
+        };
+        let mut env = crate::event::RankEnv::new();
+        if let Some(r) = rank {
+            env.insert("RANK".into(), r.into());
+        }
+        Event::Process {
+            t,
+            pid,
+            ppid,
+            start_boot_ns,
+            comm,
+            cmdline,
+            exe,
+            rank_env: Some(env),
+        }
+    };
+    tap(&with_env(100, 1, "python torchrun train.py", None));
+    tap(&with_env(101, 100, "python train.py", Some("0")));
+    tap(&with_env(102, 100, "python train.py", Some("1")));
+    // A worker whose environment could not be read: its parent's rank.
+    tap(&process(10 * S, 103, 102, "python train.py"));
+    tap(&sample(11 * S, 102, S, 0));
+    tap(&sample(11 * S, 103, 2 * S, 0));
+    let st = state(&live);
+    assert_eq!(st.role_of(Pid(100)), Some(Role::Launcher));
+    assert_eq!(st.rank_of(Pid(100)), None);
+    assert_eq!(st.rank_of(Pid(101)), Some(0));
+    assert_eq!(st.rank_of(Pid(103)), Some(1));
+    assert_eq!(st.role_of(Pid(103)), Some(Role::Worker));
+    let cpu = st.rank_cpu();
+    assert_eq!(cpu[&(1, Role::Main)], S);
+    assert_eq!(cpu[&(1, Role::Worker)], 2 * S);
+}
