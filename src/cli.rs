@@ -226,6 +226,20 @@ pub struct RecordArgs {
     #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_duration)]
     pub warn_after: Duration,
 
+    /// How Python processes get Python frames in their native stacks.
+    /// `same-instant` (default): a small agent preloaded into the job
+    /// samples each Python thread from inside (perf sigtrap), so every
+    /// native sample carries the Python frames of that very instant; CPython
+    /// 3.9–3.13; measured cost ≤1% (see docs/stacks.md). `py-spy`: no agent;
+    /// Python stacks are read from outside (non-blocking, within 1% of a
+    /// core) into a separate Python-only view, and native samples of Python
+    /// code stay under `[python: not sampled]`. Exact alternatives that
+    /// cost more, not used by gpuprof: CPython 3.12+ perf trampolines
+    /// (PYTHONPERFSUPPORT=1: ×1.9 on call-heavy code) and stopping the
+    /// process per sample (`py-spy record --native`: ×1.05–1.8).
+    #[arg(long, value_name = "MODE", default_value = "same-instant", value_parser = ["same-instant", "py-spy"])]
+    pub python_frames: String,
+
     /// The job to run, after `--`, e.g. `-- python train.py --epochs 1`.
     #[arg(
         value_name = "CMD",
@@ -332,6 +346,7 @@ impl RecordArgs {
             let o = crate::collect::perf::PerfOptions {
                 frequency: self.frequency,
                 stack_size: self.stack_size,
+                same_instant_python: self.python_frames == "same-instant",
             };
             o.validate()?;
             Some(o)

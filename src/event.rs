@@ -6,6 +6,8 @@
 //! kernel counters are recorded raw (not as rates) so that `gpuprof report`
 //! can recompute every derived figure.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 /// Version of the recording format. Bump when a reader of the previous
@@ -416,6 +418,26 @@ pub enum StackKind {
     Python,
 }
 
+/// Which sampler took a native sample.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum SampleSource {
+    /// perf's per-CPU events: the kernel's copy of the user stack.
+    #[default]
+    Perf,
+    /// The in-process agent (`src/agent/pystacks.c`): the native stack and
+    /// the Python frames of the same instant, taken in the sampled thread.
+    Agent,
+}
+
+impl SampleSource {
+    pub fn is_perf(&self) -> bool {
+        *self == SampleSource::Perf
+    }
+}
+
 /// A run of stack samples of one thread, compacted for the recording: times
 /// are microsecond deltas and stacks are ids of interned [`Event::StackNode`]s,
 /// so that after gzip a sample costs a few bytes.
@@ -434,6 +456,11 @@ pub struct SampleBatch {
     /// before the thread's root (stack copy too short, no unwind info).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub incomplete: Vec<u32>,
+    /// Native batches only: the sampler (perf's per-CPU events, or the
+    /// in-process agent whose stacks also hold the Python frames of the
+    /// same instant, as [`Event::InlinePyFrame`]s).
+    #[serde(default, skip_serializing_if = "SampleSource::is_perf")]
+    pub source: SampleSource,
 }
 
 impl SampleBatch {
@@ -709,6 +736,56 @@ pub enum Event {
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         entry: bool,
     },
+    /// A Python function inside a native stack (the agent's same-instant
+    /// samples): a frame id of the native space, like [`Event::NativeFrame`].
+    /// Native stacks list their native frames outermost first, then these,
+    /// outermost first, then at most one [`Event::StackMarker`].
+    InlinePyFrame {
+        id: u32,
+        name: String,
+        file: String,
+        /// The oldest frame of the run one C call of the interpreter loop
+        /// executes (its `_PyEval_EvalFrameDefault` frame).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        entry: bool,
+    },
+    /// A pseudo-frame of a native stack (native frame space) saying why its
+    /// Python frames are missing or partial, e.g. `[python: unreadable]`.
+    StackMarker {
+        id: u32,
+        marker: String,
+    },
+    /// How the Python frames of a process are obtained: by the in-process
+    /// agent at the instant of each native sample, or else by py-spy alone
+    /// (`detail` says why the agent does not sample it).
+    PyProcess {
+        t: MonoNs,
+        pid: Pid,
+        /// CPython's version, e.g. "3.11.7".
+        version: String,
+        same_instant: bool,
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        detail: String,
+    },
+    /// Counters of the in-process agent of one process, when recording ends.
+    PyAgentStats {
+        pid: Pid,
+        /// Samples read from its ring.
+        samples: u64,
+        /// Samples whose Python frames could not be read or were cut, by
+        /// status ("unreadable", "truncated", "inconsistent").
+        #[serde(default)]
+        partial: BTreeMap<String, u64>,
+        /// Records dropped because its ring was full.
+        dropped: u64,
+        /// Signals delivered late because the thread had SIGTRAP blocked.
+        late_signals: u64,
+        /// Frames whose code object was never named (its name was lost).
+        unknown_code: u64,
+        /// The job set its own SIGTRAP disposition (it gets every SIGTRAP
+        /// that is not the agent's).
+        handler_chained: bool,
+    },
     /// An interned stack: `frame` called from the stack `parent` (None: the
     /// outermost frame). Ids are per `kind`.
     StackNode {
@@ -911,6 +988,9 @@ impl Event {
             | StackFile { .. }
             | NativeFrame { .. }
             | PyFrame { .. }
+            | InlinePyFrame { .. }
+            | StackMarker { .. }
+            | PyAgentStats { .. }
             | StackNode { .. }
             | Symbols { .. }
             | StackStats(_)
@@ -943,6 +1023,7 @@ impl Event {
             | TaskFork { t, .. }
             | TaskExit { t, .. }
             | TaskComm { t, .. }
+            | PyProcess { t, .. }
             | Mounts { t, .. }
             | Libraries { t, .. }
             | OpenFiles { t, .. }

@@ -17,7 +17,7 @@ use crate::collect::files::FilesCollector;
 use crate::collect::gpu::{GpuCollector, GpuOptions};
 use crate::collect::nvtx::{self, NvtxCollector, NvtxPlan};
 use crate::collect::procfs::TreeCollector;
-use crate::collect::stacks::StackCollectors;
+use crate::collect::stacks::{AgentPlan, StackCollectors};
 use crate::collect::system::SystemCollector;
 use crate::event::{ClockAnchor, Event, Footer, Header, JobStatus, MonoNs, Pid, RECORDING_VERSION};
 use crate::launch;
@@ -288,7 +288,14 @@ pub fn record(cfg: RecordConfig) -> Result<i32> {
         }
         plan
     };
-    let suspended = match launch::spawn_suspended(&cfg.command, &nvtx_plan.env) {
+    // The same-instant Python agent is put into the job's environment, so
+    // it is ready before the fork.
+    let agent = StackCollectors::prepare_agent(cfg.stacks.as_ref());
+    let mut env = nvtx_plan.env.clone();
+    if let AgentPlan::Ready(a) = &agent {
+        env.extend(a.env().iter().cloned());
+    }
+    let suspended = match launch::spawn_suspended(&cfg.command, &env) {
         Ok(s) => s,
         Err(e) => {
             if created {
@@ -306,8 +313,15 @@ pub fn record(cfg: RecordConfig) -> Result<i32> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let code = rt.block_on(run(cfg, out, created, suspended, nvtx_plan, metrics));
+    let code = rt.block_on(run(
+        cfg, out, created, suspended, nvtx_plan, metrics, &agent,
+    ));
     drop(agents);
+    if let AgentPlan::Ready(a) = agent {
+        // Orphans of the job may still start programs that preload it.
+        let alive = !crate::collect::python::descendants(std::process::id() as i32).is_empty();
+        a.finish(alive);
+    }
     code
 }
 
@@ -324,6 +338,7 @@ async fn run(
     suspended: launch::Suspended,
     nvtx_plan: NvtxPlan,
     metrics: Option<std::net::TcpListener>,
+    agent: &AgentPlan,
 ) -> Result<i32> {
     // Handlers are installed only now, after the fork: the job must inherit
     // the dispositions gpuprof was started with (e.g. SIGHUP ignored under
@@ -357,7 +372,8 @@ async fn run(
     // its own time and takes the driver's samples from this moment on.
     let gpu = start_gpu(&cfg, &sink)?;
     // Between fork and exec: perf events enabled by the job's exec.
-    let stacks = StackCollectors::start(cfg.stacks.as_ref(), suspended.pid, &sink, cfg.quiet);
+    let stacks =
+        StackCollectors::start(cfg.stacks.as_ref(), suspended.pid, &sink, cfg.quiet, agent);
     // Lives until gpuprof exits: its ring folder must outlast the job's
     // use of it, even after a --duration window closed.
     let mut nvtx = NvtxCollector::start(nvtx_plan, &sink, !delayed);

@@ -129,6 +129,7 @@ impl Builder {
                     .collect(),
                 stacks,
                 incomplete: vec![],
+                source: Default::default(),
             }));
         }
         self.events.push(Event::StackStats(StackStats {

@@ -426,9 +426,23 @@ fn unreadable_python_falls_back_to_native_stacks_with_a_note() {
         detail.contains("native stacks only") && detail.contains("CAP_SYS_PTRACE"),
         "{detail}"
     );
-    // Native stacks are still there, interpreter frames and all.
-    let all = folded(&out.join("stacks-all-native.folded"));
-    assert!(share(&all, |s| s.contains(";_PyEval_EvalFrameDefault")) > 0.5);
+    // Native stacks are still there, interpreter frames and all; in the
+    // Python view an explicit frame says where Python code ran with its
+    // frames unknown (the agent cannot read its own process either: it said
+    // so and stayed out).
+    let native = folded(&out.join("stacks-all-native.folded"));
+    assert!(share(&native, |s| s.contains(";_PyEval_EvalFrameDefault")) > 0.5);
+    let all = folded(&out.join("stacks-all.folded"));
+    assert!(share(&all, |s| s.contains(";[python: not sampled]")) > 0.5);
+    let py = &r["stacks"]["python"]["processes"][0];
+    assert_eq!(py["sampler"], "python-only", "{py}");
+    assert!(
+        py["detail"]
+            .as_str()
+            .unwrap()
+            .contains("process_vm_readv on itself failed"),
+        "{py}"
+    );
     let _ = std::fs::remove_dir_all(&out);
     let _ = std::fs::remove_dir_all(helper.parent().unwrap());
 }

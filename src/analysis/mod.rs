@@ -344,6 +344,10 @@ impl Builder {
             ev @ (Event::StackFile { .. }
             | Event::NativeFrame { .. }
             | Event::PyFrame { .. }
+            | Event::InlinePyFrame { .. }
+            | Event::StackMarker { .. }
+            | Event::PyProcess { .. }
+            | Event::PyAgentStats { .. }
             | Event::StackNode { .. }
             | Event::Samples(_)
             | Event::Symbols { .. }

@@ -1,10 +1,12 @@
 //! Stack analysis: pure functions over the recorded stack events.
 //!
 //! Inputs are the events of the perf sampler (native stacks as (file,
-//! offset) frames, symbol names written at the end of recording) and of the
-//! py-spy sampler (Python stacks). This module
-//! - merges each native sample with the nearest Python stack of the same
-//!   thread (see `docs/stacks.md`),
+//! offset) frames, symbol names written at the end of recording), of the
+//! in-process agent (native stacks that also carry the Python frames of the
+//! same instant) and of the py-spy sampler (Python-only stacks). This module
+//! - puts each native sample's Python frames in place of its interpreter
+//!   frames when they are of the same instant, and never matches stacks
+//!   taken at different times (`docs/stacks.md`),
 //! - folds stacks per role under a "name (pid)" root frame,
 //! - measures unwinding coverage (samples whose outermost native frame is a
 //!   thread root: `_start`, `clone`, `clone3`),
@@ -20,13 +22,18 @@ use serde::Serialize;
 
 use super::fold::{self, FoldFrame, FoldNotes, FrameClass, Launcher, ViewFrame};
 use super::Role;
-use crate::event::{Event, MonoNs, Pid, StackKind, StackStats, Tid};
+use crate::event::{Event, MonoNs, Pid, SampleSource, StackKind, StackStats, Tid};
 
 /// Outermost frames that mean "the unwinder reached the thread's root".
 pub const ROOT_FRAMES: &[&str] = &["_start", "clone", "clone3", "__clone", "__clone3"];
 /// Native frames of the CPython interpreter loop: each one runs one or more
 /// Python frames (3.11+: a run starting at an "entry" frame).
 pub const EVAL_FRAMES: &[&str] = &["_PyEval_EvalFrameDefault", "PyEval_EvalFrameEx"];
+/// The frame that runs one run of Python frames (GCC may split off a
+/// `.cold` part, named with this prefix).
+const EVAL_LOOP: &str = "_PyEval_EvalFrameDefault";
+/// Same-instant Python frames that do not fit the native stack.
+pub const UNMATCHED: &str = "[python: unmatched]";
 /// Deepest frame kept in trace slices.
 pub const TRACE_MAX_DEPTH: usize = 64;
 /// Most stack slices put into the trace (about 100 bytes each: ~40 MB).
@@ -52,6 +59,8 @@ enum Frame {
         file: String,
         entry: bool,
     },
+    /// Why a stack's Python frames are missing or cut (`[python: …]`).
+    Marker(String),
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -60,6 +69,9 @@ struct RawSample {
     pid: Pid,
     tid: Tid,
     stack: u32,
+    /// Taken by the in-process agent (its stack holds the Python frames of
+    /// the same instant).
+    agent: bool,
     /// The unwinder reached the end of the stack (framehop's verdict).
     complete: bool,
 }
@@ -119,12 +131,34 @@ pub struct StackData {
     native: Thinned,
     python: Thinned,
     stats: Vec<StackStats>,
+    /// How each Python process's frames were obtained (the agent's word
+    /// wins).
+    py_procs: BTreeMap<Pid, PyProcInfo>,
+    agent_stats: BTreeMap<Pid, AgentStats>,
     /// From perf task records: (time, comm, exec) per pid, and parents.
     comms: BTreeMap<Pid, Vec<(MonoNs, String, bool)>>,
     parents: BTreeMap<Pid, Pid>,
     forks: BTreeMap<Pid, MonoNs>,
     exits: BTreeMap<Pid, MonoNs>,
     first_exec: Option<(MonoNs, Pid)>,
+}
+
+#[derive(Clone, Debug, Default)]
+struct PyProcInfo {
+    version: String,
+    same_instant: bool,
+    detail: String,
+}
+
+/// The agent's own counters for one process (see `Event::PyAgentStats`).
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct AgentStats {
+    pub samples: u64,
+    pub partial: BTreeMap<String, u64>,
+    pub dropped: u64,
+    pub late_signals: u64,
+    pub unknown_code: u64,
+    pub handler_chained: bool,
 }
 
 /// A process as perf's task records saw it: exact fork and exit times,
@@ -159,6 +193,62 @@ impl StackData {
                         offset: *offset,
                     },
                 );
+            }
+            Event::InlinePyFrame {
+                id,
+                name,
+                file,
+                entry,
+            } => {
+                self.native_frames.insert(
+                    *id,
+                    Frame::Python {
+                        name: name.clone(),
+                        file: file.clone(),
+                        entry: *entry,
+                    },
+                );
+            }
+            Event::StackMarker { id, marker } => {
+                self.native_frames
+                    .insert(*id, Frame::Marker(marker.clone()));
+            }
+            Event::PyProcess {
+                pid,
+                version,
+                same_instant,
+                detail,
+                ..
+            } => {
+                // The agent's word wins over py-spy's (which may attach for
+                // a moment before the agent's hello is read).
+                let p = self.py_procs.entry(*pid).or_default();
+                if *same_instant || !p.same_instant {
+                    *p = PyProcInfo {
+                        version: version.clone(),
+                        same_instant: *same_instant,
+                        detail: detail.clone(),
+                    };
+                }
+            }
+            Event::PyAgentStats {
+                pid,
+                samples,
+                partial,
+                dropped,
+                late_signals,
+                unknown_code,
+                handler_chained,
+            } => {
+                let a = self.agent_stats.entry(*pid).or_default();
+                a.samples += samples;
+                for (k, v) in partial {
+                    *a.partial.entry(k.clone()).or_default() += v;
+                }
+                a.dropped += dropped;
+                a.late_signals += late_signals;
+                a.unknown_code += unknown_code;
+                a.handler_chained |= handler_chained;
             }
             Event::PyFrame {
                 id,
@@ -204,6 +294,7 @@ impl StackData {
                         tid: b.tid,
                         stack: *s,
                         complete: !cut,
+                        agent: b.source == SampleSource::Agent,
                     });
                 }
             }
@@ -383,21 +474,49 @@ impl StackData {
     }
 }
 
-/// How a native sample was combined with Python frames.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum MergeKind {
-    /// Not a Python thread, or no interpreter frame in the native stack.
+/// How a native sample got (or did not get) its Python frames.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub enum Attribution {
+    /// No interpreter frame on the native stack: native code only.
+    #[default]
     NativeOnly,
-    /// The Python stack's entry runs matched the interpreter frames one to
-    /// one and were interleaved with the native frames between them.
-    Exact,
-    /// Counts differed: all Python frames replace the interpreter frames.
-    Approximate,
-    /// The native stack carries its own Python frames (perf trampolines).
-    PerfMap,
-    /// A Python thread with interpreter frames but no Python stack close
-    /// enough in time.
-    NoPython,
+    /// Python frames of the same instant, in place of each interpreter
+    /// frame (from the in-process agent, or CPython's perf trampolines).
+    SameInstant,
+    /// Same instant, but one side was cut (a native stack deeper than the
+    /// stack copy, or more Python frames than the agent keeps): the
+    /// innermost frames are placed, the cut is marked.
+    SameInstantPartial,
+    /// Python code ran, but its frames are not known for this instant.
+    Unattributed(Unattributed),
+}
+
+/// Why a native sample of Python code has no Python frames.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Unattributed {
+    /// The process is not sampled by the in-process agent (py-spy's
+    /// separate Python-only stacks are never matched in time).
+    NoAgent,
+    /// The process is, but this thread's samples came from perf (it had
+    /// SIGTRAP blocked, or the agent's ring overflowed).
+    AgentMissedThread,
+    /// The agent could not read the frame chain at that instant (it was
+    /// being changed), or the code object's name was lost.
+    Unreadable,
+    /// The frames were read but do not fit the native stack's interpreter
+    /// frames (a frame being entered or left).
+    Unmatched,
+}
+
+impl Unattributed {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Unattributed::NoAgent => "no same-instant sampler in the process",
+            Unattributed::AgentMissedThread => "thread not sampled by the agent",
+            Unattributed::Unreadable => "frames unreadable at that instant",
+            Unattributed::Unmatched => "frames do not match the native stack",
+        }
+    }
 }
 
 /// A sample of the merged view: `stack` (every frame) and `py_stack` (its
@@ -409,6 +528,90 @@ pub struct Sample {
     pub tid: Tid,
     pub stack: u32,
     pub py_stack: u32,
+    pub attribution: Attribution,
+}
+
+/// Counts of how native samples got their Python frames.
+#[derive(Clone, Debug, Serialize, PartialEq, Default)]
+pub struct AttributionCounts {
+    /// Python frames of the same instant.
+    pub same_instant: u64,
+    /// Same instant, innermost frames only (one side was cut).
+    pub same_instant_partial: u64,
+    /// Python code ran but its frames are unknown for that instant: the
+    /// native leaf stays under a `[python: …]` frame.
+    pub unattributed: u64,
+    /// No interpreter frame: native code only.
+    pub native_only: u64,
+    /// `unattributed`, by reason.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub unattributed_by_reason: BTreeMap<String, u64>,
+}
+
+impl AttributionCounts {
+    pub fn add(&mut self, a: Attribution) {
+        match a {
+            Attribution::NativeOnly => self.native_only += 1,
+            Attribution::SameInstant => self.same_instant += 1,
+            Attribution::SameInstantPartial => self.same_instant_partial += 1,
+            Attribution::Unattributed(r) => {
+                self.unattributed += 1;
+                *self
+                    .unattributed_by_reason
+                    .entry(r.as_str().to_string())
+                    .or_default() += 1;
+            }
+        }
+    }
+
+    fn merge(&mut self, o: &AttributionCounts) {
+        self.same_instant += o.same_instant;
+        self.same_instant_partial += o.same_instant_partial;
+        self.unattributed += o.unattributed;
+        self.native_only += o.native_only;
+        for (r, n) in &o.unattributed_by_reason {
+            *self.unattributed_by_reason.entry(r.clone()).or_default() += n;
+        }
+    }
+
+    /// Samples that ran Python code (all but native-only).
+    pub fn python(&self) -> u64 {
+        self.same_instant + self.same_instant_partial + self.unattributed
+    }
+}
+
+/// One Python process in `stacks.python.processes`.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct PyProcessReport {
+    pub pid: Pid,
+    pub name: String,
+    /// CPython's version when known ("3.11.7").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// "same-instant" (the in-process agent), or "python-only" (py-spy's
+    /// separate stacks; native samples stay unattributed).
+    pub sampler: &'static str,
+    /// Why the agent does not sample it, when it does not.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub detail: String,
+    #[serde(flatten)]
+    pub counts: AttributionCounts,
+    /// py-spy's Python-only stacks of it.
+    pub python_only_stacks: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent: Option<AgentStats>,
+}
+
+/// The `stacks.python` section of report.json.
+#[derive(Clone, Debug, Serialize, PartialEq, Default)]
+pub struct PythonReport {
+    #[serde(flatten)]
+    pub counts: AttributionCounts,
+    /// py-spy's Python-only stacks (processes the agent does not sample).
+    pub python_only_stacks: u64,
+    /// By CPython version ("3.11", or "unknown").
+    pub by_version: BTreeMap<String, AttributionCounts>,
+    pub processes: Vec<PyProcessReport>,
 }
 
 /// Which frames a flamegraph, a folded file or the trace shows.
@@ -516,14 +719,14 @@ pub struct StacksReport {
     /// Samples where the unwinder stopped early (its own count).
     pub unwind_truncated: u64,
     pub frequency_hz: f64,
+    /// py-spy's Python stacks recorded.
     pub python_stacks: u64,
     pub python_errors: u64,
-    /// Native samples of Python threads, by how Python frames were attached.
-    pub merged_exact: u64,
-    pub merged_approximate: u64,
-    pub merged_missing_python: u64,
+    /// How native samples got their Python frames, per process and version.
+    pub python: PythonReport,
     /// Native samples whose Python frames came with the native stack itself:
-    /// CPython's perf trampolines (`-X perf`), named from `/tmp/perf-PID.map`.
+    /// CPython's perf trampolines (`-X perf`), named from `/tmp/perf-PID.map`
+    /// (counted as `python.same_instant` too).
     pub python_from_perf_map: u64,
     /// CPU time of the samplers (perf reader + py-spy), in seconds.
     pub sampler_cpu_s: f64,
@@ -545,6 +748,9 @@ pub struct Stacks {
     python_pids: std::collections::BTreeSet<Pid>,
     /// Samples sorted by (pid, tid, t).
     pub samples: Vec<Sample>,
+    /// py-spy's Python-only stacks of processes whose native samples have
+    /// no same-instant Python frames (`stack` indexes [`Stacks::stack`]).
+    pub python_only: Vec<Sample>,
     pub procs: BTreeMap<Pid, ProcMeta>,
     /// Native sampling period in ns (0 when unknown).
     pub period_ns: u64,
@@ -561,9 +767,18 @@ impl std::fmt::Debug for Stacks {
     }
 }
 
+/// A recorded frame of a native stack, for merging: native code, a Python
+/// frame of the same instant (`true`: an entry frame), or a marker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Native,
+    Python(bool),
+    Marker,
+}
+
 struct Resolver<'a> {
     d: &'a StackData,
-    native_cache: HashMap<u32, Vec<u32>>,
+    native_cache: HashMap<u32, Vec<(u32, Kind)>>,
     py_cache: HashMap<u32, Vec<(u32, bool)>>,
     frames: Vec<FrameInfo>,
     frame_ids: HashMap<FrameInfo, u32>,
@@ -612,7 +827,25 @@ impl<'a> Resolver<'a> {
             Some(Frame::Native { file, offset }) => {
                 Some((self.d.files.get(file).map_or("?", |p| p.as_str()), *offset))
             }
-            _ => None,
+            Some(Frame::Python { name, file, .. }) => {
+                let (name, file) = (name.clone(), file.clone());
+                let id = self.intern_python(&name, &file);
+                self.native_name.insert(frame, id);
+                return id;
+            }
+            Some(Frame::Marker(m)) => {
+                let m = m.clone();
+                let id = self.intern(FrameInfo {
+                    label: clean(&m),
+                    class: FrameClass::Marker,
+                    name: m,
+                    file: String::new(),
+                    eval: false,
+                });
+                self.native_name.insert(frame, id);
+                return id;
+            }
+            None => None,
         };
         let sym = self.d.symbols.get(&frame);
         let id = match (sym, loc) {
@@ -680,8 +913,8 @@ impl<'a> Resolver<'a> {
         (id, entry)
     }
 
-    /// Native frames, outermost first.
-    fn native(&mut self, stack: u32) -> Vec<u32> {
+    /// Frames of a recorded native stack, outermost first, with their kind.
+    fn native(&mut self, stack: u32) -> Vec<(u32, Kind)> {
         if let Some(v) = self.native_cache.get(&stack) {
             return v.clone();
         }
@@ -698,12 +931,26 @@ impl<'a> Resolver<'a> {
             }
         }
         frames.reverse();
-        let v: Vec<u32> = frames
+        let v: Vec<(u32, Kind)> = frames
             .into_iter()
-            .map(|f| self.native_frame_name(f))
+            .map(|f| {
+                let kind = match self.d.native_frames.get(&f) {
+                    Some(Frame::Python { entry, .. }) => Kind::Python(*entry),
+                    Some(Frame::Marker(_)) => Kind::Marker,
+                    _ => Kind::Native,
+                };
+                (self.native_frame_name(f), kind)
+            })
             .collect();
         self.native_cache.insert(stack, v.clone());
         v
+    }
+
+    /// A native frame of the interpreter loop that runs one run of Python
+    /// frames.
+    fn is_eval_loop(&self, id: u32) -> bool {
+        let f = &self.frames[id as usize];
+        f.class != FrameClass::Python && f.name.starts_with(EVAL_LOOP)
     }
 
     /// Python (frame, entry) frames, outermost first.
@@ -730,93 +977,6 @@ impl<'a> Resolver<'a> {
     }
 }
 
-/// (native stack, Python candidates) → (merged stack, how, reaches root).
-type MergeKey = (u32, Vec<(u32, bool)>);
-
-/// Largest gap between two Python stacks of a thread across which a native
-/// sample may take one of them.
-const MAX_INTERPOLATION_GAP_NS: u64 = 1_000_000_000;
-
-/// Candidate Python stacks (of one thread, sorted by time) for a native
-/// sample at `t`, best first, each with whether it may be used even when it
-/// does not fit the native stack structurally:
-/// - between two Python stacks at most [`MAX_INTERPOLATION_GAP_NS`] apart:
-///   the nearer, then the other (the thread ran one of them, or passed
-///   from one to the other);
-/// - before the first or after the last one: that one, within half the
-///   usual gap (plus 10 ms) only.
-///
-/// The nearer candidate may be used unconditionally if it is within half
-/// the usual gap plus 10 ms.
-fn python_candidates(v: &[(MonoNs, u32)], t: MonoNs, median_gap: u64) -> Vec<(u32, bool)> {
-    let close = median_gap / 2 + 10_000_000;
-    let i = v.partition_point(|x| x.0 < t);
-    match (i.checked_sub(1).and_then(|j| v.get(j)), v.get(i)) {
-        (Some(a), Some(b)) => {
-            if b.0 .0 - a.0 .0 > MAX_INTERPOLATION_GAP_NS {
-                let near = if t.0 - a.0 .0 <= b.0 .0 - t.0 { a } else { b };
-                return if near.0 .0.abs_diff(t.0) <= close {
-                    vec![(near.1, true)]
-                } else {
-                    Vec::new()
-                };
-            }
-            let (near, far) = if t.0 - a.0 .0 <= b.0 .0 - t.0 {
-                (a, b)
-            } else {
-                (b, a)
-            };
-            vec![(near.1, near.0 .0.abs_diff(t.0) <= close), (far.1, false)]
-        }
-        (Some(x), None) | (None, Some(x)) if x.0 .0.abs_diff(t.0) <= close => vec![(x.1, true)],
-        _ => Vec::new(),
-    }
-}
-
-/// Combine a native stack with a Python stack (both outermost first).
-fn merge(
-    native: &[u32],
-    python: &[(u32, bool)],
-    is_eval: impl Fn(u32) -> bool,
-) -> (Vec<u32>, MergeKind) {
-    let evals: Vec<usize> = native
-        .iter()
-        .enumerate()
-        .filter(|(_, n)| is_eval(**n))
-        .map(|(i, _)| i)
-        .collect();
-    if evals.is_empty() {
-        return (native.to_vec(), MergeKind::NativeOnly);
-    }
-    if python.is_empty() {
-        return (native.to_vec(), MergeKind::NoPython);
-    }
-    // Split the Python frames into runs, each starting at an entry frame.
-    let mut runs: Vec<&[(u32, bool)]> = Vec::new();
-    let mut start = 0;
-    for i in 1..python.len() {
-        if python[i].1 {
-            runs.push(&python[start..i]);
-            start = i;
-        }
-    }
-    runs.push(&python[start..]);
-    let mut out = Vec::with_capacity(native.len() + python.len());
-    out.extend_from_slice(&native[..evals[0]]);
-    if runs.len() == evals.len() {
-        for (k, run) in runs.iter().enumerate() {
-            out.extend(run.iter().map(|f| f.0));
-            let next = evals.get(k + 1).copied().unwrap_or(native.len());
-            out.extend_from_slice(&native[evals[k] + 1..next]);
-        }
-        (out, MergeKind::Exact)
-    } else {
-        out.extend(python.iter().map(|f| f.0));
-        out.extend_from_slice(&native[evals[evals.len() - 1] + 1..]);
-        (out, MergeKind::Approximate)
-    }
-}
-
 /// Make a name safe for the folded format (`;` separates frames, the last
 /// space separates the count).
 fn clean(s: &str) -> String {
@@ -827,6 +987,123 @@ fn clean(s: &str) -> String {
             c => c,
         })
         .collect()
+}
+
+/// The markers `merge_same_instant` places.
+struct Markers {
+    unmatched: u32,
+    truncated: u32,
+}
+
+/// An agent sample: its native frames (outermost first), then its Python
+/// frames of the same instant, then maybe a marker. Each interpreter frame
+/// is replaced by the run of Python frames it executed (runs start at entry
+/// frames), matched from the innermost outwards. All must match when both
+/// sides are complete; when one side is cut, the innermost pairs are placed
+/// and the cut is marked. Otherwise nothing is placed, and a marker after
+/// the outermost interpreter frame says why (the native frames stay).
+fn merge_same_instant(
+    frames: &[(u32, Kind)],
+    complete: bool,
+    is_eval: &dyn Fn(u32) -> bool,
+    is_perf_map_python: &dyn Fn(u32) -> bool,
+    m: &Markers,
+) -> (Vec<u32>, Attribution) {
+    // Python frames of perf trampolines, if the job set them too, are the
+    // same functions the agent read: the agent's are used.
+    let names: Vec<u32> = frames
+        .iter()
+        .filter(|f| f.1 == Kind::Native && !is_perf_map_python(f.0))
+        .map(|f| f.0)
+        .collect();
+    let python: Vec<(u32, bool)> = frames
+        .iter()
+        .filter_map(|f| match f.1 {
+            Kind::Python(e) => Some((f.0, e)),
+            _ => None,
+        })
+        .collect();
+    let marker = frames.iter().find(|f| f.1 == Kind::Marker).map(|f| f.0);
+    let truncated = marker == Some(m.truncated);
+    let evals: Vec<usize> = (0..names.len()).filter(|&i| is_eval(names[i])).collect();
+    let unattributed = |why: Unattributed, mark: u32| match evals.first() {
+        Some(&first) => {
+            let mut out = names.clone();
+            out.insert(first + 1, mark);
+            (out, Attribution::Unattributed(why))
+        }
+        None => (names.clone(), Attribution::NativeOnly),
+    };
+    if let Some(mk) = marker.filter(|&mk| mk != m.truncated) {
+        return unattributed(Unattributed::Unreadable, mk);
+    }
+    if python.is_empty() {
+        // Not running Python code; or a thread without a thread state whose
+        // stack still shows the loop (being set up or torn down).
+        return unattributed(Unattributed::Unmatched, m.unmatched);
+    }
+    // Runs, outermost first; each starts at an entry frame (the first may
+    // not, when the outer frames were cut).
+    let mut runs: Vec<&[(u32, bool)]> = Vec::new();
+    let mut start = 0;
+    for i in 1..python.len() {
+        if python[i].1 {
+            runs.push(&python[start..i]);
+            start = i;
+        }
+    }
+    runs.push(&python[start..]);
+    let k = runs.len().min(evals.len());
+    let outer_runs = runs.len() - k;
+    let outer_evals = evals.len() - k;
+    // Unpaired outer runs need a cut native stack; unpaired outer
+    // interpreter frames need cut Python frames.
+    if (outer_runs > 0 && complete) || (outer_evals > 0 && !truncated) || k == 0 {
+        if k == 0 && !complete && evals.is_empty() && !truncated {
+            // The native stack was cut above the interpreter: the Python
+            // frames are the outer part of the same instant.
+            let mut out: Vec<u32> = python.iter().map(|f| f.0).collect();
+            out.extend_from_slice(&names);
+            return (out, Attribution::SameInstantPartial);
+        }
+        return unattributed(Unattributed::Unmatched, m.unmatched);
+    }
+    let mut out = Vec::with_capacity(names.len() + python.len() + 1);
+    for run in &runs[..outer_runs] {
+        out.extend(run.iter().map(|f| f.0));
+    }
+    let first_pair = evals[outer_evals];
+    // Above the first pair: native frames (the interpreter frames there ran
+    // Python frames the agent did not keep).
+    out.extend(names[..first_pair].iter().copied().filter(|&n| !is_eval(n)));
+    if truncated {
+        out.push(m.truncated);
+    }
+    for (j, run) in runs[outer_runs..].iter().enumerate() {
+        out.extend(run.iter().map(|f| f.0));
+        let e = evals[outer_evals + j];
+        let next = evals
+            .get(outer_evals + j + 1)
+            .copied()
+            .unwrap_or(names.len());
+        out.extend_from_slice(&names[e + 1..next]);
+    }
+    let exact = outer_runs == 0 && outer_evals == 0 && !truncated;
+    let how = if exact {
+        Attribution::SameInstant
+    } else {
+        Attribution::SameInstantPartial
+    };
+    (out, how)
+}
+
+/// The agent's samples of a thread are used unless they are far fewer than
+/// perf's. Both sample the thread's CPU time at the same rate, but with
+/// timers of their own: on a loaded machine their counts differ by up to
+/// ~10% (measured). Far fewer means the agent missed the thread (it blocked
+/// SIGTRAP, or the agent's ring overflowed), and perf's samples are used.
+fn agent_covers(agent: u64, perf: u64) -> bool {
+    agent > 0 && 2 * agent + 5 >= perf
 }
 
 /// Merge and summarize. `meta` gives each process's name and role (the
@@ -844,6 +1121,35 @@ pub fn analyze(
     native.retain(|s| s.t >= window.0 && s.t <= window.1);
     native.sort_by_key(|s| (s.pid, s.tid, s.t));
     let d: &StackData = d;
+
+    // Each thread's samples come from one sampler: the agent's where it
+    // sampled the thread, perf's otherwise (never both: no double counting).
+    let mut per_thread: BTreeMap<(Pid, Tid), (u64, u64)> = BTreeMap::new();
+    for s in &native {
+        let c = per_thread.entry((s.pid, s.tid)).or_default();
+        if s.agent {
+            c.0 += 1;
+        } else {
+            c.1 += 1;
+        }
+    }
+    let use_agent: BTreeMap<(Pid, Tid), bool> = per_thread
+        .iter()
+        .map(|(k, &(a, p))| (*k, agent_covers(a, p)))
+        .collect();
+    let agent_pids: std::collections::BTreeSet<Pid> = per_thread
+        .iter()
+        .filter(|(_, c)| c.0 > 0)
+        .map(|(k, _)| k.0)
+        .chain(
+            d.py_procs
+                .iter()
+                .filter(|(_, p)| p.same_instant)
+                .map(|(pid, _)| *pid),
+        )
+        .collect();
+    native.retain(|s| s.agent == use_agent[&(s.pid, s.tid)]);
+
     let mut r = Resolver {
         d,
         native_cache: HashMap::new(),
@@ -853,79 +1159,80 @@ pub fn analyze(
         native_name: HashMap::new(),
         py_name: HashMap::new(),
     };
-
-    // Python stacks per thread, sorted by time.
-    let mut py: BTreeMap<(Pid, Tid), Vec<(MonoNs, u32)>> = BTreeMap::new();
-    for s in &d.python.kept {
-        py.entry((s.pid, s.tid)).or_default().push((s.t, s.stack));
-    }
-    let mut py_gap: BTreeMap<(Pid, Tid), u64> = BTreeMap::new();
-    for (k, v) in py.iter_mut() {
-        v.sort_by_key(|x| x.0);
-        let mut gaps: Vec<u64> = v.windows(2).map(|w| w[1].0 .0 - w[0].0 .0).collect();
-        gaps.sort_unstable();
-        py_gap.insert(*k, gaps.get(gaps.len() / 2).copied().unwrap_or(100_000_000));
-    }
+    let marker = |r: &mut Resolver, m: &str| {
+        r.intern(FrameInfo {
+            label: m.to_string(),
+            class: FrameClass::Marker,
+            name: m.to_string(),
+            file: String::new(),
+            eval: false,
+        })
+    };
+    let markers = Markers {
+        unmatched: marker(&mut r, UNMATCHED),
+        truncated: marker(&mut r, crate::collect::perf::MARKER_TRUNCATED),
+    };
 
     let mut stack_ids: HashMap<Vec<u32>, u32> = HashMap::new();
     let mut stacks: Vec<Vec<u32>> = Vec::new();
     let mut samples = Vec::with_capacity(native.len());
     let mut rep = StacksReport::default();
-    let mut merged_cache: HashMap<MergeKey, (u32, MergeKind, bool)> = HashMap::new();
+    // (stack, agent, complete, why unattributed) → (merged id, attribution,
+    // reaches the root, Python frames from a perf map)
+    type Key = (u32, bool, bool, Unattributed);
+    let mut merged_cache: HashMap<Key, (u32, Attribution, bool, bool)> = HashMap::new();
     let mut rooted = 0u64;
+    let mut per_proc: BTreeMap<Pid, AttributionCounts> = BTreeMap::new();
     for s in &native {
-        let cands = py
-            .get(&(s.pid, s.tid))
-            .map(|v| python_candidates(v, s.t, py_gap[&(s.pid, s.tid)]))
-            .unwrap_or_default();
-        let key = (s.stack, cands.clone());
-        let (id, kind, root) = if let Some(c) = merged_cache.get(&key) {
+        let why = if agent_pids.contains(&s.pid) {
+            Unattributed::AgentMissedThread
+        } else {
+            Unattributed::NoAgent
+        };
+        let key = (s.stack, s.agent, s.complete, why);
+        let (id, attribution, root, perf_map) = if let Some(c) = merged_cache.get(&key) {
             *c
         } else {
             let nat = r.native(s.stack);
             let root = nat.first().is_some_and(|f| {
-                let f = &r.frames[*f as usize];
+                let f = &r.frames[f.0 as usize];
                 f.class != FrameClass::Python && ROOT_FRAMES.contains(&f.name.as_str())
             });
-            let evals: Vec<u32> = nat
-                .iter()
-                .copied()
-                .filter(|f| r.frames[*f as usize].eval)
-                .collect();
-            let is_eval = |n: u32| evals.contains(&n);
-            // Python frames in the native stack itself (perf trampolines)
-            // are the same instant's: nothing to merge. Else the first
-            // candidate that fits exactly; else the nearest one if it is
-            // close enough in time; else native frames only.
-            let mut chosen = None;
-            if nat
-                .iter()
-                .any(|f| r.frames[*f as usize].class == FrameClass::Python)
-            {
-                chosen = Some((nat.clone(), MergeKind::PerfMap));
-            }
-            for (p, _) in cands.iter().filter(|_| chosen.is_none()) {
-                let pyf = r.python(*p);
-                let (m, kind) = merge(&nat, &pyf, is_eval);
-                if kind == MergeKind::Exact || kind == MergeKind::NativeOnly {
-                    chosen = Some((m, kind));
-                    break;
-                }
-            }
-            if chosen.is_none() {
-                if let Some((p, true)) = cands.first() {
-                    let pyf = r.python(*p);
-                    chosen = Some(merge(&nat, &pyf, is_eval));
-                }
-            }
-            let (m, kind) = chosen.unwrap_or_else(|| merge(&nat, &[], is_eval));
+            let has_python = |r: &Resolver| {
+                nat.iter()
+                    .any(|f| r.frames[f.0 as usize].class == FrameClass::Python)
+            };
+            let (m, how, perf_map) = if s.agent {
+                let is_eval = |n: u32| r.is_eval_loop(n);
+                let is_pm = |n: u32| r.frames[n as usize].class == FrameClass::Python;
+                let (m, how) = merge_same_instant(&nat, s.complete, &is_eval, &is_pm, &markers);
+                (m, how, false)
+            } else if has_python(&r) {
+                // CPython's perf trampolines: the native stack carries its
+                // own Python frames, of the same instant.
+                (
+                    nat.iter().map(|f| f.0).collect(),
+                    Attribution::SameInstant,
+                    true,
+                )
+            } else {
+                let runs_python = nat.iter().any(|f| r.frames[f.0 as usize].eval);
+                let how = if runs_python {
+                    Attribution::Unattributed(why)
+                } else {
+                    Attribution::NativeOnly
+                };
+                // Every frame as sampled; the Python view shows the
+                // interpreter's part as `[python: not sampled]`.
+                (nat.iter().map(|f| f.0).collect(), how, false)
+            };
             let next = stacks.len() as u32;
             let id = *stack_ids.entry(m.clone()).or_insert_with(|| {
                 stacks.push(m);
                 next
             });
-            merged_cache.insert(key, (id, kind, root));
-            (id, kind, root)
+            merged_cache.insert(key, (id, how, root, perf_map));
+            (id, how, root, perf_map)
         };
         // Reaching the root: the outermost frame is named as a thread root,
         // or the unwinder found the end of the stack there (the CFI of
@@ -934,29 +1241,54 @@ pub fn analyze(
         if root || s.complete {
             rooted += 1;
         }
-        match kind {
-            MergeKind::Exact => rep.merged_exact += 1,
-            MergeKind::Approximate => rep.merged_approximate += 1,
-            MergeKind::NoPython => rep.merged_missing_python += 1,
-            MergeKind::PerfMap => rep.python_from_perf_map += 1,
-            MergeKind::NativeOnly => {}
+        if perf_map {
+            rep.python_from_perf_map += 1;
         }
+        per_proc.entry(s.pid).or_default().add(attribution);
         samples.push(Sample {
             t: s.t,
             pid: s.pid,
             tid: s.tid,
             stack: id,
             py_stack: id,
+            attribution,
         });
     }
+
+    // py-spy's stacks: the Python-only view of the processes the agent does
+    // not sample (of the others, the merged stacks hold the same frames).
+    let mut python_only = Vec::new();
+    let mut py_only_per_proc: BTreeMap<Pid, u64> = BTreeMap::new();
+    for s in &d.python.kept {
+        if s.t < window.0 || s.t > window.1 || agent_pids.contains(&s.pid) {
+            continue;
+        }
+        let frames: Vec<u32> = r.python(s.stack).into_iter().map(|f| f.0).collect();
+        let next = stacks.len() as u32;
+        let id = *stack_ids.entry(frames.clone()).or_insert_with(|| {
+            stacks.push(frames);
+            next
+        });
+        *py_only_per_proc.entry(s.pid).or_default() += 1;
+        python_only.push(Sample {
+            t: s.t,
+            pid: s.pid,
+            tid: s.tid,
+            stack: id,
+            py_stack: id,
+            attribution: Attribution::NativeOnly,
+        });
+    }
+    python_only.sort_by_key(|s| (s.pid, s.tid, s.t));
     let mut frames = r.frames;
     classify_native_frames(&mut frames);
 
     drop(native);
     let mut procs = BTreeMap::new();
-    for s in &samples {
+    for s in samples.iter().chain(&python_only) {
         procs.entry(s.pid).or_insert_with(|| meta(s.pid));
     }
+    rep.python = python_report(d, &procs, &per_proc, &py_only_per_proc, &agent_pids);
 
     rep.samples = samples.len() as u64;
     rep.analysis_stride = stride;
@@ -1007,6 +1339,7 @@ pub fn analyze(
         fold_notes: HashMap::new(),
         python_pids: Default::default(),
         samples,
+        python_only,
         procs,
         period_ns,
         report: rep,
@@ -1031,6 +1364,57 @@ pub fn analyze(
     }
     st.report.roles = roles;
     st
+}
+
+/// `stacks.python`: per process (those that ran Python code, or that the
+/// agent or py-spy saw) and per CPython version.
+fn python_report(
+    d: &StackData,
+    procs: &BTreeMap<Pid, ProcMeta>,
+    per_proc: &BTreeMap<Pid, AttributionCounts>,
+    py_only: &BTreeMap<Pid, u64>,
+    agent_pids: &std::collections::BTreeSet<Pid>,
+) -> PythonReport {
+    let mut rep = PythonReport::default();
+    let pids: std::collections::BTreeSet<Pid> = per_proc
+        .iter()
+        .filter(|(_, c)| c.python() > 0)
+        .map(|(p, _)| *p)
+        .chain(py_only.keys().copied())
+        .chain(d.py_procs.keys().copied())
+        .collect();
+    for pid in pids {
+        let counts = per_proc.get(&pid).cloned().unwrap_or_default();
+        let info = d.py_procs.get(&pid);
+        let version = info.map(|i| i.version.clone()).filter(|v| !v.is_empty());
+        let minor = version
+            .as_deref()
+            .map(|v| v.splitn(3, '.').take(2).collect::<Vec<_>>().join("."))
+            .unwrap_or_else(|| "unknown".into());
+        let same_instant = agent_pids.contains(&pid);
+        rep.by_version.entry(minor).or_default().merge(&counts);
+        rep.counts.merge(&counts);
+        let n_py_only = py_only.get(&pid).copied().unwrap_or(0);
+        rep.python_only_stacks += n_py_only;
+        rep.processes.push(PyProcessReport {
+            pid,
+            name: procs
+                .get(&pid)
+                .map(|m| m.name.clone())
+                .unwrap_or_else(|| d.fallback_meta(pid).name),
+            version,
+            sampler: if same_instant {
+                "same-instant"
+            } else {
+                "python-only"
+            },
+            detail: info.map(|i| i.detail.clone()).unwrap_or_default(),
+            counts,
+            python_only_stacks: n_py_only,
+            agent: d.agent_stats.get(&pid).cloned(),
+        });
+    }
+    rep
 }
 
 /// Native frames get their class from their file: the interpreter (files
@@ -1083,6 +1467,14 @@ impl Stacks {
     /// Samples of processes with `role` (None: every process).
     pub fn role_samples(&self, role: Option<Role>) -> impl Iterator<Item = &Sample> + '_ {
         self.samples
+            .iter()
+            .filter(move |s| role.map_or(true, |r| self.role_of(s.pid) == r))
+    }
+
+    /// py-spy's Python-only stacks of processes with `role` (None: every
+    /// process).
+    pub fn python_only_role(&self, role: Option<Role>) -> impl Iterator<Item = &Sample> + '_ {
+        self.python_only
             .iter()
             .filter(move |s| role.map_or(true, |r| self.role_of(s.pid) == r))
     }
@@ -1666,6 +2058,7 @@ mod tests {
                 // Two stacks, one in four samples on stack 1.
                 stack: (i % 4 == 0) as u32,
                 complete: true,
+                agent: false,
             });
         }
         assert!(t.kept.len() < ANALYSIS_MAX_SAMPLES);
@@ -1759,6 +2152,7 @@ mod tests {
                 dt_us: vec![0, 10_000, 10_000, 50_000],
                 stacks: vec![4, 4, 2, 4],
                 incomplete: vec![],
+                source: SampleSource::Perf,
             }),
             Event::Samples(SampleBatch {
                 kind: StackKind::Python,
@@ -1768,6 +2162,7 @@ mod tests {
                 dt_us: vec![0],
                 stacks: vec![1],
                 incomplete: vec![],
+                source: SampleSource::Perf,
             }),
         ];
         for e in &evs {
@@ -1777,40 +2172,43 @@ mod tests {
     }
 
     #[test]
-    fn python_frames_sit_between_interpreter_and_native_leaf() {
+    fn perf_samples_of_python_code_are_never_matched_in_time() {
         let mut d = data();
         let st = analyze_all(&mut d);
         let native = FoldOptions {
             view: View::Native,
             merge_workers: false,
         };
+        // A py-spy stack 5 ms from the first samples does not make them
+        // Python-attributed: every frame as sampled, and in the Python view
+        // the interpreter's part is an explicit [python: not sampled].
         let folded = st.folded_role(Some(Role::Main), native);
         assert!(
-            folded.contains("python3 (10);_start;main;<module> (job.py);augment (job.py);zlib_compress;[libz.so.1+0x50] 2"),
+            folded.contains(
+                "python3 (10);_start;main;_PyEval_EvalFrameDefault;zlib_compress;[libz.so.1+0x50] 3"
+            ),
             "{folded}"
         );
-        // The Python view: the interpreter (here /usr/bin/python3, which
-        // also holds zlib_compress) folded, the unnamed libz code named by
-        // its library, the sample without Python frames said so.
         let py = st.folded_role(Some(Role::Main), FoldOptions::default());
+        assert!(!py.contains("augment"), "{py}");
+        assert!(py.contains("[python: not sampled]"), "{py}");
+        let p = &st.report.python;
+        let c = &p.counts;
+        assert_eq!((c.same_instant, c.unattributed, c.native_only), (0, 4, 0));
+        assert_eq!(c.unattributed_by_reason[Unattributed::NoAgent.as_str()], 4);
+        // py-spy's stack is the Python-only view of that process.
+        assert_eq!(p.python_only_stacks, 1);
+        assert_eq!(st.python_only.len(), 1);
         assert_eq!(
-            py,
-            "python3 (10);<module> (job.py);augment (job.py) 1\n\
-             python3 (10);<module> (job.py);augment (job.py);[libz.so.1] 2\n\
-             python3 (10);[python: not sampled];[libz.so.1] 1\n"
+            st.stack(st.python_only[0].stack).collect::<Vec<_>>(),
+            vec!["<module> (job.py)", "augment (job.py)"]
         );
-        assert_eq!(st.report.merged_exact, 3);
-        // The last sample is 75 ms away from the only Python stack.
-        assert_eq!(st.report.merged_missing_python, 1);
         assert_eq!(st.report.unwind_coverage, 1.0);
-        let top = &st.report.roles["main"].top_functions[0];
-        assert_eq!(top.function, "[libz.so.1]");
-        assert_eq!(top.self_pct, 75.0);
     }
 
     /// A native stack that carries its own Python frames (CPython perf
-    /// trampolines named from /tmp/perf-PID.map) is not merged with a
-    /// py-spy stack, even a close one.
+    /// trampolines named from /tmp/perf-PID.map) is the same instant's:
+    /// nothing is matched to it.
     #[test]
     fn trampoline_frames_are_the_python_frames() {
         let mut d = data();
@@ -1839,12 +2237,14 @@ mod tests {
                 dt_us: vec![0],
                 stacks: vec![12],
                 incomplete: vec![],
+                source: SampleSource::Perf,
             }),
         ] {
             d.add(&e);
         }
         let st = analyze_all(&mut d);
         assert_eq!(st.report.python_from_perf_map, 1);
+        assert_eq!(st.report.python.counts.same_instant, 1);
         let native = st.folded_role(
             Some(Role::Main),
             FoldOptions {
@@ -1865,17 +2265,120 @@ mod tests {
         );
     }
 
+    /// (frame id, kind) for a merge, from a spec: `N` native, `E` eval
+    /// loop (ids from 100), `P` Python (`P*` an entry), `M` a marker.
+    fn kinds(spec: &str) -> Vec<(u32, Kind)> {
+        spec.split_whitespace()
+            .enumerate()
+            .map(|(i, w)| {
+                let kind = match w.as_bytes()[0] {
+                    b'P' => Kind::Python(w.ends_with('*')),
+                    b'M' => Kind::Marker,
+                    _ => Kind::Native,
+                };
+                (i as u32 + 100 * (w.as_bytes()[0] == b'E') as u32, kind)
+            })
+            .collect()
+    }
+
     #[test]
-    fn mismatched_runs_are_approximate() {
-        let n = [1, 9, 2, 3, 9, 4];
-        let py = [(7, true), (8, false)];
-        let (m, k) = merge(&n, &py, |x| x == 9);
-        assert_eq!(k, MergeKind::Approximate);
-        assert_eq!(m, vec![1, 7, 8, 4]);
-        let py2 = [(7, true), (8, true)];
-        let (m, k) = merge(&n, &py2, |x| x == 9);
-        assert_eq!(k, MergeKind::Exact);
-        assert_eq!(m, vec![1, 7, 2, 3, 8, 4]);
+    fn same_instant_runs_replace_their_interpreter_frames() {
+        let m = Markers {
+            unmatched: 900,
+            truncated: 901,
+        };
+        let is_eval = |n: u32| (100..200).contains(&n);
+        let no_pm = |_: u32| false;
+        let merge =
+            |f: &[(u32, Kind)], complete| merge_same_instant(f, complete, &is_eval, &no_pm, &m);
+        // _start, eval, C call back into Python, eval, zlib leaf; Python:
+        // <module>* main, worker* compress.
+        let (out, how) = merge(&kinds("N E N E N P* P P* P"), true);
+        assert_eq!(how, Attribution::SameInstant);
+        assert_eq!(out, vec![0, 5, 6, 2, 7, 8, 4]);
+        // One run too many with both sides complete: nothing is placed; the
+        // native frames stay, the marker follows the outer interpreter frame.
+        let f = kinds("N E N N P* P P* P");
+        let (out, how) = merge(&f, true);
+        assert_eq!(how, Attribution::Unattributed(Unattributed::Unmatched));
+        assert_eq!(out, vec![0, 101, 900, 2, 3]);
+        // The same with the native stack cut above: the outer run is the
+        // outer part of the same instant.
+        let (out, how) = merge(&f, false);
+        assert_eq!(how, Attribution::SameInstantPartial);
+        assert_eq!(out, vec![4, 5, 0, 6, 7, 2, 3]);
+        // Python frames cut (the outer run lost): the inner run is placed
+        // under the truncation marker.
+        let mut f = kinds("N E N E N P* P M");
+        f[7].0 = 901;
+        let (out, how) = merge(&f, true);
+        assert_eq!(how, Attribution::SameInstantPartial);
+        assert_eq!(out, vec![0, 2, 901, 5, 6, 4]);
+        // An unreadable chain: its marker after the interpreter frame.
+        let (out, how) = merge(&kinds("N E N M"), true);
+        assert_eq!(how, Attribution::Unattributed(Unattributed::Unreadable));
+        assert_eq!(out, vec![0, 101, 3, 2]);
+        // No interpreter frame, no Python frame: native code.
+        assert_eq!(merge(&kinds("N N"), true).1, Attribution::NativeOnly);
+    }
+
+    /// An agent sample and a perf sample of the same thread: the agent's is
+    /// used, the perf one is not counted again.
+    #[test]
+    fn agent_samples_replace_perf_samples_of_their_thread() {
+        let mut d = data();
+        let evs = vec![
+            Event::InlinePyFrame {
+                id: 5,
+                name: "<module>".into(),
+                file: "/x/job.py".into(),
+                entry: true,
+            },
+            Event::InlinePyFrame {
+                id: 6,
+                name: "augment".into(),
+                file: "/x/job.py".into(),
+                entry: false,
+            },
+            node(StackKind::Native, 5, Some(4), 5),
+            node(StackKind::Native, 6, Some(5), 6),
+            Event::PyProcess {
+                t: MonoNs(0),
+                pid: Pid(10),
+                version: "3.12.1".into(),
+                same_instant: true,
+                detail: String::new(),
+            },
+            Event::Samples(SampleBatch {
+                kind: StackKind::Native,
+                pid: Pid(10),
+                tid: Tid(10),
+                t0: MonoNs(1_003_000_000),
+                dt_us: vec![0, 10_000, 10_000, 10_000],
+                stacks: vec![6, 6, 6, 6],
+                incomplete: vec![],
+                source: SampleSource::Agent,
+            }),
+        ];
+        for e in &evs {
+            d.add(e);
+        }
+        let st = analyze_all(&mut d);
+        let native = FoldOptions {
+            view: View::Native,
+            merge_workers: false,
+        };
+        assert_eq!(
+            st.folded_role(Some(Role::Main), native),
+            "python3 (10);_start;main;<module> (job.py);augment (job.py);zlib_compress;[libz.so.1+0x50] 4\n"
+        );
+        let p = &st.report.python;
+        assert_eq!((p.counts.same_instant, p.counts.unattributed), (4, 0));
+        assert_eq!(p.by_version["3.12"].same_instant, 4);
+        assert_eq!(p.processes[0].sampler, "same-instant");
+        // py-spy's stacks of a process the agent samples are no view of
+        // their own.
+        assert!(st.python_only.is_empty());
     }
 
     #[test]

@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::hash::Hash;
 
-use crate::event::{Event, MonoNs, Pid, SampleBatch, StackKind, Tid};
+use crate::event::{Event, MonoNs, Pid, SampleBatch, SampleSource, StackKind, Tid};
 use crate::record::Sink;
 
 /// Samples of one thread are flushed after this many, or after
@@ -22,7 +22,7 @@ pub struct Interner<F> {
     kind: StackKind,
     frames: HashMap<F, u32>,
     nodes: HashMap<(Option<u32>, u32), u32>,
-    batches: HashMap<(Pid, Tid), Batch>,
+    batches: HashMap<(Pid, Tid, SampleSource), Batch>,
     pub samples: u64,
 }
 
@@ -86,9 +86,25 @@ impl<F: Hash + Eq + Clone> Interner<F> {
         complete: bool,
         sink: &Sink,
     ) {
+        self.sample_from(SampleSource::Perf, pid, tid, t, stack, complete, sink)
+    }
+
+    /// [`Interner::sample`] for a given sampler: each has its own batches.
+    #[allow(clippy::too_many_arguments)]
+    pub fn sample_from(
+        &mut self,
+        source: SampleSource,
+        pid: Pid,
+        tid: Tid,
+        t: MonoNs,
+        stack: u32,
+        complete: bool,
+        sink: &Sink,
+    ) {
         self.samples += 1;
         let us = t.0 / 1000;
-        let b = self.batches.entry((pid, tid)).or_insert_with(|| Batch {
+        let key = (pid, tid, source);
+        let b = self.batches.entry(key).or_insert_with(|| Batch {
             t0: MonoNs(us * 1000),
             last_us: us,
             dt_us: Vec::new(),
@@ -104,15 +120,15 @@ impl<F: Hash + Eq + Clone> Interner<F> {
         }
         b.stacks.push(stack);
         if b.stacks.len() >= BATCH_MAX || t.0.saturating_sub(b.t0.0) >= FLUSH_AFTER_NS {
-            let b = self.batches.remove(&(pid, tid)).expect("batch present");
-            self.emit(pid, tid, b, sink);
+            let b = self.batches.remove(&key).expect("batch present");
+            self.emit(key, b, sink);
         }
     }
 
     /// Flush batches older than `FLUSH_AFTER_NS` at time `now` (all of them
     /// with `None`), so that a crash loses at most about a second.
     pub fn flush(&mut self, now: Option<MonoNs>, sink: &Sink) {
-        let due: Vec<(Pid, Tid)> = self
+        let due: Vec<(Pid, Tid, SampleSource)> = self
             .batches
             .iter()
             .filter(|(_, b)| now.map_or(true, |n| n.0.saturating_sub(b.t0.0) >= FLUSH_AFTER_NS))
@@ -122,16 +138,17 @@ impl<F: Hash + Eq + Clone> Interner<F> {
         due.sort();
         for k in due {
             if let Some(b) = self.batches.remove(&k) {
-                self.emit(k.0, k.1, b, sink);
+                self.emit(k, b, sink);
             }
         }
     }
 
-    fn emit(&self, pid: Pid, tid: Tid, b: Batch, sink: &Sink) {
+    fn emit(&self, (pid, tid, source): (Pid, Tid, SampleSource), b: Batch, sink: &Sink) {
         sink.send(Event::Samples(SampleBatch {
             kind: self.kind,
             pid,
             tid,
+            source,
             t0: b.t0,
             dt_us: b.dt_us,
             stacks: b.stacks,

@@ -19,6 +19,7 @@ use py_spy::config::{LineNo, LockingStrategy};
 use py_spy::{Config, PythonSpy};
 
 use crate::collect::intern::Interner;
+use crate::collect::perf::AgentCovered;
 use crate::event::{Coverage, Event, MonoNs, Pid, StackKind, StackStats, Tid};
 use crate::record::Sink;
 
@@ -43,19 +44,21 @@ impl PySampler {
     /// `tree_changes` is bumped by the perf reader on every new process and
     /// exec; without it the process list is polled.
     /// `root`: follow that running process and its descendants instead
-    /// (`gpuprof attach`).
+    /// (`gpuprof attach`). `covered`: processes the in-process agent samples
+    /// (left alone here).
     pub fn start(
         frequency: u64,
         sink: Sink,
         tree_changes: Option<Arc<AtomicU64>>,
         root: Option<Pid>,
+        covered: Option<AgentCovered>,
     ) -> std::io::Result<PySampler> {
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
         let thread = std::thread::Builder::new()
             .name("gpuprof-python".into())
             .spawn(move || {
-                let mut s = Sampler::new(frequency, sink, tree_changes);
+                let mut s = Sampler::new(frequency, sink, tree_changes, covered);
                 s.root = root;
                 s.run(&stop2);
                 s.finish()
@@ -98,10 +101,19 @@ struct Sampler {
     rounds: u64,
     frames_buf: Vec<u32>,
     root: Option<Pid>,
+    covered: Option<AgentCovered>,
+    /// Processes left to the agent after py-spy had attached.
+    handed_over: HashSet<Pid>,
+    announced: HashSet<Pid>,
 }
 
 impl Sampler {
-    fn new(frequency: u64, sink: Sink, tree_changes: Option<Arc<AtomicU64>>) -> Sampler {
+    fn new(
+        frequency: u64,
+        sink: Sink,
+        tree_changes: Option<Arc<AtomicU64>>,
+        covered: Option<AgentCovered>,
+    ) -> Sampler {
         let config = Config {
             blocking: LockingStrategy::NonBlocking,
             native: false,
@@ -129,7 +141,18 @@ impl Sampler {
             rounds: 0,
             frames_buf: Vec::new(),
             root: None,
+            covered,
+            handed_over: HashSet::new(),
+            announced: HashSet::new(),
         }
+    }
+
+    /// Processes whose Python frames the agent samples.
+    fn covered(&self) -> HashSet<Pid> {
+        self.covered
+            .as_ref()
+            .map(|c| c.lock().unwrap_or_else(|e| e.into_inner()).clone())
+            .unwrap_or_default()
     }
 
     fn run(&mut self, stop: &AtomicBool) {
@@ -197,8 +220,10 @@ impl Sampler {
         }
         self.spies.retain(|p, _| live.contains(p));
         self.rejected.retain(|p, _| live.contains(p));
+        let covered = self.covered();
+        self.drop_covered(&covered);
         for pid in live {
-            if self.spies.contains_key(&pid) {
+            if self.spies.contains_key(&pid) || covered.contains(&pid) {
                 continue;
             }
             let exe = std::fs::read_link(format!("/proc/{}/exe", pid.0))
@@ -216,6 +241,15 @@ impl Sampler {
             }
             match PythonSpy::new(pid.0, &self.config) {
                 Ok(spy) => {
+                    if self.announced.insert(pid) {
+                        self.sink.send_blocking(Event::PyProcess {
+                            t: MonoNs::now(),
+                            pid,
+                            version: spy.version.to_string(),
+                            same_instant: false,
+                            detail: String::new(),
+                        });
+                    }
                     self.rejected.remove(&pid);
                     self.attached.insert(pid);
                     self.spies.insert(pid, spy);
@@ -234,7 +268,26 @@ impl Sampler {
         }
     }
 
+    /// Leave the processes the agent samples (it says hello within a few
+    /// ms of a process's start; py-spy may have attached first).
+    fn drop_covered(&mut self, covered: &HashSet<Pid>) {
+        let gone: Vec<Pid> = self
+            .spies
+            .keys()
+            .filter(|p| covered.contains(p))
+            .copied()
+            .collect();
+        for p in gone {
+            self.spies.remove(&p);
+            self.handed_over.insert(p);
+        }
+    }
+
     fn sample_all(&mut self) {
+        if self.covered.is_some() {
+            let covered = self.covered();
+            self.drop_covered(&covered);
+        }
         let mut pids: Vec<Pid> = self.spies.keys().copied().collect();
         pids.sort();
         for pid in pids {
@@ -295,8 +348,16 @@ impl Sampler {
     fn finish(mut self) -> StackStats {
         self.stats.busy_ns = (self.busy + self.attach_time).as_nanos() as u64;
         let per_round = self.busy.as_secs_f64() * 1e3 / self.rounds.max(1) as f64;
+        let handed = if self.handed_over.is_empty() {
+            String::new()
+        } else {
+            format!(
+                " ({} of them then left to the same-instant agent)",
+                self.handed_over.len()
+            )
+        };
         self.stats.detail = format!(
-            "py-spy (non-blocking) read {} Python process(es) in {} rounds ({per_round:.2} ms per round, {:.0} ms finding and attaching processes), at most {} Hz, sampling within {:.1}% of a core",
+            "py-spy (non-blocking) read {} Python process(es){handed} in {} rounds ({per_round:.2} ms per round, {:.0} ms finding and attaching processes), at most {} Hz, sampling within {:.1}% of a core",
             self.attached.len(),
             self.rounds,
             self.attach_time.as_secs_f64() * 1e3,

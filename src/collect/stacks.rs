@@ -1,14 +1,23 @@
-//! The two stack samplers of a recording, started and stopped together:
-//! native stacks with perf (opened between fork and exec of the job) and
-//! Python stacks with py-spy.
+//! The stack samplers of a recording, started and stopped together: native
+//! stacks with perf (opened between fork and exec of the job), Python frames
+//! of the same instant from the in-process agent (preloaded into the job,
+//! its rings drained by the perf reader), and Python-only stacks with py-spy
+//! for the Python processes the agent does not sample.
 
+use std::collections::HashSet;
+use std::ffi::OsString;
 use std::sync::atomic::AtomicU64;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use crate::collect::perf::{self, PerfOptions, PerfSampler};
+use crate::agent::AgentDir;
+use crate::collect::perf::pyagent::{self, RingDir};
+use crate::collect::perf::{self, AgentLink, PerfOptions, PerfSampler};
 use crate::collect::python::PySampler;
 use crate::event::{Coverage, Event, Pid};
 use crate::record::Sink;
+
+/// Coverage source of the same-instant Python frames.
+pub const AGENT_COVERAGE_SOURCE: &str = "python-same-instant";
 
 #[derive(Default)]
 pub struct StackCollectors {
@@ -16,18 +25,96 @@ pub struct StackCollectors {
     python: Option<PySampler>,
 }
 
+/// The in-process agent, ready before the job is forked: its folder (which
+/// must outlive every process that may still load it), its rings, and the
+/// environment that puts it into the job.
+pub struct PreparedAgent {
+    /// Declared before `dir`: the rings go first.
+    rings: RingDir,
+    dir: AgentDir,
+    link: AgentLink,
+    env: Vec<(OsString, OsString)>,
+}
+
+impl PreparedAgent {
+    /// Variables to add to the job's environment.
+    pub fn env(&self) -> &[(OsString, OsString)] {
+        &self.env
+    }
+
+    /// The job is over: remove the rings; remove the agent itself only when
+    /// no process that may still load it is left (a preload path that
+    /// vanished makes the dynamic loader complain in each new process).
+    pub fn finish(self, descendants_alive: bool) {
+        let PreparedAgent { rings, dir, .. } = self;
+        drop(rings);
+        if descendants_alive {
+            std::mem::forget(dir);
+        }
+    }
+}
+
+/// Whether the agent will be preloaded, and why not.
+pub enum AgentPlan {
+    Ready(Box<PreparedAgent>),
+    /// Not used: the coverage detail.
+    Off(String),
+}
+
 impl StackCollectors {
-    /// Start sampling `job`, which must be forked and not yet exec'd.
-    /// `None` options: stacks disabled (`--no-stacks`). A refusal is said in
-    /// one line (unless `quiet`) and recorded as coverage; the job runs
-    /// anyway.
+    /// Prepare the same-instant Python agent for a recording with `opts`
+    /// (`None`: `--no-stacks`). Call before forking the job.
+    pub fn prepare_agent(opts: Option<&PerfOptions>) -> AgentPlan {
+        let Some(opts) = opts else {
+            return AgentPlan::Off("disabled with --no-stacks".into());
+        };
+        if !opts.same_instant_python {
+            return AgentPlan::Off(
+                "disabled with --python-frames py-spy: Python frames come from py-spy alone".into(),
+            );
+        }
+        if !perf::self_sampling_allowed() {
+            return AgentPlan::Off(
+                "perf events are refused here, so the agent could not sample either".into(),
+            );
+        }
+        let dir = match AgentDir::create() {
+            Ok(d) => d,
+            Err(e) => return AgentPlan::Off(format!("no folder for the agent: {e}")),
+        };
+        let so = match dir.install(pyagent::AGENT) {
+            Ok(p) => p,
+            Err(e) => return AgentPlan::Off(format!("cannot write the agent: {e}")),
+        };
+        let rings = match RingDir::create(dir.path()) {
+            Ok(r) => r,
+            Err(e) => return AgentPlan::Off(format!("no folder for the agent's rings: {e}")),
+        };
+        let env = pyagent::job_env(&so, rings.path(), opts.frequency, opts.stack_size);
+        let link = AgentLink {
+            ring_dir: rings.path().to_path_buf(),
+            covered: Arc::new(Mutex::new(HashSet::<Pid>::new())),
+        };
+        AgentPlan::Ready(Box::new(PreparedAgent {
+            rings,
+            dir,
+            link,
+            env,
+        }))
+    }
+
+    /// Start sampling `job`, which must be forked and not yet exec'd, with
+    /// the agent of `agent` in its environment. `None` options: stacks
+    /// disabled (`--no-stacks`). A refusal is said in one line (unless
+    /// `quiet`) and recorded as coverage; the job runs anyway.
     pub fn start(
         opts: Option<&PerfOptions>,
         job: Pid,
         sink: &Sink,
         quiet: bool,
+        agent: &AgentPlan,
     ) -> StackCollectors {
-        Self::start_with(opts, sink, quiet, None, |o| perf::open(job, o))
+        Self::start_with(opts, sink, quiet, None, agent, |o| perf::open(job, o))
     }
 
     /// Start sampling the running process `root` and everything below it
@@ -38,7 +125,10 @@ impl StackCollectors {
         sink: &Sink,
         quiet: bool,
     ) -> StackCollectors {
-        Self::start_with(opts, sink, quiet, Some(root), |o| {
+        let agent = AgentPlan::Off(
+            "not in processes that were already running (attach): the agent is preloaded only into jobs gpuprof starts; Python frames come from py-spy alone".into(),
+        );
+        Self::start_with(opts, sink, quiet, Some(root), &agent, |o| {
             perf::open_attached(root, o)
         })
     }
@@ -48,12 +138,14 @@ impl StackCollectors {
         sink: &Sink,
         quiet: bool,
         root: Option<Pid>,
+        agent: &AgentPlan,
         open: impl FnOnce(&PerfOptions) -> Result<perf::Opened, perf::OpenError>,
     ) -> StackCollectors {
         let Some(opts) = opts else {
             for source in [
                 perf::COVERAGE_SOURCE,
                 crate::collect::python::COVERAGE_SOURCE,
+                AGENT_COVERAGE_SOURCE,
             ] {
                 sink.send_blocking(Event::Coverage(Coverage {
                     source: source.into(),
@@ -63,28 +155,36 @@ impl StackCollectors {
             }
             return StackCollectors::default();
         };
+        let link = match agent {
+            AgentPlan::Ready(a) => Some(a.link.clone()),
+            AgentPlan::Off(_) => None,
+        };
         let mut c = StackCollectors::default();
         let changes = Arc::new(AtomicU64::new(0));
         let mut tree_changes = None;
+        let mut agent_running = false;
         match open(opts) {
-            Ok(opened) => match PerfSampler::start(opened, sink.clone(), changes.clone()) {
-                Ok(s) => {
-                    c.perf = Some(s);
-                    tree_changes = Some(changes);
-                }
-                Err(e) => {
-                    let detail =
-                        format!("cannot start the perf reader thread: {e}; no native stacks");
-                    if !quiet {
-                        eprintln!("gpuprof: {detail}");
+            Ok(opened) => {
+                match PerfSampler::start(opened, sink.clone(), changes.clone(), link.clone()) {
+                    Ok(s) => {
+                        c.perf = Some(s);
+                        tree_changes = Some(changes);
+                        agent_running = link.is_some();
                     }
-                    sink.send_blocking(Event::Coverage(Coverage {
-                        source: perf::COVERAGE_SOURCE.into(),
-                        available: false,
-                        detail,
-                    }));
+                    Err(e) => {
+                        let detail =
+                            format!("cannot start the perf reader thread: {e}; no native stacks");
+                        if !quiet {
+                            eprintln!("gpuprof: {detail}");
+                        }
+                        sink.send_blocking(Event::Coverage(Coverage {
+                            source: perf::COVERAGE_SOURCE.into(),
+                            available: false,
+                            detail,
+                        }));
+                    }
                 }
-            },
+            }
             Err(e) => {
                 if !quiet {
                     eprintln!("gpuprof: {}", e.message);
@@ -92,7 +192,26 @@ impl StackCollectors {
                 sink.send_blocking(Event::Coverage(perf::refused_coverage(&e)));
             }
         }
-        match PySampler::start(opts.frequency, sink.clone(), tree_changes, root) {
+        sink.send_blocking(Event::Coverage(Coverage {
+            source: AGENT_COVERAGE_SOURCE.into(),
+            available: agent_running,
+            detail: match agent {
+                AgentPlan::Ready(_) if agent_running => format!(
+                    "in-process agent preloaded into the job (LD_PRELOAD): CPython 3.9–3.13 processes are sampled from inside, at {} Hz per thread; report.json stacks.python says per process what it did",
+                    opts.frequency
+                ),
+                AgentPlan::Ready(_) => {
+                    "native stacks are not sampled, so the agent's samples are not read".into()
+                }
+                AgentPlan::Off(why) => why.clone(),
+            },
+        }));
+        let covered = if agent_running {
+            link.map(|l| l.covered)
+        } else {
+            None
+        };
+        match PySampler::start(opts.frequency, sink.clone(), tree_changes, root, covered) {
             Ok(p) => c.python = Some(p),
             Err(e) => sink.send_blocking(Event::Coverage(Coverage {
                 source: crate::collect::python::COVERAGE_SOURCE.into(),

@@ -314,6 +314,23 @@ pub fn stacks_scoped(a: &Analysis, rank: Option<u32>) -> Option<StackEvidence> {
         if count == 0 {
             continue;
         }
+        if innermost.is_empty() {
+            // No same-instant Python frames in this role: py-spy's
+            // Python-only stacks of its processes name the functions, each
+            // as a share of those stacks.
+            let mut n = 0u64;
+            let mut py_only: BTreeMap<String, u64> = BTreeMap::new();
+            for smp in s.python_only_role(Some(role)) {
+                n += 1;
+                if let Some(f) = s.stack(smp.stack).last() {
+                    *py_only.entry(f.to_string()).or_default() += 1;
+                }
+            }
+            for (name, k) in py_only {
+                // Scaled to the role's CPU samples so shares stay shares.
+                innermost.insert(name, k * count / n.max(1));
+            }
+        }
         ev.samples.insert(role, count);
         let mut fs: Vec<FunctionShare> = innermost
             .into_iter()

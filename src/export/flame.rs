@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use inferno::flamegraph::{self, color::BasicPalette, color::Palette, Options};
 use serde_json::json;
 
-use crate::analysis::stacks::{FoldOptions, Sample, Stacks, View};
+use crate::analysis::stacks::{AttributionCounts, FoldOptions, Sample, Stacks, View};
 use crate::analysis::{Analysis, Role};
 use crate::export::trace::TraceWriter;
 
@@ -102,7 +102,12 @@ fn titles<'a>(
     merged: &[(String, usize)],
     per_process: Option<&str>,
 ) -> (String, String) {
-    let sum = st.fold_summary(samples);
+    let samples: Vec<&Sample> = samples.collect();
+    let sum = st.fold_summary(samples.iter().copied());
+    let mut counts = AttributionCounts::default();
+    for s in &samples {
+        counts.add(s.attribution);
+    }
     let n = sum.samples;
     let hz = st.report.frequency_hz;
     let mut parts = vec![if hz > 0.0 {
@@ -110,6 +115,15 @@ fn titles<'a>(
     } else {
         format!("{n} samples")
     }];
+    // How the samples that ran Python code got their Python frames.
+    let py = counts.python();
+    if py > 0 {
+        let same = counts.same_instant + counts.same_instant_partial;
+        parts.push(format!(
+            "Python frames of the same instant: {:.1}%",
+            100.0 * same as f64 / py as f64
+        ));
+    }
     match view {
         View::Python if sum.python_samples > 0 => {
             // The longest that fits: the interpreter files named, then not.
@@ -136,7 +150,7 @@ fn titles<'a>(
                 candidates.push(format!("{view} · every frame: --flame native"));
                 candidates.push(view);
             }
-            let head = parts[0].len() + " · ".len();
+            let head = parts.join(" · ").chars().count() + " · ".len();
             let pick = candidates
                 .iter()
                 .find(|c| head + c.chars().count() <= SUBTITLE_MAX_CHARS)
@@ -232,8 +246,42 @@ pub fn write_role_outputs(
             }
         }
     }
+    if !st.python_only.is_empty() {
+        // py-spy's stacks of the Python processes without same-instant
+        // frames: their only Python view.
+        let folded = st.folded(
+            st.python_only.iter(),
+            FoldOptions {
+                view: View::Native,
+                merge_workers: false,
+            },
+        );
+        let p = dir.join(PYTHON_ONLY_FOLDED);
+        write(&p, folded.as_bytes())?;
+        written.push(p);
+        let mut buf = Vec::new();
+        let subtitle = format!(
+            "{} Python stacks read by py-spy, not matched to CPU samples in time",
+            st.python_only.len()
+        );
+        if svg(
+            &folded,
+            "Python stacks (Python-only view)",
+            &subtitle,
+            &mut buf,
+        )? {
+            let p = dir.join(PYTHON_ONLY_SVG);
+            write(&p, &buf)?;
+            written.push(p);
+        }
+    }
     Ok(written)
 }
+
+/// The Python-only view: py-spy's stacks of the Python processes whose
+/// native samples have no same-instant Python frames.
+pub const PYTHON_ONLY_FOLDED: &str = "stacks-python-only.folded";
+pub const PYTHON_ONLY_SVG: &str = "flame-python-only.svg";
 
 /// `flame-gpu-idle.svg` (+ `stacks-gpu-idle.folded`, and every frame per
 /// process in `stacks-gpu-idle-native.folded`): what every process did

@@ -11,21 +11,24 @@
 //! recording, so `gpuprof report` needs nothing else.
 
 mod perfmap;
+pub mod pyagent;
 mod ring;
 mod symbolize;
 mod unwind;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::os::fd::AsRawFd;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 pub use ring::{online_cpus, parse_cpu_list, perf_event_paranoid, ring_bytes_for, OpenError};
 
 use crate::collect::intern::Interner;
-use crate::event::{Coverage, Event, MonoNs, Pid, StackKind, StackStats, Tid};
+use crate::event::{Coverage, Event, MonoNs, Pid, SampleSource, StackKind, StackStats, Tid};
 use crate::record::Sink;
+use pyagent::{AgentRecord, AgentRings, Note, PyStatus};
 use ring::{Record, Rings};
 use unwind::{Files, ProcessMaps, UnwindCache};
 
@@ -41,6 +44,20 @@ pub const DEFAULT_STACK_SIZE: u32 = 32 * 1024;
 /// with earlier times can still arrive and be ordered before them.
 const REORDER_WINDOW_NS: u64 = 10_000_000;
 const POLL_TIMEOUT_MS: i32 = 50;
+/// With agents writing rings (which cannot wake the reader), drain more often.
+const AGENT_POLL_TIMEOUT_MS: i32 = 20;
+
+/// Processes whose Python frames the in-process agent samples, shared with
+/// the py-spy sampler (which leaves them alone).
+pub type AgentCovered = Arc<Mutex<HashSet<Pid>>>;
+
+/// The in-process agent's side of a recording: where its rings are, and
+/// the set of processes it covers.
+#[derive(Clone, Debug)]
+pub struct AgentLink {
+    pub ring_dir: PathBuf,
+    pub covered: AgentCovered,
+}
 
 #[derive(Clone, Debug)]
 pub struct PerfOptions {
@@ -48,6 +65,9 @@ pub struct PerfOptions {
     pub frequency: u64,
     /// Bytes of user stack copied per sample (8..=65528, a multiple of 8).
     pub stack_size: u32,
+    /// Python frames of the same instant from the in-process agent
+    /// (`--python-frames same-instant`, the default); else py-spy alone.
+    pub same_instant_python: bool,
 }
 
 impl Default for PerfOptions {
@@ -55,6 +75,7 @@ impl Default for PerfOptions {
         PerfOptions {
             frequency: DEFAULT_FREQUENCY,
             stack_size: DEFAULT_STACK_SIZE,
+            same_instant_python: true,
         }
     }
 }
@@ -177,6 +198,19 @@ pub fn open(job: Pid, opts: &PerfOptions) -> Result<Opened, OpenError> {
     })
 }
 
+/// Whether this process may open a sampling perf event on itself (what the
+/// in-process agent will do in the job's processes).
+pub fn self_sampling_allowed() -> bool {
+    let mut b = perf_event::Builder::new(perf_event::events::Software::CPU_CLOCK);
+    b.observe_self()
+        .any_cpu()
+        .enabled(false)
+        .exclude_kernel(true)
+        .exclude_hv(true)
+        .sample_period(10_000_000);
+    b.build().is_ok()
+}
+
 /// The coverage entry for a refused or failed `open`.
 pub fn refused_coverage(err: &OpenError) -> Coverage {
     Coverage {
@@ -199,13 +233,14 @@ impl PerfSampler {
         opened: Opened,
         sink: Sink,
         tree_changes: Arc<AtomicU64>,
+        agent: Option<AgentLink>,
     ) -> std::io::Result<PerfSampler> {
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
         let thread = std::thread::Builder::new()
             .name("gpuprof-perf".into())
             .spawn(move || {
-                let mut r = Reader::new(opened, sink, tree_changes);
+                let mut r = Reader::new(opened, sink, tree_changes, agent);
                 r.run(&stop2);
                 r.finish()
             })?;
@@ -229,6 +264,38 @@ fn own_perf_map(pid: Pid, t: Option<MonoNs>) -> perfmap::SharedMap {
     perfmap::PerfMap::shared(perfmap::map_path(pid), t.map(perfmap::wall_time_of))
 }
 
+/// A frame of a native stack: an instruction (file, offset), a Python
+/// function of a same-instant sample (name id of the agent rings, entry),
+/// or a marker saying why Python frames are missing.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum FrameKey {
+    Native(u32, u64),
+    Py(u32, bool),
+    Marker(&'static str),
+}
+
+/// Markers of agent samples whose Python frames are missing or cut.
+pub const MARKER_UNREADABLE: &str = "[python: unreadable]";
+pub const MARKER_TRUNCATED: &str = "[python: truncated]";
+
+/// What the agent did in one process.
+#[derive(Default)]
+struct AgentProc {
+    samples: u64,
+    partial: BTreeMap<String, u64>,
+    late: u64,
+    unknown_code: u64,
+    chained: bool,
+}
+
+struct Agent {
+    rings: AgentRings,
+    covered: AgentCovered,
+    procs: BTreeMap<Pid, AgentProc>,
+    buf: Vec<(usize, AgentRecord)>,
+    last_reap: Instant,
+}
+
 struct Reader {
     rings: Rings,
     job: Pid,
@@ -238,7 +305,8 @@ struct Reader {
     files: Files,
     paths: Vec<String>,
     cache: UnwindCache,
-    interner: Interner<(u32, u64)>,
+    interner: Interner<FrameKey>,
+    agent: Option<Agent>,
     unknown_file: u32,
     pending: Vec<Record>,
     stats: StackStats,
@@ -258,8 +326,32 @@ struct Reader {
 const CATCH_UP_AFTER: Duration = Duration::from_millis(100);
 const CATCH_UP_PASSES: u32 = 3;
 
+fn frame_event(id: u32, key: &FrameKey, rings: &AgentRings) -> Event {
+    match *key {
+        FrameKey::Native(file, offset) => Event::NativeFrame { id, file, offset },
+        FrameKey::Py(name, entry) => {
+            let (name, file) = rings.name(name);
+            Event::InlinePyFrame {
+                id,
+                name: name.to_string(),
+                file: file.to_string(),
+                entry,
+            }
+        }
+        FrameKey::Marker(m) => Event::StackMarker {
+            id,
+            marker: m.to_string(),
+        },
+    }
+}
+
 impl Reader {
-    fn new(opened: Opened, sink: Sink, tree_changes: Arc<AtomicU64>) -> Reader {
+    fn new(
+        opened: Opened,
+        sink: Sink,
+        tree_changes: Arc<AtomicU64>,
+        agent: Option<AgentLink>,
+    ) -> Reader {
         let mut files = Files::default();
         let unknown_file = files.id_of("[unknown]");
         let mut r = Reader {
@@ -272,6 +364,13 @@ impl Reader {
             paths: Vec::new(),
             cache: UnwindCache::default(),
             interner: Interner::new(StackKind::Native),
+            agent: agent.map(|a| Agent {
+                rings: AgentRings::new(a.ring_dir),
+                covered: a.covered,
+                procs: BTreeMap::new(),
+                buf: Vec::new(),
+                last_reap: Instant::now(),
+            }),
             unknown_file,
             pending: Vec::new(),
             stats: StackStats {
@@ -304,7 +403,7 @@ impl Reader {
             let stopping = stop.load(Ordering::Acquire);
             let drain_start = MonoNs::now();
             let work = Instant::now();
-            self.drain();
+            self.drain(stopping);
             let horizon = if stopping {
                 MonoNs(u64::MAX)
             } else {
@@ -335,13 +434,17 @@ impl Reader {
                     idx.push(i);
                 }
             }
+            let timeout = if self.agent.is_some() {
+                AGENT_POLL_TIMEOUT_MS
+            } else {
+                POLL_TIMEOUT_MS
+            };
             if fds.is_empty() {
-                std::thread::sleep(Duration::from_millis(POLL_TIMEOUT_MS as u64));
+                std::thread::sleep(Duration::from_millis(timeout as u64));
                 continue;
             }
             // SAFETY: fds is a valid array of pollfd of the given length.
-            let rc =
-                unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, POLL_TIMEOUT_MS) };
+            let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
             if rc > 0 {
                 for (f, i) in fds.iter().zip(&idx) {
                     if f.revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0 {
@@ -352,8 +455,8 @@ impl Reader {
         }
     }
 
-    /// Move every available record out of the rings.
-    fn drain(&mut self) {
+    /// Move every available record out of the rings (the agents' too).
+    fn drain(&mut self, last: bool) {
         let nregs = ring::REGS_MASK.count_ones() as usize;
         for s in self.rings.samplers.iter_mut() {
             while let Some(rec) = s.next_record() {
@@ -361,6 +464,16 @@ impl Reader {
                 if let Some(r) = ring::parse(rec.ty(), rec.misc(), &body, nregs) {
                     self.pending.push(r);
                 }
+            }
+        }
+        if let Some(a) = self.agent.as_mut() {
+            a.rings.drain(&mut a.buf, last);
+            if a.last_reap.elapsed() >= Duration::from_secs(1) {
+                a.rings.reap(&mut a.buf);
+                a.last_reap = Instant::now();
+            }
+            for (ring, rec) in a.buf.drain(..) {
+                self.pending.push(Record::Agent { ring, rec });
             }
         }
     }
@@ -428,6 +541,13 @@ impl Reader {
                     pm.jit.push(own_perf_map(pid, Some(t)));
                     self.procs.insert(pid, pm);
                     self.tree_changes.fetch_add(1, Ordering::Release);
+                    // Its agent, if any, says hello again.
+                    if let Some(a) = &self.agent {
+                        a.covered
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .remove(&pid);
+                    }
                 }
                 self.sink.send_blocking(Event::TaskComm {
                     t,
@@ -474,6 +594,159 @@ impl Reader {
             Record::Lost { lost, .. } => {
                 self.stats.lost_records += lost;
             }
+            Record::Agent { ring, rec } => self.agent_record(ring, rec),
+        }
+    }
+
+    fn agent_record(&mut self, ring: usize, rec: AgentRecord) {
+        let Some(a) = self.agent.as_mut() else {
+            return;
+        };
+        match rec {
+            AgentRecord::Hello(h) => {
+                {
+                    let mut c = a.covered.lock().unwrap_or_else(|e| e.into_inner());
+                    if h.sampling {
+                        c.insert(h.pid);
+                    } else {
+                        c.remove(&h.pid);
+                    }
+                }
+                a.procs.entry(h.pid).or_default();
+                self.sink.send_blocking(Event::PyProcess {
+                    t: h.t,
+                    pid: h.pid,
+                    version: h.version,
+                    same_instant: h.sampling,
+                    detail: h.detail,
+                });
+            }
+            AgentRecord::Note(Note::HandlerChained { pid, .. }) => {
+                a.procs.entry(pid).or_default().chained = true;
+            }
+            AgentRecord::Note(Note::Async { pid, .. }) => {
+                a.procs.entry(pid).or_default().late += 1;
+            }
+            AgentRecord::Sample(smp) => self.agent_sample(ring, smp),
+            AgentRecord::Code(_) => {}
+        }
+    }
+
+    /// The native stack of an agent sample, unwound like a perf sample,
+    /// followed by its Python frames (outermost first) and, when they are
+    /// missing or cut, a marker saying so.
+    fn agent_sample(&mut self, ring: usize, smp: pyagent::AgentSample) {
+        let Some(a) = self.agent.as_mut() else {
+            return;
+        };
+        let (pid, tid, t) = (smp.native.pid, smp.native.tid, smp.native.t);
+        let st = a.procs.entry(pid).or_default();
+        st.samples += 1;
+        let mut py: Vec<FrameKey> = Vec::with_capacity(smp.frames.len());
+        let mut marker = None;
+        match smp.status {
+            PyStatus::Ok | PyStatus::Truncated | PyStatus::NoThreadState => {
+                if smp.status == PyStatus::Truncated {
+                    *st.partial.entry("truncated".into()).or_default() += 1;
+                    marker = Some(MARKER_TRUNCATED);
+                }
+                // Innermost first in the record; a frame's entry flag moves
+                // to the next inner frame when a shim frame is left out.
+                let mut inner_first: Vec<FrameKey> = Vec::with_capacity(smp.frames.len());
+                for &(code, key, flags) in smp.frames.iter() {
+                    let entry = flags & pyagent::FRAME_ENTRY != 0;
+                    if flags & pyagent::FRAME_BAD_CODE != 0 {
+                        marker = Some(MARKER_UNREADABLE);
+                        break;
+                    }
+                    match a.rings.resolve(ring, code, key) {
+                        Some(id) => {
+                            if a.rings.name(id).1 == "<shim>" {
+                                if entry {
+                                    if let Some(FrameKey::Py(_, e)) = inner_first.last_mut() {
+                                        *e = true;
+                                    }
+                                }
+                                continue;
+                            }
+                            inner_first.push(FrameKey::Py(id, entry));
+                        }
+                        None => {
+                            st.unknown_code += 1;
+                            marker = Some(MARKER_UNREADABLE);
+                            break;
+                        }
+                    }
+                }
+                if marker == Some(MARKER_UNREADABLE) {
+                    *st.partial.entry("unknown code".into()).or_default() += 1;
+                } else {
+                    py.extend(inner_first.into_iter().rev());
+                }
+            }
+            PyStatus::Unreadable | PyStatus::Inconsistent => {
+                let why = if smp.status == PyStatus::Unreadable {
+                    "unreadable"
+                } else {
+                    "inconsistent"
+                };
+                *st.partial.entry(why.into()).or_default() += 1;
+                marker = Some(MARKER_UNREADABLE);
+            }
+        }
+        let pm = self.procs.entry(pid).or_default();
+        if pm.is_empty() && !pm.seeded {
+            pm.seeded = true;
+            for m in unwind::proc_maps(pid) {
+                pm.add(&mut self.files, &m);
+            }
+        }
+        if pm.jit.is_empty() {
+            pm.jit.push(own_perf_map(pid, None));
+        }
+        self.sample_gen += 1;
+        let files = &mut self.files;
+        let Some(u) = unwind::unwind(
+            pm,
+            &mut self.cache,
+            &smp.native,
+            self.unknown_file,
+            self.sample_gen,
+            &mut |path| files.id_of_text(path),
+        ) else {
+            return;
+        };
+        for (i, _, e) in &u.jit {
+            self.jit_names
+                .entry(u.frames[*i])
+                .or_insert_with(|| e.name.clone());
+        }
+        self.announce_files();
+        self.frames_buf.clear();
+        let keys = u
+            .frames
+            .iter()
+            .rev()
+            .map(|&(f, o)| FrameKey::Native(f, o))
+            .chain(py)
+            .chain(marker.map(FrameKey::Marker));
+        let rings = &self.agent.as_ref().expect("agent present").rings;
+        for key in keys {
+            let id = self
+                .interner
+                .frame(&key, &self.sink, |id, k| frame_event(id, k, rings));
+            self.frames_buf.push(id);
+        }
+        if let Some(stack) = self.interner.stack(&self.frames_buf, &self.sink) {
+            self.interner.sample_from(
+                SampleSource::Agent,
+                pid,
+                tid,
+                t,
+                stack,
+                u.complete,
+                &self.sink,
+            );
         }
     }
 
@@ -515,14 +788,12 @@ impl Reader {
             self.stats.truncated += 1;
         }
         self.frames_buf.clear();
-        for key in u.frames.iter().rev() {
-            let id =
-                self.interner
-                    .frame(key, &self.sink, |id, &(file, offset)| Event::NativeFrame {
-                        id,
-                        file,
-                        offset,
-                    });
+        for &(file, offset) in u.frames.iter().rev() {
+            let id = self
+                .interner
+                .frame(&FrameKey::Native(file, offset), &self.sink, |id, _| {
+                    Event::NativeFrame { id, file, offset }
+                });
             self.frames_buf.push(id);
         }
         if let Some(stack) = self.interner.stack(&self.frames_buf, &self.sink) {
@@ -536,7 +807,10 @@ impl Reader {
         // Group the sampled frames by file and name them.
         let mut by_file: BTreeMap<String, Vec<(u32, u64)>> = BTreeMap::new();
         let mut names = Vec::new();
-        for (&(file, offset), id) in self.interner.frames() {
+        for (key, id) in self.interner.frames() {
+            let FrameKey::Native(file, offset) = *key else {
+                continue;
+            };
             if let Some(name) = self.jit_names.get(&(file, offset)) {
                 names.push((id, name.to_string()));
             } else if let Some(path) = self.paths.get(file as usize) {
@@ -562,6 +836,26 @@ impl Reader {
             self.rings.ring_bytes / 1024,
             self.job
         );
+        if let Some(a) = self.agent.take() {
+            let dropped = a.rings.dropped();
+            for (pid, p) in a.procs {
+                self.sink.send_blocking(Event::PyAgentStats {
+                    pid,
+                    samples: p.samples,
+                    partial: p.partial,
+                    dropped: dropped.get(&pid).copied().unwrap_or(0),
+                    late_signals: p.late,
+                    unknown_code: p.unknown_code,
+                    handler_chained: p.chained,
+                });
+            }
+            if a.rings.malformed > 0 {
+                s.detail.push_str(&format!(
+                    "; {} records of the Python agent could not be decoded",
+                    a.rings.malformed
+                ));
+            }
+        }
         let cov_detail = if s.lost_records > 0 {
             format!(
                 "{}; the kernel dropped {} records (rings full): lower --frequency or --stack-size",

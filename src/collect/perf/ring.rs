@@ -392,6 +392,11 @@ pub enum Record {
         lost: u64,
         t: MonoNs,
     },
+    /// A record of the in-process Python agent, from ring `ring`.
+    Agent {
+        ring: usize,
+        rec: super::pyagent::AgentRecord,
+    },
 }
 
 impl Record {
@@ -403,6 +408,7 @@ impl Record {
             | Record::Fork { t, .. }
             | Record::Exit { t, .. }
             | Record::Lost { t, .. } => *t,
+            Record::Agent { rec, .. } => rec.time(),
         }
     }
 }

@@ -1,0 +1,898 @@
+/* gpuprof's same-instant Python stack sampler, preloaded into the job's
+ * processes (LD_PRELOAD) by `gpuprof record`.
+ *
+ * In a CPython 3.9–3.13 process it opens a perf event on itself (software
+ * cpu-clock, one sample per period of the thread's CPU time) with
+ * `sigtrap`: the kernel raises a synchronous SIGTRAP in the very thread whose
+ * counter overflowed, on its return to user mode. The handler below then
+ * records, for that instant, both
+ *   - the thread's Python frame chain (code object pointers, read from its
+ *     own PyThreadState), and
+ *   - the interrupted user registers and a copy of the top of its stack,
+ *     which gpuprof unwinds with the DWARF unwinder it uses for perf samples,
+ * into a shared-memory ring (ring.h) that gpuprof drains. Both halves come
+ * from the same stopped thread, so the Python frames are those of the
+ * native stack's instant by construction, not by a match in time.
+ *
+ * Rules it keeps inside the job:
+ *   - nothing unless GPUPROF_PYSTACKS_DIR is set and this is a CPython whose
+ *     symbols are visible and whose layout is known; a debug or
+ *     free-threaded build is refused;
+ *   - only async-signal-safe work in the handler: raw syscalls, no locks, no
+ *     allocation; every read of interpreter memory goes through
+ *     process_vm_readv on ourselves, so a stale pointer read mid-update gives
+ *     an error, never a fault;
+ *   - the job's signals are untouched: SA_RESTART; the event excludes the
+ *     kernel, so the signal comes on a return to user mode and never
+ *     interrupts a blocking system call (no EINTR); a SIGTRAP that is not
+ *     ours goes to the disposition the job set, which sigaction()/signal()
+ *     below report and record instead of replacing our handler;
+ *   - threads inherit the event (inherit_thread), forked children do not:
+ *     after fork() the child opens its own event and ring (pthread_atfork),
+ *     and vfork/posix_spawn children, which reset signal handlers before
+ *     exec, never carry it. exec removes it (remove_on_exec).
+ * If gpuprof is gone the ring fills up, records are dropped and counted,
+ * and the job runs on. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/perf_event.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+#include "ring.h"
+
+#define EXPORT __attribute__((visibility("default")))
+
+/* Environment set by gpuprof (src/collect/perf/pyagent.rs). */
+#define ENV_DIR "GPUPROF_PYSTACKS_DIR"
+#define ENV_PERIOD "GPUPROF_PYSTACKS_PERIOD_NS"
+#define ENV_STACK "GPUPROF_PYSTACKS_STACK_BYTES"
+#define ENV_RING "GPUPROF_PYSTACKS_RING_BYTES"
+
+/* si_perf_data of our events: anything else is not ours. */
+#define SIG_MAGIC 0x7079737461636b73ULL /* "pystacks" */
+#define TRAP_PERF_CODE 6
+#define TRAP_PERF_FLAG_ASYNC_BIT 1u
+
+/* Record types (ring.h: 1 is padding). */
+#define REC_HELLO 2u
+#define REC_SAMPLE 3u
+#define REC_CODE 4u
+#define REC_NOTE 5u
+
+/* HELLO status. */
+#define HELLO_SAMPLING 0u
+#define HELLO_UNSUPPORTED 1u
+#define HELLO_PERF_REFUSED 2u
+#define HELLO_FAILED 3u
+
+/* SAMPLE status. */
+#define ST_OK 0u          /* Python frames read (possibly none) */
+#define ST_NO_TSTATE 1u   /* not a Python thread (or not yet / no longer) */
+#define ST_UNREADABLE 2u  /* a read failed: the chain was being changed */
+#define ST_TRUNCATED 3u   /* more frames than MAX_FRAMES: innermost kept */
+#define ST_INCONSISTENT 4u /* entry frames out of stack order */
+
+/* NOTE kinds. */
+#define NOTE_HANDLER_CHAINED 1u /* the job set its own SIGTRAP disposition */
+#define NOTE_ASYNC 2u           /* delivered late: the thread had SIGTRAP blocked */
+
+/* Frame flags. */
+#define FR_ENTRY 1u /* the oldest frame of its run (one C call of the eval loop) */
+#define FR_BADCODE 2u /* the code pointer is not a code object */
+
+#define MAX_FRAMES 256
+#define NAME_BYTES 1024
+#define FILE_BYTES 2048
+#define CODE_TABLE 16384
+#define CODE_BATCH 8
+
+struct layout {
+    int minor;
+    int ts_frame;   /* tstate -> innermost frame (3.9/3.10, 3.13), or -1 */
+    int ts_cframe;  /* tstate -> _PyCFrame* (3.11/3.12), or -1 */
+    int cf_current; /* _PyCFrame.current_frame */
+    int fr_back;
+    int fr_code;
+    int fr_owner;    /* -1: none (3.9/3.10) */
+    int fr_is_entry; /* 3.11 only, else -1 */
+    int fr_read;
+    int owner_cstack; /* 3.12+: shim frames of the C stack, else -1 */
+    int co_name;      /* co_qualname where it exists, else co_name */
+    int co_file;
+    int co_firstlineno;
+    int co_read;
+    int str_ascii; /* sizeof(PyASCIIObject) */
+    int str_compact; /* sizeof(PyCompactUnicodeObject) */
+};
+
+/* Offsets per minor version (LP64: x86_64, aarch64), checked against each
+ * version's headers by tests/pystacks.rs and, on 3.13, against the
+ * interpreter's own _Py_DebugOffsets at start. */
+static const struct layout LAYOUTS[] = {
+    {9, 24, -1, 0, 24, 32, -1, -1, 40, -1, 112, 104, 40, 120, 48, 72},
+    {10, 24, -1, 0, 24, 32, -1, -1, 40, -1, 112, 104, 40, 120, 48, 72},
+    {11, -1, 56, 8, 48, 32, 69, 68, 72, -1, 128, 112, 72, 136, 48, 72},
+    {12, -1, 56, 0, 8, 0, 70, -1, 72, 3, 128, 112, 68, 136, 40, 56},
+    {13, 72, -1, 0, 8, 0, 70, -1, 72, 3, 128, 112, 68, 136, 40, 56},
+};
+
+struct code_slot {
+    _Atomic uint64_t code;
+    _Atomic uint32_t key;
+    _Atomic uint32_t ready;
+};
+
+struct frame_out {
+    uint64_t code;
+    uint32_t key;
+    uint32_t flags;
+};
+
+struct rec_head {
+    uint64_t word; /* ring.h record word */
+    uint32_t pid;
+    uint32_t tid;
+};
+
+struct rec_hello {
+    struct rec_head h;
+    uint64_t time;
+    uint32_t status;
+    int32_t err;
+    uint32_t py_hex; /* major << 24 | minor << 16 | micro << 8 */
+    uint32_t forked;
+    uint32_t ppid;
+    uint32_t stack_bytes;
+    uint64_t period_ns;
+    char version[48];
+    char detail[192];
+};
+
+struct rec_sample {
+    struct rec_head h;
+    uint64_t time;
+    uint64_t regs[4];
+    uint32_t status;
+    uint32_t nframes;
+    uint32_t stack_len;
+    uint32_t reserved;
+    /* nframes × struct frame_out, then stack_len bytes, padded to 8 */
+};
+
+struct rec_code {
+    struct rec_head h;
+    uint64_t code;
+    uint32_t key;
+    int32_t firstlineno;
+    uint8_t name_kind; /* bytes per character: 1, 2, 4; 0 unknown */
+    uint8_t file_kind;
+    uint16_t reserved;
+    uint32_t name_bytes;
+    uint32_t file_bytes;
+    uint32_t reserved2;
+    /* name bytes, file bytes, padded to 8 */
+};
+
+struct rec_note {
+    struct rec_head h;
+    uint64_t time;
+    uint32_t what;
+    uint32_t value;
+};
+
+_Static_assert(sizeof(struct rec_hello) == 296, "HELLO layout (pyagent.rs)");
+_Static_assert(sizeof(struct rec_sample) == 72, "SAMPLE layout (pyagent.rs)");
+_Static_assert(sizeof(struct frame_out) == 16, "frame layout (pyagent.rs)");
+_Static_assert(sizeof(struct rec_code) == 48, "CODE layout (pyagent.rs)");
+_Static_assert(sizeof(struct rec_note) == 32, "NOTE layout (pyagent.rs)");
+
+typedef void *(*tstate_fn)(void);
+typedef int (*sigaction_fn)(int, const struct sigaction *, struct sigaction *);
+typedef sighandler_t (*signal_fn)(int, sighandler_t);
+
+static const struct layout *L;
+static tstate_fn get_tstate;
+static uintptr_t code_type;
+static struct gp_ring g_ring_storage[1];
+static _Atomic(struct gp_ring *) g_ring;
+static struct code_slot *g_codes;
+static uint32_t g_stack_bytes = 32768;
+static uint64_t g_period_ns = 10101010;
+static uint64_t g_ring_bytes = 2u << 20;
+static uint32_t g_py_hex;
+static char g_version[48];
+static char g_dir[512];
+/* A forked child makes its ring at its first sample: 0 none, 1 being made,
+ * 2 ready, 3 failed. */
+static _Atomic int g_child_ring;
+static uint32_t g_parent_pid; /* a forked child's parent, read at the fork */
+static int g_event_fd = -1;
+static _Atomic int g_installed;
+/* Samples dropped in a row for a full ring: gpuprof has stopped reading. */
+static _Atomic uint32_t g_drops_in_a_row;
+#define GIVE_UP_DROPS 1000u
+static struct sigaction g_chain; /* the job's SIGTRAP disposition */
+static _Atomic int g_chain_seq;
+static sigaction_fn real_sigaction;
+static signal_fn real_signal;
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static uint32_t my_tid(void)
+{
+    return (uint32_t)syscall(SYS_gettid);
+}
+
+/* Read our own memory; a bad address is an error, never a fault. */
+static int rd(void *dst, uintptr_t src, size_t n)
+{
+    struct iovec l = {dst, n};
+    struct iovec r = {(void *)src, n};
+    return process_vm_readv(getpid(), &l, 1, &r, 1, 0) == (ssize_t)n ? 0 : -1;
+}
+
+static uint64_t rd_ptr(const uint8_t *buf, int off)
+{
+    uint64_t v;
+    memcpy(&v, buf + off, 8);
+    return v;
+}
+
+static uint32_t key_of(uint64_t name, uint64_t file, int32_t line)
+{
+    uint64_t z = name * 0x9e3779b97f4a7c15ull ^ (file + 0x632be59bd9b4e019ull) ^ ((uint64_t)(uint32_t)line << 17);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    uint32_t k = (uint32_t)z ^ (uint32_t)(z >> 32);
+    return k ? k : 1;
+}
+
+static struct gp_ring *ring(void)
+{
+    return atomic_load_explicit(&g_ring, memory_order_acquire);
+}
+
+static void head_init(struct rec_head *h, uint32_t tid)
+{
+    h->pid = (uint32_t)getpid();
+    h->tid = tid;
+}
+
+static void note(uint32_t what, uint32_t value)
+{
+    struct gp_ring *r = ring();
+    if (!r)
+        return;
+    uint64_t pos = gp_ring_reserve(r, sizeof(struct rec_note));
+    if (pos == UINT64_MAX)
+        return;
+    struct rec_note *n = gp_ring_at(r, pos);
+    head_init(&n->h, my_tid());
+    n->time = now_ns();
+    n->what = what;
+    n->value = value;
+    gp_ring_commit(r, pos, sizeof *n, sizeof *n, REC_NOTE, 0);
+}
+
+/* A Python str: (bytes per char, bytes copied) into dst, or 0 when it
+ * cannot be read (not compact, or a failed read). */
+static uint32_t read_str(uintptr_t obj, uint8_t *dst, uint32_t cap, uint8_t *kind_out)
+{
+    uint8_t head[72];
+    *kind_out = 0;
+    if (!obj || rd(head, obj, (size_t)L->str_compact))
+        return 0;
+    int64_t length;
+    uint32_t state;
+    memcpy(&length, head + 16, 8);
+    memcpy(&state, head + 32, 4);
+    uint32_t kind = (state >> 2) & 7, compact = (state >> 5) & 1, ascii = (state >> 6) & 1;
+    if (!compact || (kind != 1 && kind != 2 && kind != 4) || length < 0)
+        return 0;
+    uint64_t bytes = (uint64_t)length * kind;
+    if (bytes > cap)
+        bytes = cap - cap % kind;
+    uintptr_t data = obj + (uintptr_t)(ascii ? L->str_ascii : L->str_compact);
+    if (bytes && rd(dst, data, bytes))
+        return 0;
+    *kind_out = (uint8_t)kind;
+    return (uint32_t)bytes;
+}
+
+/* Name a code object in the ring: (code, key) → qualname, filename. */
+static int emit_code(uint64_t code, uint32_t key, const uint8_t *hdr, uint32_t tid)
+{
+    struct gp_ring *r = ring();
+    uint32_t reserve = sizeof(struct rec_code) + NAME_BYTES + FILE_BYTES;
+    uint64_t pos = gp_ring_reserve(r, reserve);
+    if (pos == UINT64_MAX)
+        return -1;
+    struct rec_code *c = gp_ring_at(r, pos);
+    head_init(&c->h, tid);
+    c->code = code;
+    c->key = key;
+    memcpy(&c->firstlineno, hdr + L->co_firstlineno, 4);
+    uint8_t *out = (uint8_t *)(c + 1);
+    c->name_bytes = read_str(rd_ptr(hdr, L->co_name), out, NAME_BYTES, &c->name_kind);
+    c->file_bytes = read_str(rd_ptr(hdr, L->co_file), out + c->name_bytes, FILE_BYTES, &c->file_kind);
+    c->reserved = 0;
+    c->reserved2 = 0;
+    uint32_t used = sizeof *c + ((c->name_bytes + c->file_bytes + 7) & ~7u);
+    gp_ring_commit(r, pos, reserve, used, REC_CODE, 0);
+    return 0;
+}
+
+/* Claim or find (code, key) in the table of named code objects. Returns 1
+ * when it was already named, 0 when the caller must name it (and then mark
+ * the slot ready), -1 when the table is full (name it anyway). */
+static int code_seen(uint64_t code, uint32_t key, struct code_slot **slot_out)
+{
+    *slot_out = NULL;
+    if (!g_codes)
+        return -1;
+    uint32_t h = (uint32_t)((code >> 4) * 0x9e3779b1u) ^ key;
+    for (int i = 0; i < 32; i++) {
+        struct code_slot *s = &g_codes[(h + (uint32_t)i) & (CODE_TABLE - 1)];
+        uint64_t c = atomic_load_explicit(&s->code, memory_order_acquire);
+        if (c == 0) {
+            uint64_t zero = 0;
+            if (atomic_compare_exchange_strong(&s->code, &zero, code)) {
+                atomic_store_explicit(&s->key, key, memory_order_release);
+                *slot_out = s;
+                return 0;
+            }
+            c = zero;
+        }
+        if (c == code && atomic_load_explicit(&s->key, memory_order_acquire) == key) {
+            if (atomic_load_explicit(&s->ready, memory_order_acquire))
+                return 1;
+            return 0; /* being named by another thread: name it too */
+        }
+    }
+    return -1;
+}
+
+/* Validate the code objects of `f[0..n)` in batches (one syscall per
+ * batch), set their keys, and name the new ones. Returns -1 when a code
+ * object could not be read. */
+static int check_codes(struct frame_out *f, uint32_t n, uint32_t tid)
+{
+    uint8_t buf[CODE_BATCH][136];
+    struct iovec local[CODE_BATCH], remote[CODE_BATCH];
+    for (uint32_t base = 0; base < n; base += CODE_BATCH) {
+        uint32_t m = n - base < CODE_BATCH ? n - base : CODE_BATCH;
+        for (uint32_t i = 0; i < m; i++) {
+            local[i].iov_base = buf[i];
+            local[i].iov_len = (size_t)L->co_read;
+            remote[i].iov_base = (void *)(uintptr_t)f[base + i].code;
+            remote[i].iov_len = (size_t)L->co_read;
+        }
+        ssize_t got = process_vm_readv(getpid(), local, m, remote, m, 0);
+        if (got != (ssize_t)m * L->co_read)
+            return -1;
+        for (uint32_t i = 0; i < m; i++) {
+            struct frame_out *fo = &f[base + i];
+            if (rd_ptr(buf[i], 8) != code_type) {
+                fo->flags |= FR_BADCODE;
+                fo->key = 0;
+                continue;
+            }
+            int32_t line;
+            memcpy(&line, buf[i] + L->co_firstlineno, 4);
+            fo->key = key_of(rd_ptr(buf[i], L->co_name), rd_ptr(buf[i], L->co_file), line);
+            struct code_slot *slot;
+            int seen = code_seen(fo->code, fo->key, &slot);
+            /* Marked ready only once its name is in the ring: a name
+             * dropped with a full ring is sent again next time. */
+            if (seen != 1 && emit_code(fo->code, fo->key, buf[i], tid) == 0 && slot)
+                atomic_store_explicit(&slot->ready, 1, memory_order_release);
+        }
+    }
+    return 0;
+}
+
+/* Walk the thread's frame chain, innermost first, into `out`. */
+static uint32_t walk(void *tstate, uintptr_t sp, struct frame_out *out, uint32_t *nout)
+{
+    uintptr_t f = 0;
+    *nout = 0;
+    if (L->ts_cframe >= 0) {
+        uintptr_t cf;
+        if (rd(&cf, (uintptr_t)tstate + (uintptr_t)L->ts_cframe, 8) || !cf)
+            return ST_UNREADABLE;
+        if (rd(&f, cf + (uintptr_t)L->cf_current, 8))
+            return ST_UNREADABLE;
+    } else if (rd(&f, (uintptr_t)tstate + (uintptr_t)L->ts_frame, 8)) {
+        return ST_UNREADABLE;
+    }
+    uint32_t n = 0;
+    uintptr_t last_shim = 0;
+    uint8_t fr[80];
+    while (f) {
+        if (rd(fr, f, (size_t)L->fr_read))
+            return *nout = n, ST_UNREADABLE;
+        uintptr_t back = rd_ptr(fr, L->fr_back);
+        if (L->owner_cstack >= 0 && fr[L->fr_owner] == L->owner_cstack) {
+            /* A shim frame on the C stack of one eval-loop call: the frame
+             * just inside it is the oldest of that call's run. Shims are
+             * live locals, so they lie above the interrupted stack pointer
+             * and each older one above the newer. */
+            if (f < sp || f <= last_shim)
+                return *nout = n, ST_INCONSISTENT;
+            last_shim = f;
+            if (n)
+                out[n - 1].flags |= FR_ENTRY;
+            f = back;
+            continue;
+        }
+        if (n == MAX_FRAMES)
+            return *nout = n, ST_TRUNCATED;
+        out[n].code = rd_ptr(fr, L->fr_code);
+        out[n].key = 0;
+        out[n].flags = 0;
+        if (L->fr_is_entry >= 0 ? fr[L->fr_is_entry] != 0 : L->owner_cstack < 0)
+            out[n].flags |= FR_ENTRY;
+        n++;
+        f = back;
+    }
+    *nout = n;
+    return ST_OK;
+}
+
+static struct gp_ring *child_ring(void);
+
+static void chain(int sig, siginfo_t *si, void *uc)
+{
+    struct sigaction c = g_chain;
+    if (c.sa_flags & SA_SIGINFO) {
+        if (c.sa_sigaction)
+            c.sa_sigaction(sig, si, uc);
+        return;
+    }
+    if (c.sa_handler == SIG_IGN)
+        return;
+    if (c.sa_handler == SIG_DFL) {
+        /* What the job would get without us: the default action. */
+        struct sigaction dfl;
+        memset(&dfl, 0, sizeof dfl);
+        dfl.sa_handler = SIG_DFL;
+        atomic_store(&g_installed, 0);
+        real_sigaction(SIGTRAP, &dfl, NULL);
+        syscall(SYS_tgkill, getpid(), my_tid(), SIGTRAP);
+        return;
+    }
+    c.sa_handler(sig);
+}
+
+struct perf_siginfo {
+    int si_signo, si_errno, si_code, pad;
+    void *addr;
+    unsigned long data;
+    uint32_t type, flags;
+};
+
+static void on_sigtrap(int sig, siginfo_t *si, void *ucv)
+{
+    const struct perf_siginfo *ps = (const struct perf_siginfo *)si;
+    if (!si || si->si_code != TRAP_PERF_CODE || ps->data != (unsigned long)SIG_MAGIC) {
+        chain(sig, si, ucv);
+        return;
+    }
+    int saved_errno = errno;
+    uint32_t tid = my_tid();
+    if (ps->flags & TRAP_PERF_FLAG_ASYNC_BIT) {
+        note(NOTE_ASYNC, tid);
+        errno = saved_errno;
+        return;
+    }
+    struct gp_ring *r = ring();
+    if (!r && !(r = child_ring())) {
+        errno = saved_errno;
+        return;
+    }
+    uint64_t t = now_ns();
+    ucontext_t *uc = ucv;
+    uint64_t regs[4];
+#if defined(__x86_64__)
+    regs[0] = (uint64_t)uc->uc_mcontext.gregs[REG_RBP];
+    regs[1] = (uint64_t)uc->uc_mcontext.gregs[REG_RSP];
+    regs[2] = (uint64_t)uc->uc_mcontext.gregs[REG_RIP];
+    regs[3] = 0;
+    uintptr_t sp = regs[1];
+#elif defined(__aarch64__)
+    regs[0] = uc->uc_mcontext.regs[29];
+    regs[1] = uc->uc_mcontext.regs[30];
+    regs[2] = uc->uc_mcontext.sp;
+    regs[3] = uc->uc_mcontext.pc;
+    uintptr_t sp = regs[2];
+#endif
+    uint32_t reserve = sizeof(struct rec_sample) + MAX_FRAMES * sizeof(struct frame_out) + g_stack_bytes;
+    uint64_t pos = gp_ring_reserve(r, reserve);
+    if (pos == UINT64_MAX) {
+        /* gpuprof is gone (nothing read for ~10 s of samples): stop the
+         * signals for good, in this process. */
+        if (atomic_fetch_add(&g_drops_in_a_row, 1) + 1 == GIVE_UP_DROPS && g_event_fd >= 0)
+            ioctl(g_event_fd, PERF_EVENT_IOC_DISABLE, 0);
+        errno = saved_errno;
+        return;
+    }
+    atomic_store_explicit(&g_drops_in_a_row, 0, memory_order_relaxed);
+    struct rec_sample *s = gp_ring_at(r, pos);
+    head_init(&s->h, tid);
+    s->time = t;
+    memcpy(s->regs, regs, sizeof regs);
+    s->reserved = 0;
+    struct frame_out *fo = (struct frame_out *)(s + 1);
+    uint32_t n = 0;
+    void *ts = get_tstate();
+    if (!ts) {
+        s->status = ST_NO_TSTATE;
+    } else {
+        s->status = walk(ts, sp, fo, &n);
+        if (n && check_codes(fo, n, tid))
+            s->status = ST_UNREADABLE;
+    }
+    s->nframes = n;
+    /* The stack from the interrupted stack pointer up: the copy stops at
+     * the end of the mapping, as the kernel's does for perf samples. */
+    uint8_t *stack = (uint8_t *)(fo + n);
+    struct iovec l = {stack, g_stack_bytes};
+    struct iovec rm = {(void *)sp, g_stack_bytes};
+    ssize_t got = process_vm_readv(getpid(), &l, 1, &rm, 1, 0);
+    if (got < 0) {
+        /* Partial reads return what was read; a failure here means the
+         * first page was unreadable, or the length crossed the end. */
+        size_t to_page = 4096 - (sp & 4095);
+        l.iov_len = rm.iov_len = to_page;
+        got = process_vm_readv(getpid(), &l, 1, &rm, 1, 0);
+        if (got < 0)
+            got = 0;
+    }
+    s->stack_len = (uint32_t)got;
+    uint32_t used = (uint32_t)(sizeof *s + n * sizeof(struct frame_out) + (((uint32_t)got + 7) & ~7u));
+    gp_ring_commit(r, pos, reserve, used, REC_SAMPLE, 0);
+    errno = saved_errno;
+}
+
+/* The job's view of SIGTRAP: what it set (or the default), while our
+ * handler stays installed and passes on every SIGTRAP that is not ours. */
+EXPORT int sigaction(int sig, const struct sigaction *act, struct sigaction *old)
+{
+    if (!real_sigaction)
+        real_sigaction = (sigaction_fn)dlsym(RTLD_NEXT, "sigaction");
+    if (!real_sigaction) {
+        errno = ENOSYS;
+        return -1;
+    }
+    if (sig == SIGTRAP && atomic_load(&g_installed)) {
+        if (old)
+            *old = g_chain;
+        if (act) {
+            g_chain = *act;
+            if (atomic_fetch_add(&g_chain_seq, 1) == 0)
+                note(NOTE_HANDLER_CHAINED, 0);
+        }
+        return 0;
+    }
+    return real_sigaction(sig, act, old);
+}
+
+EXPORT sighandler_t signal(int sig, sighandler_t handler)
+{
+    if (sig == SIGTRAP && atomic_load(&g_installed)) {
+        struct sigaction act, old;
+        memset(&act, 0, sizeof act);
+        act.sa_handler = handler;
+        act.sa_flags = SA_RESTART;
+        sigemptyset(&act.sa_mask);
+        if (sigaction(sig, &act, &old))
+            return SIG_ERR;
+        return (old.sa_flags & SA_SIGINFO) ? (sighandler_t)(void *)old.sa_sigaction : old.sa_handler;
+    }
+    if (!real_signal)
+        real_signal = (signal_fn)dlsym(RTLD_NEXT, "signal");
+    if (!real_signal) {
+        errno = ENOSYS;
+        return SIG_ERR;
+    }
+    return real_signal(sig, handler);
+}
+
+static uint64_t env_u64(const char *name, uint64_t dflt, uint64_t lo, uint64_t hi)
+{
+    const char *v = getenv(name);
+    if (!v || !*v)
+        return dflt;
+    char *end;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (*end || x < lo || x > hi)
+        return dflt;
+    return x;
+}
+
+/* "<dir>/<pid>-<hex>.ring" without stdio: this also runs in the signal
+ * handler (the first sample of a forked child). */
+static void ring_path(char *out, size_t cap, uint32_t pid, uint64_t nonce)
+{
+    size_t n = strnlen(g_dir, sizeof g_dir - 1);
+    if (n + 40 > cap)
+        n = cap - 40;
+    memcpy(out, g_dir, n);
+    out[n++] = '/';
+    char tmp[24];
+    int k = 0;
+    do {
+        tmp[k++] = (char)('0' + pid % 10);
+        pid /= 10;
+    } while (pid);
+    while (k)
+        out[n++] = tmp[--k];
+    out[n++] = '-';
+    do {
+        tmp[k++] = "0123456789abcdef"[nonce & 15];
+        nonce >>= 4;
+    } while (nonce);
+    while (k)
+        out[n++] = tmp[--k];
+    memcpy(out + n, ".ring", 6);
+}
+
+/* Create this process's ring in the gpuprof folder. Async-signal-safe. */
+static int open_ring(struct gp_ring *out)
+{
+    char path[600];
+    int fd = -1;
+    for (int attempt = 0; attempt < 8 && fd < 0; attempt++) {
+        ring_path(path, sizeof path, (uint32_t)getpid(), now_ns() + (uint64_t)attempt);
+        fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+        if (fd < 0 && errno != EEXIST)
+            return errno;
+    }
+    if (fd < 0)
+        return EEXIST;
+    int err = gp_ring_create(out, fd, g_ring_bytes, (uint32_t)getpid());
+    close(fd);
+    if (err)
+        unlink(path);
+    return err;
+}
+
+static void hello(uint32_t status, int err, uint32_t forked, const char *detail)
+{
+    struct gp_ring *r = ring();
+    if (!r)
+        return;
+    uint64_t pos = gp_ring_reserve(r, sizeof(struct rec_hello));
+    if (pos == UINT64_MAX)
+        return;
+    struct rec_hello *h = gp_ring_at(r, pos);
+    head_init(&h->h, my_tid());
+    h->time = now_ns();
+    h->status = status;
+    h->err = err;
+    h->py_hex = g_py_hex;
+    h->forked = forked;
+    h->ppid = forked ? g_parent_pid : (uint32_t)getppid();
+    h->stack_bytes = g_stack_bytes;
+    h->period_ns = g_period_ns;
+    memset(h->version, 0, sizeof h->version);
+    memcpy(h->version, g_version, strnlen(g_version, sizeof h->version - 1));
+    memset(h->detail, 0, sizeof h->detail);
+    if (detail)
+        memcpy(h->detail, detail, strnlen(detail, sizeof h->detail - 1));
+    gp_ring_commit(r, pos, sizeof *h, sizeof *h, REC_HELLO, 0);
+}
+
+/* The sampling event on this thread, inherited by the threads it creates. */
+static int open_event(void)
+{
+    struct perf_event_attr a;
+    memset(&a, 0, sizeof a);
+    a.size = sizeof a;
+    a.type = PERF_TYPE_SOFTWARE;
+    a.config = PERF_COUNT_SW_CPU_CLOCK;
+    a.sample_period = g_period_ns;
+    a.inherit = 1;
+    a.inherit_thread = 1;
+    a.exclude_kernel = 1;
+    a.exclude_hv = 1;
+    a.remove_on_exec = 1;
+    a.sigtrap = 1;
+    a.sig_data = SIG_MAGIC;
+    int fd = (int)syscall(SYS_perf_event_open, &a, 0, -1, -1, PERF_FLAG_FD_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    return fd;
+}
+
+static void start_sampling(uint32_t forked)
+{
+    int fd = open_event();
+    if (fd < 0) {
+        char d[160];
+        snprintf(d, sizeof d, "perf_event_open with sigtrap on itself failed: %s", strerror(-fd));
+        hello(HELLO_PERF_REFUSED, -fd, forked, d);
+        return;
+    }
+    g_event_fd = fd;
+    hello(HELLO_SAMPLING, 0, forked, NULL);
+}
+
+/* The ring of a forked child, made at its first sample (a child that
+ * execs or exits first costs nothing). Returns NULL until it is ready. */
+static struct gp_ring *child_ring(void)
+{
+    int expected = 0;
+    if (!atomic_compare_exchange_strong(&g_child_ring, &expected, 1))
+        return NULL;
+    struct gp_ring *cur = &g_ring_storage[0];
+    if (open_ring(cur)) {
+        atomic_store(&g_child_ring, 3);
+        return NULL;
+    }
+    atomic_store_explicit(&g_ring, cur, memory_order_release);
+    atomic_store(&g_child_ring, 2);
+    hello(HELLO_SAMPLING, 0, 1, NULL);
+    return cur;
+}
+
+static void after_fork_child(void)
+{
+    if (!atomic_load(&g_installed))
+        return;
+    /* The parent's event is not inherited (inherit_thread), its fd is; and
+     * the parent's ring is the parent's. */
+    if (g_event_fd >= 0) {
+        close(g_event_fd);
+        g_event_fd = -1;
+    }
+    g_parent_pid = (uint32_t)getppid();
+    atomic_store_explicit(&g_ring, NULL, memory_order_release);
+    atomic_store(&g_child_ring, 0);
+    int fd = open_event();
+    if (fd < 0) {
+        /* Say why in a ring of its own, made now. */
+        if (child_ring() == NULL)
+            return;
+        char d[160];
+        snprintf(d, sizeof d, "perf_event_open with sigtrap on itself failed: %s", strerror(-fd));
+        hello(HELLO_PERF_REFUSED, -fd, 1, d);
+        return;
+    }
+    g_event_fd = fd;
+}
+
+static int parse_version(const char *v, int *maj, int *min, int *mic)
+{
+    return sscanf(v, "%d.%d.%d", maj, min, mic) == 3 ? 0 : -1;
+}
+
+/* 3.13 publishes its own layout: check ours against it and refuse
+ * free-threaded builds, whose objects have another header. */
+static const char *check_debug_offsets(void)
+{
+    const uint8_t *rt = dlsym(RTLD_DEFAULT, "_PyRuntime");
+    if (!rt)
+        return "no _PyRuntime symbol";
+    if (memcmp(rt, "xdebugpy", 8))
+        return "no debug offsets in _PyRuntime";
+    uint64_t v[40];
+    memcpy(v, rt + 8, sizeof v);
+    /* version, free_threaded, runtime_state{3}, interpreter_state{13},
+     * thread_state{size, prev, next, interp, current_frame, ...} */
+    if (v[1] != 0)
+        return "a free-threaded build";
+    uint64_t *ts = &v[2 + 3 + 13];
+    if (ts[4] != (uint64_t)L->ts_frame)
+        return "PyThreadState.current_frame is not where expected";
+    uint64_t *fr = &ts[9];
+    if (fr[1] != (uint64_t)L->fr_back || fr[2] != (uint64_t)L->fr_code || fr[5] != (uint64_t)L->fr_owner)
+        return "_PyInterpreterFrame is not laid out as expected";
+    uint64_t *co = &fr[6];
+    if (co[1] != (uint64_t)L->co_file || co[3] != (uint64_t)L->co_name || co[5] != (uint64_t)L->co_firstlineno)
+        return "PyCodeObject is not laid out as expected";
+    return NULL;
+}
+
+__attribute__((constructor)) static void pystacks_init(void)
+{
+    if (!real_sigaction)
+        real_sigaction = (sigaction_fn)dlsym(RTLD_NEXT, "sigaction");
+    if (!real_signal)
+        real_signal = (signal_fn)dlsym(RTLD_NEXT, "signal");
+    const char *dir = getenv(ENV_DIR);
+    if (!dir || !*dir || strlen(dir) >= sizeof g_dir)
+        return;
+    get_tstate = (tstate_fn)dlsym(RTLD_DEFAULT, "PyGILState_GetThisThreadState");
+    const char *(*version)(void) = (const char *(*)(void))dlsym(RTLD_DEFAULT, "Py_GetVersion");
+    void *ct = dlsym(RTLD_DEFAULT, "PyCode_Type");
+    if (!get_tstate || !version || !ct)
+        return; /* not a CPython whose symbols we can see */
+    code_type = (uintptr_t)ct;
+    strcpy(g_dir, dir);
+    g_period_ns = env_u64(ENV_PERIOD, g_period_ns, 1000000, 1000000000);
+    g_stack_bytes = (uint32_t)env_u64(ENV_STACK, g_stack_bytes, 1024, 65528) & ~7u;
+    uint64_t rb = env_u64(ENV_RING, g_ring_bytes, 256u << 10, 64u << 20);
+    g_ring_bytes = 1;
+    while (g_ring_bytes < rb)
+        g_ring_bytes <<= 1;
+
+    const char *v = version();
+    size_t vl = strcspn(v, " ");
+    if (vl >= sizeof g_version)
+        vl = sizeof g_version - 1;
+    memcpy(g_version, v, vl);
+    g_version[vl] = 0;
+    int maj = 0, min = 0, mic = 0;
+    parse_version(g_version, &maj, &min, &mic);
+    g_py_hex = (uint32_t)maj << 24 | (uint32_t)min << 16 | (uint32_t)mic << 8;
+
+    if (open_ring(&g_ring_storage[0]))
+        return;
+    atomic_store_explicit(&g_ring, &g_ring_storage[0], memory_order_release);
+
+    const char *refuse = NULL;
+    char why[192];
+    for (size_t i = 0; i < sizeof LAYOUTS / sizeof LAYOUTS[0]; i++)
+        if (maj == 3 && LAYOUTS[i].minor == min)
+            L = &LAYOUTS[i];
+    if (!L) {
+        snprintf(why, sizeof why, "Python %s: same-instant frames support CPython 3.9 to 3.13", g_version);
+        refuse = why;
+    } else if (dlsym(RTLD_DEFAULT, "_Py_NegativeRefcount") || dlsym(RTLD_DEFAULT, "_Py_RefTotal")) {
+        refuse = "a debug build of CPython (another object layout)";
+    } else if (min == 13) {
+        refuse = check_debug_offsets();
+    }
+    if (!refuse) {
+        /* process_vm_readv on ourselves may be refused (seccomp). */
+        uint64_t probe = 0x1234, back = 0;
+        if (rd(&back, (uintptr_t)&probe, 8) || back != probe) {
+            snprintf(why, sizeof why, "process_vm_readv on itself failed (%s): a seccomp filter?", strerror(errno));
+            refuse = why;
+        }
+    }
+    if (refuse) {
+        hello(HELLO_UNSUPPORTED, 0, 0, refuse);
+        return;
+    }
+    g_codes = mmap(NULL, CODE_TABLE * sizeof(struct code_slot), PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (g_codes == MAP_FAILED)
+        g_codes = NULL;
+
+    struct sigaction sa, prev;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_sigtrap;
+    sa.sa_flags = SA_SIGINFO | SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    if (!real_sigaction || real_sigaction(SIGTRAP, &sa, &prev)) {
+        hello(HELLO_FAILED, errno, 0, "cannot install the SIGTRAP handler");
+        return;
+    }
+    g_chain = prev;
+    atomic_store(&g_installed, 1);
+    pthread_atfork(NULL, NULL, after_fork_child);
+    start_sampling(0);
+}
