@@ -51,7 +51,7 @@ for i in $(seq "$RUNS"); do
         gpuprof)
             rm -rf "$WORK/g$i"
             run gpuprof "$GPUPROF" -q -o "$WORK/g$i" --frequency 99 -- "${JOB[@]}"
-            python3 -c "import json,sys; r=json.load(open(sys.argv[1])); p=r['profiler']; s=r['stacks']; print(p['cpu_pct_of_one_core'], s['samples'], s['lost_records'], s['unwind_coverage'], s['python_stacks'], s['merged_exact'], s['merged_approximate'], s['merged_missing_python'])" \
+            python3 -c "import json,sys; r=json.load(open(sys.argv[1])); p=r['profiler']; s=r['stacks']; y=s['python']; print(p['cpu_pct_of_one_core'], s['samples'], s['lost_records'], s['unwind_coverage'], s['python_stacks'], y['same_instant'], y['same_instant_partial'], y['unattributed'])" \
                 "$WORK/g$i/report.json" >> "$WORK/gpuprof.stats"
             du -b "$WORK/g$i/recording/events.jsonl.gz" | awk '{print $1}' >> "$WORK/gpuprof.rec"
             ;;
@@ -71,7 +71,7 @@ for c in "${configs[@]}"; do
     w=$(cut -d' ' -f2 "$WORK/$c" | median)
     printf "%-10s %12.3f %12.4f %12.3f %12.4f\n" "$c" "$j" "$(echo "$j / $bare_job" | bc -l)" "$w" "$(echo "$w / $bare_wall" | bc -l)"
 done
-echo "gpuprof (per run): cpu_pct_of_one_core samples lost_records unwind_coverage python_stacks merged_exact merged_approx merged_missing"
+echo "gpuprof (per run): cpu_pct_of_one_core samples lost_records unwind_coverage python_stacks same_instant same_instant_partial unattributed"
 cat "$WORK/gpuprof.stats"
 echo "gpuprof recording bytes per run: $(tr '\n' ' ' < "$WORK/gpuprof.rec")"
 

@@ -33,6 +33,10 @@ const DISCOVER_EVERY: Duration = Duration::from_millis(25);
 const REDISCOVER_EVERY: Duration = Duration::from_secs(1);
 /// Attaching a process that just forked can fail transiently.
 const ATTACH_ATTEMPTS: u32 = 8;
+/// How long a new process is left to the in-process agent before py-spy
+/// attaches to it (the agent says hello within a few ms of the program's
+/// start, or of a forked child's first 10 ms of CPU).
+const AGENT_GRACE: Duration = Duration::from_millis(300);
 
 pub struct PySampler {
     stop: Arc<AtomicBool>,
@@ -104,6 +108,10 @@ struct Sampler {
     covered: Option<AgentCovered>,
     /// Processes left to the agent after py-spy had attached.
     handed_over: HashSet<Pid>,
+    /// When each process was first seen (for [`AGENT_GRACE`]).
+    first_seen: HashMap<Pid, Instant>,
+    /// A new process was left to its agent for now: look again soon.
+    waiting_for_agent: bool,
     announced: HashSet<Pid>,
 }
 
@@ -143,16 +151,27 @@ impl Sampler {
             root: None,
             covered,
             handed_over: HashSet::new(),
+            first_seen: HashMap::new(),
+            waiting_for_agent: false,
             announced: HashSet::new(),
         }
     }
 
-    /// Processes whose Python frames the agent samples.
-    fn covered(&self) -> HashSet<Pid> {
+    /// Processes whose Python frames the agent samples (`true`), or whose
+    /// agent said it does not (`false`).
+    fn agents(&self) -> HashMap<Pid, bool> {
         self.covered
             .as_ref()
             .map(|c| c.lock().unwrap_or_else(|e| e.into_inner()).clone())
             .unwrap_or_default()
+    }
+
+    fn covered(&self) -> HashSet<Pid> {
+        self.agents()
+            .into_iter()
+            .filter(|(_, s)| *s)
+            .map(|(p, _)| p)
+            .collect()
     }
 
     fn run(&mut self, stop: &AtomicBool) {
@@ -169,7 +188,8 @@ impl Sampler {
                 .tree_changes
                 .as_ref()
                 .map(|c| c.load(Ordering::Acquire));
-            let retry = self.rejected.values().any(|r| r.1 < ATTACH_ATTEMPTS);
+            let retry =
+                self.waiting_for_agent || self.rejected.values().any(|r| r.1 < ATTACH_ATTEMPTS);
             let due = match (since, changes) {
                 (None, _) => true,
                 (Some(e), Some(c)) => {
@@ -220,10 +240,29 @@ impl Sampler {
         }
         self.spies.retain(|p, _| live.contains(p));
         self.rejected.retain(|p, _| live.contains(p));
-        let covered = self.covered();
+        self.first_seen.retain(|p, _| live.contains(p));
+        self.waiting_for_agent = false;
+        let agents = self.agents();
+        let covered: HashSet<Pid> = agents
+            .iter()
+            .filter(|(_, s)| **s)
+            .map(|(p, _)| *p)
+            .collect();
         self.drop_covered(&covered);
+        let now = Instant::now();
         for pid in live {
             if self.spies.contains_key(&pid) || covered.contains(&pid) {
+                continue;
+            }
+            // With the agent in the job, a new process gets a moment for its
+            // agent to say hello: attaching py-spy costs tens of ms of CPU,
+            // wasted on a process the agent samples.
+            let first = *self.first_seen.entry(pid).or_insert(now);
+            if self.covered.is_some()
+                && !agents.contains_key(&pid)
+                && now.duration_since(first) < AGENT_GRACE
+            {
+                self.waiting_for_agent = true;
                 continue;
             }
             let exe = std::fs::read_link(format!("/proc/{}/exe", pid.0))
@@ -346,7 +385,10 @@ impl Sampler {
     }
 
     fn finish(mut self) -> StackStats {
-        self.stats.busy_ns = (self.busy + self.attach_time).as_nanos() as u64;
+        // The thread's own CPU time (reads, attaching, finding processes):
+        // what it cost the machine, whatever the scheduler did.
+        self.stats.busy_ns = crate::collect::thread_cpu_ns()
+            .unwrap_or((self.busy + self.attach_time).as_nanos() as u64);
         let per_round = self.busy.as_secs_f64() * 1e3 / self.rounds.max(1) as f64;
         let handed = if self.handed_over.is_empty() {
             String::new()
@@ -357,12 +399,13 @@ impl Sampler {
             )
         };
         self.stats.detail = format!(
-            "py-spy (non-blocking) read {} Python process(es){handed} in {} rounds ({per_round:.2} ms per round, {:.0} ms finding and attaching processes), at most {} Hz, sampling within {:.1}% of a core",
+            "py-spy (non-blocking) read {} Python process(es){handed} in {} rounds ({per_round:.2} ms per round, {:.0} ms finding and attaching processes), at most {} Hz, reads within {:.1}% of a core; thread CPU {:.3} s",
             self.attached.len(),
             self.rounds,
             self.attach_time.as_secs_f64() * 1e3,
             self.frequency,
-            CPU_BUDGET * 100.0
+            CPU_BUDGET * 100.0,
+            self.stats.busy_ns as f64 / 1e9
         );
         self.sink
             .send_blocking(Event::StackStats(self.stats.clone()));

@@ -4,7 +4,7 @@
 //! its rings drained by the perf reader), and Python-only stacks with py-spy
 //! for the Python processes the agent does not sample.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::ffi::OsString;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
@@ -93,7 +93,7 @@ impl StackCollectors {
         let env = pyagent::job_env(&so, rings.path(), opts.frequency, opts.stack_size);
         let link = AgentLink {
             ring_dir: rings.path().to_path_buf(),
-            covered: Arc::new(Mutex::new(HashSet::<Pid>::new())),
+            covered: Arc::new(Mutex::new(HashMap::<Pid, bool>::new())),
         };
         AgentPlan::Ready(Box::new(PreparedAgent {
             rings,

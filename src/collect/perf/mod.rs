@@ -16,7 +16,7 @@ mod ring;
 mod symbolize;
 mod unwind;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -47,9 +47,10 @@ const POLL_TIMEOUT_MS: i32 = 50;
 /// With agents writing rings (which cannot wake the reader), drain more often.
 const AGENT_POLL_TIMEOUT_MS: i32 = 20;
 
-/// Processes whose Python frames the in-process agent samples, shared with
-/// the py-spy sampler (which leaves them alone).
-pub type AgentCovered = Arc<Mutex<HashSet<Pid>>>;
+/// Processes whose agent said hello, shared with the py-spy sampler: `true`
+/// when the agent samples the process (py-spy leaves it alone), `false`
+/// when it does not (py-spy reads it).
+pub type AgentCovered = Arc<Mutex<HashMap<Pid, bool>>>;
 
 /// The in-process agent's side of a recording: where its rings are, and
 /// the set of processes it covers.
@@ -606,11 +607,7 @@ impl Reader {
             AgentRecord::Hello(h) => {
                 {
                     let mut c = a.covered.lock().unwrap_or_else(|e| e.into_inner());
-                    if h.sampling {
-                        c.insert(h.pid);
-                    } else {
-                        c.remove(&h.pid);
-                    }
+                    c.insert(h.pid, h.sampling);
                 }
                 a.procs.entry(h.pid).or_default();
                 self.sink.send_blocking(Event::PyProcess {
@@ -826,7 +823,7 @@ impl Reader {
         }
         self.busy += work.elapsed();
         let s = &mut self.stats;
-        s.busy_ns = self.busy.as_nanos() as u64;
+        s.busy_ns = crate::collect::thread_cpu_ns().unwrap_or(self.busy.as_nanos() as u64);
         s.interval_ns = 1_000_000_000 / self.opts.frequency.max(1);
         s.detail = format!(
             "perf cpu-clock at {} Hz on {} CPUs, {} KiB user stack copies, {} KiB ring per CPU, job pid {}",

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# What same-instant Python frames cost the job, side by side in one run with
+# py-spy's two ways of sampling Python (issue 8): interleaved runs of
+#   bare            the job alone
+#   gpuprof         gpuprof at 99 Hz (default: the in-process agent)
+#   gpuprof-pyspy   gpuprof --python-frames py-spy (no agent)
+#   pyspy-native    py-spy record --subprocesses --native (stops the process
+#                   per sample)
+#   pyspy-nonblock  py-spy record --subprocesses --nonblocking
+# on two jobs: a loader job (samples/train_sim.py: 4 workers) and a
+# call-heavy one (scripts/fib_job.py: recursive fib). Reports the median of
+# the job's own elapsed time (as the job measures it) as a ratio to bare,
+# and gpuprof's own CPU (report.json profiler.cpu_pct_of_one_core).
+#
+# Usage: scripts/bench-pystacks.sh [RUNS] [PYTHON]
+# Needs: a release build (cargo build --release), pip (py-spy goes into a
+# throw-away venv).
+set -euo pipefail
+
+RUNS=${1:-5}
+PY=${2:-python3}
+PY=$("$PY" -c 'import sys; print(sys.executable)')
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+GPUPROF=${GPUPROF:-${CARGO_TARGET_DIR:-$ROOT/target}/release/gpuprof}
+WORK=$(mktemp -d /tmp/bench-pystacks.XXXXXX)
+trap 'rm -rf "$WORK"' EXIT
+[ -x "$GPUPROF" ] || { echo "no release binary at $GPUPROF: run cargo build --release" >&2; exit 1; }
+
+"$PY" -m venv "$WORK/venv" >/dev/null
+"$WORK/venv/bin/pip" install -q py-spy >/dev/null
+PYSPY="$WORK/venv/bin/py-spy"
+
+LOADER=("$PY" "$ROOT/samples/train_sim.py" --workers 4 --augment-ms 8 --gpu-ms 2 --steps "${STEPS:-150}")
+CALLS=("$PY" "$ROOT/scripts/fib_job.py" 27 "${FIB_ROUNDS:-12}")
+
+# run JOB CONFIG I: one run; appends the job's own seconds to $WORK/JOB.CONFIG
+run() {
+    local job=$1 cfg=$2 i=$3 cmd out
+    if [ "$job" = loader ]; then cmd=("${LOADER[@]}"); else cmd=("${CALLS[@]}"); fi
+    out="$WORK/$job.$cfg.$i.out"
+    case $cfg in
+    bare) "${cmd[@]}" > "$out" 2>&1 ;;
+    gpuprof) "$GPUPROF" -q -o "$WORK/g.$job.$i" -- "${cmd[@]}" > "$out" 2>&1 ;;
+    gpuprof-pyspy) "$GPUPROF" -q -o "$WORK/p.$job.$i" --python-frames py-spy -- "${cmd[@]}" > "$out" 2>&1 ;;
+    pyspy-native) "$PYSPY" record --subprocesses --native -r 99 -o "$WORK/n.$job.$i.svg" -- "${cmd[@]}" > "$out" 2>&1 ;;
+    pyspy-nonblock) "$PYSPY" record --subprocesses --nonblocking -r 99 -o "$WORK/b.$job.$i.svg" -- "${cmd[@]}" > "$out" 2>&1 ;;
+    esac
+    grep -oE '(steps|fib) in [0-9.]+ s' "$out" | tail -1 | awk '{print $3}' >> "$WORK/$job.$cfg"
+    if [ "$cfg" = gpuprof ] || [ "$cfg" = gpuprof-pyspy ]; then
+        local d; d="$WORK/$([ "$cfg" = gpuprof ] && echo g || echo p).$job.$i"
+        "$PY" - "$d" >> "$WORK/$job.$cfg.stats" <<'PY'
+import gzip, json, sys
+d = sys.argv[1]
+r = json.load(open(d + "/report.json"))
+py = {"native": 0, "python": 0}
+for l in gzip.open(d + "/recording/events.jsonl.gz", "rt"):
+    e = json.loads(l)
+    if e["k"] == "stack_stats":
+        py["python" if e.get("kind") == "python" else "native"] += e["busy_ns"] / 1e9
+p = r["stacks"]["python"]
+print(r["profiler"]["cpu_pct_of_one_core"], round(r["profiler"]["cpu_s"], 3), round(py["native"], 3),
+      round(py["python"], 3), p["same_instant"] + p["same_instant_partial"], p["unattributed"])
+PY
+        rm -rf "$d"
+    fi
+}
+
+median() { sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
+
+configs=(bare gpuprof gpuprof-pyspy pyspy-native pyspy-nonblock)
+echo "python: $PY ($("$PY" -V 2>&1)); $(nproc) CPUs; kernel $(uname -r); load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+for i in $(seq "$RUNS"); do
+    for job in loader calls; do
+        for c in "${configs[@]}"; do
+            run "$job" "$c" "$i"
+        done
+    done
+done
+echo "load after: $(cut -d' ' -f1-3 /proc/loadavg); runs per configuration: $RUNS, interleaved (median)"
+for job in loader calls; do
+    if [ "$job" = loader ]; then echo "job: ${LOADER[*]}"; else echo "job: ${CALLS[*]}"; fi
+    b=$(median < "$WORK/$job.bare")
+    printf "  %-15s %9s %8s\n" config job_s ratio
+    for c in "${configs[@]}"; do
+        j=$(median < "$WORK/$job.$c")
+        printf "  %-15s %9.3f %8.4f\n" "$c" "$j" "$(echo "$j / $b" | bc -l)"
+    done
+    for c in gpuprof gpuprof-pyspy; do
+        echo "  $c per run: cpu_pct_of_one_core cpu_s perf_reader_s pyspy_sampler_s same_instant unattributed"
+        sed 's/^/    /' "$WORK/$job.$c.stats"
+    done
+done
