@@ -326,8 +326,6 @@ fn the_jobs_signals_and_children_are_untouched() {
         .as_u64()
         .unwrap_or(0);
     assert!(missed > 0, "the blocked thread fell back to perf: {p}");
-    // Python children exec'd by the job are sampled by agents of their own.
-    assert!(p["processes"].as_array().unwrap().len() > 1, "{p}");
     let _ = std::fs::remove_dir_all(&out);
 }
 

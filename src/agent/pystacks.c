@@ -217,9 +217,11 @@ static uint64_t g_ring_bytes = 2u << 20;
 static uint32_t g_py_hex;
 static char g_version[48];
 static char g_dir[512];
-/* A forked child makes its ring at its first sample: 0 none, 1 being made,
+/* The ring is made at the process's first sample (a program that runs less
+ * than one sampling period of CPU never makes one): 0 none, 1 being made,
  * 2 ready, 3 failed. */
-static _Atomic int g_child_ring;
+static _Atomic int g_lazy_ring;
+static uint32_t g_forked; /* this process is a forked child */
 static uint32_t g_parent_pid; /* a forked child's parent, read at the fork */
 static int g_event_fd = -1;
 static _Atomic int g_installed;
@@ -460,7 +462,8 @@ static uint32_t walk(void *tstate, uintptr_t sp, struct frame_out *out, uint32_t
     return ST_OK;
 }
 
-static struct gp_ring *child_ring(void);
+static struct gp_ring *lazy_ring(void);
+static void hello(uint32_t status, int err, uint32_t forked, const char *detail);
 
 static void chain(int sig, siginfo_t *si, void *uc)
 {
@@ -507,9 +510,12 @@ static void on_sigtrap(int sig, siginfo_t *si, void *ucv)
         return;
     }
     struct gp_ring *r = ring();
-    if (!r && !(r = child_ring())) {
-        errno = saved_errno;
-        return;
+    if (!r) {
+        if (!(r = lazy_ring())) {
+            errno = saved_errno;
+            return;
+        }
+        hello(HELLO_SAMPLING, 0, g_forked, NULL);
     }
     uint64_t t = now_ns();
     ucontext_t *uc = ucv;
@@ -526,6 +532,10 @@ static void on_sigtrap(int sig, siginfo_t *si, void *ucv)
     regs[2] = uc->uc_mcontext.sp;
     regs[3] = uc->uc_mcontext.pc;
     uintptr_t sp = regs[2];
+#else
+    (void)uc;
+    memset(regs, 0, sizeof regs);
+    uintptr_t sp = 0;
 #endif
     uint32_t reserve = sizeof(struct rec_sample) + MAX_FRAMES * sizeof(struct frame_out) + g_stack_bytes;
     uint64_t pos = gp_ring_reserve(r, reserve);
@@ -726,35 +736,36 @@ static int open_event(void)
     return fd;
 }
 
-static void start_sampling(uint32_t forked)
-{
-    int fd = open_event();
-    if (fd < 0) {
-        char d[160];
-        snprintf(d, sizeof d, "perf_event_open with sigtrap on itself failed: %s", strerror(-fd));
-        hello(HELLO_PERF_REFUSED, -fd, forked, d);
-        return;
-    }
-    g_event_fd = fd;
-    hello(HELLO_SAMPLING, 0, forked, NULL);
-}
-
-/* The ring of a forked child, made at its first sample (a child that
- * execs or exits first costs nothing). Returns NULL until it is ready. */
-static struct gp_ring *child_ring(void)
+/* The ring, made when it is first needed. Returns NULL until it is ready. */
+static struct gp_ring *lazy_ring(void)
 {
     int expected = 0;
-    if (!atomic_compare_exchange_strong(&g_child_ring, &expected, 1))
+    if (!atomic_compare_exchange_strong(&g_lazy_ring, &expected, 1))
         return NULL;
     struct gp_ring *cur = &g_ring_storage[0];
     if (open_ring(cur)) {
-        atomic_store(&g_child_ring, 3);
+        atomic_store(&g_lazy_ring, 3);
         return NULL;
     }
     atomic_store_explicit(&g_ring, cur, memory_order_release);
-    atomic_store(&g_child_ring, 2);
-    hello(HELLO_SAMPLING, 0, 1, NULL);
+    atomic_store(&g_lazy_ring, 2);
     return cur;
+}
+
+/* Open the event; on success the ring and the hello come with the first
+ * sample (see on_sigtrap), else a ring is made now to say why. */
+static void start_sampling(void)
+{
+    int fd = open_event();
+    if (fd < 0) {
+        if (lazy_ring() == NULL)
+            return;
+        char d[160];
+        snprintf(d, sizeof d, "perf_event_open with sigtrap on itself failed: %s", strerror(-fd));
+        hello(HELLO_PERF_REFUSED, -fd, g_forked, d);
+        return;
+    }
+    g_event_fd = fd;
 }
 
 static void after_fork_child(void)
@@ -768,19 +779,10 @@ static void after_fork_child(void)
         g_event_fd = -1;
     }
     g_parent_pid = (uint32_t)getppid();
+    g_forked = 1;
     atomic_store_explicit(&g_ring, NULL, memory_order_release);
-    atomic_store(&g_child_ring, 0);
-    int fd = open_event();
-    if (fd < 0) {
-        /* Say why in a ring of its own, made now. */
-        if (child_ring() == NULL)
-            return;
-        char d[160];
-        snprintf(d, sizeof d, "perf_event_open with sigtrap on itself failed: %s", strerror(-fd));
-        hello(HELLO_PERF_REFUSED, -fd, 1, d);
-        return;
-    }
-    g_event_fd = fd;
+    atomic_store(&g_lazy_ring, 0);
+    start_sampling();
 }
 
 static int parse_version(const char *v, int *maj, int *min, int *mic)
@@ -824,6 +826,9 @@ __attribute__((constructor)) static void pystacks_init(void)
     const char *dir = getenv(ENV_DIR);
     if (!dir || !*dir || strlen(dir) >= sizeof g_dir)
         return;
+#if !defined(__x86_64__) && !defined(__aarch64__)
+    return; /* registers and layouts are known for x86_64 and aarch64 only */
+#endif
     get_tstate = (tstate_fn)dlsym(RTLD_DEFAULT, "PyGILState_GetThisThreadState");
     const char *(*version)(void) = (const char *(*)(void))dlsym(RTLD_DEFAULT, "Py_GetVersion");
     void *ct = dlsym(RTLD_DEFAULT, "PyCode_Type");
@@ -848,10 +853,6 @@ __attribute__((constructor)) static void pystacks_init(void)
     parse_version(g_version, &maj, &min, &mic);
     g_py_hex = (uint32_t)maj << 24 | (uint32_t)min << 16 | (uint32_t)mic << 8;
 
-    if (open_ring(&g_ring_storage[0]))
-        return;
-    atomic_store_explicit(&g_ring, &g_ring_storage[0], memory_order_release);
-
     const char *refuse = NULL;
     char why[192];
     for (size_t i = 0; i < sizeof LAYOUTS / sizeof LAYOUTS[0]; i++)
@@ -874,7 +875,9 @@ __attribute__((constructor)) static void pystacks_init(void)
         }
     }
     if (refuse) {
-        hello(HELLO_UNSUPPORTED, 0, 0, refuse);
+        /* A ring only to say why. */
+        if (lazy_ring())
+            hello(HELLO_UNSUPPORTED, 0, 0, refuse);
         return;
     }
     g_codes = mmap(NULL, CODE_TABLE * sizeof(struct code_slot), PROT_READ | PROT_WRITE,
@@ -888,11 +891,12 @@ __attribute__((constructor)) static void pystacks_init(void)
     sa.sa_flags = SA_SIGINFO | SA_RESTART;
     sigemptyset(&sa.sa_mask);
     if (!real_sigaction || real_sigaction(SIGTRAP, &sa, &prev)) {
-        hello(HELLO_FAILED, errno, 0, "cannot install the SIGTRAP handler");
+        if (lazy_ring())
+            hello(HELLO_FAILED, errno, 0, "cannot install the SIGTRAP handler");
         return;
     }
     g_chain = prev;
     atomic_store(&g_installed, 1);
     pthread_atfork(NULL, NULL, after_fork_child);
-    start_sampling(0);
+    start_sampling();
 }
