@@ -19,7 +19,6 @@ use py_spy::config::{LineNo, LockingStrategy};
 use py_spy::{Config, PythonSpy};
 
 use crate::collect::intern::Interner;
-use crate::collect::perf::AgentCovered;
 use crate::event::{Coverage, Event, MonoNs, Pid, StackKind, StackStats, Tid};
 use crate::record::Sink;
 
@@ -33,10 +32,6 @@ const DISCOVER_EVERY: Duration = Duration::from_millis(25);
 const REDISCOVER_EVERY: Duration = Duration::from_secs(1);
 /// Attaching a process that just forked can fail transiently.
 const ATTACH_ATTEMPTS: u32 = 8;
-/// How long a new process is left to the in-process agent before py-spy
-/// attaches to it (the agent says hello within a few ms of the program's
-/// start, or of a forked child's first 10 ms of CPU).
-const AGENT_GRACE: Duration = Duration::from_millis(300);
 
 pub struct PySampler {
     stop: Arc<AtomicBool>,
@@ -48,21 +43,19 @@ impl PySampler {
     /// `tree_changes` is bumped by the perf reader on every new process and
     /// exec; without it the process list is polled.
     /// `root`: follow that running process and its descendants instead
-    /// (`gpuprof attach`). `covered`: processes the in-process agent samples
-    /// (left alone here).
+    /// (`gpuprof attach`).
     pub fn start(
         frequency: u64,
         sink: Sink,
         tree_changes: Option<Arc<AtomicU64>>,
         root: Option<Pid>,
-        covered: Option<AgentCovered>,
     ) -> std::io::Result<PySampler> {
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
         let thread = std::thread::Builder::new()
             .name("gpuprof-python".into())
             .spawn(move || {
-                let mut s = Sampler::new(frequency, sink, tree_changes, covered);
+                let mut s = Sampler::new(frequency, sink, tree_changes);
                 s.root = root;
                 s.run(&stop2);
                 s.finish()
@@ -105,23 +98,11 @@ struct Sampler {
     rounds: u64,
     frames_buf: Vec<u32>,
     root: Option<Pid>,
-    covered: Option<AgentCovered>,
-    /// Processes left to the agent after py-spy had attached.
-    handed_over: HashSet<Pid>,
-    /// When each process was first seen (for [`AGENT_GRACE`]).
-    first_seen: HashMap<Pid, Instant>,
-    /// A new process was left to its agent for now: look again soon.
-    waiting_for_agent: bool,
     announced: HashSet<Pid>,
 }
 
 impl Sampler {
-    fn new(
-        frequency: u64,
-        sink: Sink,
-        tree_changes: Option<Arc<AtomicU64>>,
-        covered: Option<AgentCovered>,
-    ) -> Sampler {
+    fn new(frequency: u64, sink: Sink, tree_changes: Option<Arc<AtomicU64>>) -> Sampler {
         let config = Config {
             blocking: LockingStrategy::NonBlocking,
             native: false,
@@ -149,29 +130,8 @@ impl Sampler {
             rounds: 0,
             frames_buf: Vec::new(),
             root: None,
-            covered,
-            handed_over: HashSet::new(),
-            first_seen: HashMap::new(),
-            waiting_for_agent: false,
             announced: HashSet::new(),
         }
-    }
-
-    /// Processes whose Python frames the agent samples (`true`), or whose
-    /// agent said it does not (`false`).
-    fn agents(&self) -> HashMap<Pid, bool> {
-        self.covered
-            .as_ref()
-            .map(|c| c.lock().unwrap_or_else(|e| e.into_inner()).clone())
-            .unwrap_or_default()
-    }
-
-    fn covered(&self) -> HashSet<Pid> {
-        self.agents()
-            .into_iter()
-            .filter(|(_, s)| *s)
-            .map(|(p, _)| p)
-            .collect()
     }
 
     fn run(&mut self, stop: &AtomicBool) {
@@ -188,8 +148,7 @@ impl Sampler {
                 .tree_changes
                 .as_ref()
                 .map(|c| c.load(Ordering::Acquire));
-            let retry =
-                self.waiting_for_agent || self.rejected.values().any(|r| r.1 < ATTACH_ATTEMPTS);
+            let retry = self.rejected.values().any(|r| r.1 < ATTACH_ATTEMPTS);
             let due = match (since, changes) {
                 (None, _) => true,
                 (Some(e), Some(c)) => {
@@ -240,29 +199,8 @@ impl Sampler {
         }
         self.spies.retain(|p, _| live.contains(p));
         self.rejected.retain(|p, _| live.contains(p));
-        self.first_seen.retain(|p, _| live.contains(p));
-        self.waiting_for_agent = false;
-        let agents = self.agents();
-        let covered: HashSet<Pid> = agents
-            .iter()
-            .filter(|(_, s)| **s)
-            .map(|(p, _)| *p)
-            .collect();
-        self.drop_covered(&covered);
-        let now = Instant::now();
         for pid in live {
-            if self.spies.contains_key(&pid) || covered.contains(&pid) {
-                continue;
-            }
-            // With the agent in the job, a new process gets a moment for its
-            // agent to say hello: attaching py-spy costs tens of ms of CPU,
-            // wasted on a process the agent samples.
-            let first = *self.first_seen.entry(pid).or_insert(now);
-            if self.covered.is_some()
-                && !agents.contains_key(&pid)
-                && now.duration_since(first) < AGENT_GRACE
-            {
-                self.waiting_for_agent = true;
+            if self.spies.contains_key(&pid) {
                 continue;
             }
             let exe = std::fs::read_link(format!("/proc/{}/exe", pid.0))
@@ -307,26 +245,7 @@ impl Sampler {
         }
     }
 
-    /// Leave the processes the agent samples (it says hello within a few
-    /// ms of a process's start; py-spy may have attached first).
-    fn drop_covered(&mut self, covered: &HashSet<Pid>) {
-        let gone: Vec<Pid> = self
-            .spies
-            .keys()
-            .filter(|p| covered.contains(p))
-            .copied()
-            .collect();
-        for p in gone {
-            self.spies.remove(&p);
-            self.handed_over.insert(p);
-        }
-    }
-
     fn sample_all(&mut self) {
-        if self.covered.is_some() {
-            let covered = self.covered();
-            self.drop_covered(&covered);
-        }
         let mut pids: Vec<Pid> = self.spies.keys().copied().collect();
         pids.sort();
         for pid in pids {
@@ -390,16 +309,8 @@ impl Sampler {
         self.stats.busy_ns = crate::collect::thread_cpu_ns()
             .unwrap_or((self.busy + self.attach_time).as_nanos() as u64);
         let per_round = self.busy.as_secs_f64() * 1e3 / self.rounds.max(1) as f64;
-        let handed = if self.handed_over.is_empty() {
-            String::new()
-        } else {
-            format!(
-                " ({} of them then left to the same-instant agent)",
-                self.handed_over.len()
-            )
-        };
         self.stats.detail = format!(
-            "py-spy (non-blocking) read {} Python process(es){handed} in {} rounds ({per_round:.2} ms per round, {:.0} ms finding and attaching processes), at most {} Hz, reads within {:.1}% of a core; thread CPU {:.3} s",
+            "py-spy (non-blocking) read {} Python process(es) in {} rounds ({per_round:.2} ms per round, {:.0} ms finding and attaching processes), at most {} Hz, reads within {:.1}% of a core; thread CPU {:.3} s",
             self.attached.len(),
             self.rounds,
             self.attach_time.as_secs_f64() * 1e3,

@@ -2,12 +2,11 @@
 //! stacks with perf (opened between fork and exec of the job), Python frames
 //! of the same instant from the in-process agent (preloaded into the job,
 //! its rings drained by the perf reader), and Python-only stacks with py-spy
-//! for the Python processes the agent does not sample.
+//! (of every Python process: blocked threads included, for the rank analysis).
 
-use std::collections::HashMap;
 use std::ffi::OsString;
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use crate::agent::AgentDir;
 use crate::collect::perf::pyagent::{self, RingDir};
@@ -93,7 +92,6 @@ impl StackCollectors {
         let env = pyagent::job_env(&so, rings.path(), opts.frequency, opts.stack_size);
         let link = AgentLink {
             ring_dir: rings.path().to_path_buf(),
-            covered: Arc::new(Mutex::new(HashMap::<Pid, bool>::new())),
         };
         AgentPlan::Ready(Box::new(PreparedAgent {
             rings,
@@ -206,12 +204,7 @@ impl StackCollectors {
                 AgentPlan::Off(why) => why.clone(),
             },
         }));
-        let covered = if agent_running {
-            link.map(|l| l.covered)
-        } else {
-            None
-        };
-        match PySampler::start(opts.frequency, sink.clone(), tree_changes, root, covered) {
+        match PySampler::start(opts.frequency, sink.clone(), tree_changes, root) {
             Ok(p) => c.python = Some(p),
             Err(e) => sink.send_blocking(Event::Coverage(Coverage {
                 source: crate::collect::python::COVERAGE_SOURCE.into(),

@@ -20,7 +20,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub use ring::{online_cpus, parse_cpu_list, perf_event_paranoid, ring_bytes_for, OpenError};
@@ -47,17 +47,10 @@ const POLL_TIMEOUT_MS: i32 = 50;
 /// With agents writing rings (which cannot wake the reader), drain more often.
 const AGENT_POLL_TIMEOUT_MS: i32 = 20;
 
-/// Processes whose agent said hello, shared with the py-spy sampler: `true`
-/// when the agent samples the process (py-spy leaves it alone), `false`
-/// when it does not (py-spy reads it).
-pub type AgentCovered = Arc<Mutex<HashMap<Pid, bool>>>;
-
-/// The in-process agent's side of a recording: where its rings are, and
-/// the set of processes it covers.
+/// The in-process agent's side of a recording: where its rings are.
 #[derive(Clone, Debug)]
 pub struct AgentLink {
     pub ring_dir: PathBuf,
-    pub covered: AgentCovered,
 }
 
 #[derive(Clone, Debug)]
@@ -291,7 +284,6 @@ struct AgentProc {
 
 struct Agent {
     rings: AgentRings,
-    covered: AgentCovered,
     procs: BTreeMap<Pid, AgentProc>,
     buf: Vec<(usize, AgentRecord)>,
     last_reap: Instant,
@@ -367,7 +359,6 @@ impl Reader {
             interner: Interner::new(StackKind::Native),
             agent: agent.map(|a| Agent {
                 rings: AgentRings::new(a.ring_dir),
-                covered: a.covered,
                 procs: BTreeMap::new(),
                 buf: Vec::new(),
                 last_reap: Instant::now(),
@@ -542,13 +533,6 @@ impl Reader {
                     pm.jit.push(own_perf_map(pid, Some(t)));
                     self.procs.insert(pid, pm);
                     self.tree_changes.fetch_add(1, Ordering::Release);
-                    // Its agent, if any, says hello again.
-                    if let Some(a) = &self.agent {
-                        a.covered
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .remove(&pid);
-                    }
                 }
                 self.sink.send_blocking(Event::TaskComm {
                     t,
@@ -605,10 +589,6 @@ impl Reader {
         };
         match rec {
             AgentRecord::Hello(h) => {
-                {
-                    let mut c = a.covered.lock().unwrap_or_else(|e| e.into_inner());
-                    c.insert(h.pid, h.sampling);
-                }
                 a.procs.entry(h.pid).or_default();
                 self.sink.send_blocking(Event::PyProcess {
                     t: h.t,
