@@ -46,6 +46,7 @@ run() {
     pyspy-nonblock) "$PYSPY" record --subprocesses --nonblocking -r 99 -o "$WORK/b.$job.$i.svg" -- "${cmd[@]}" > "$out" 2>&1 ;;
     esac
     grep -oE '(steps|fib) in [0-9.]+ s' "$out" | tail -1 | awk '{print $3}' >> "$WORK/$job.$cfg"
+    grep -oE 'cpu [0-9.]+ s' "$out" | tail -1 | awk '{print $2}' >> "$WORK/$job.$cfg.cpu" || true
     if [ "$cfg" = gpuprof ] || [ "$cfg" = gpuprof-pyspy ]; then
         local d; d="$WORK/$([ "$cfg" = gpuprof ] && echo g || echo p).$job.$i"
         "$PY" - "$d" >> "$WORK/$job.$cfg.stats" <<'PY'
@@ -80,10 +81,16 @@ echo "load after: $(cut -d' ' -f1-3 /proc/loadavg); runs per configuration: $RUN
 for job in loader calls; do
     if [ "$job" = loader ]; then echo "job: ${LOADER[*]}"; else echo "job: ${CALLS[*]}"; fi
     b=$(median < "$WORK/$job.bare")
-    printf "  %-15s %9s %8s\n" config job_s ratio
+    bc_=$( [ -s "$WORK/$job.bare.cpu" ] && median < "$WORK/$job.bare.cpu" || echo 0)
+    printf "  %-15s %9s %8s %9s %8s\n" config job_s ratio job_cpu_s ratio
     for c in "${configs[@]}"; do
         j=$(median < "$WORK/$job.$c")
-        printf "  %-15s %9.3f %8.4f\n" "$c" "$j" "$(echo "$j / $b" | bc -l)"
+        if [ -s "$WORK/$job.$c.cpu" ] && [ "$bc_" != 0 ]; then
+            cc=$(median < "$WORK/$job.$c.cpu")
+            printf "  %-15s %9.3f %8.4f %9.3f %8.4f\n" "$c" "$j" "$(echo "$j / $b" | bc -l)" "$cc" "$(echo "$cc / $bc_" | bc -l)"
+        else
+            printf "  %-15s %9.3f %8.4f\n" "$c" "$j" "$(echo "$j / $b" | bc -l)"
+        fi
     done
     for c in gpuprof gpuprof-pyspy; do
         echo "  $c per run: cpu_pct_of_one_core cpu_s perf_reader_s pyspy_sampler_s same_instant unattributed"
