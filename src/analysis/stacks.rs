@@ -997,8 +997,9 @@ struct Markers {
 
 /// An agent sample: its native frames (outermost first), then its Python
 /// frames of the same instant, then maybe a marker. Each interpreter frame
-/// is replaced by the run of Python frames it executed (runs start at entry
-/// frames), matched from the innermost outwards. All must match when both
+/// is followed by the run of Python frames it executed (runs start at entry
+/// frames), matched from the innermost outwards, so that every native frame
+/// stays (the native view) and the Python view folds the interpreter's. All must match when both
 /// sides are complete; when one side is cut, the innermost pairs are placed
 /// and the cut is marked. Otherwise nothing is placed, and a marker after
 /// the outermost interpreter frame says why (the native frames stay).
@@ -1075,13 +1076,14 @@ fn merge_same_instant(
     let first_pair = evals[outer_evals];
     // Above the first pair: native frames (the interpreter frames there ran
     // Python frames the agent did not keep).
-    out.extend(names[..first_pair].iter().copied().filter(|&n| !is_eval(n)));
+    out.extend_from_slice(&names[..first_pair]);
     if truncated {
         out.push(m.truncated);
     }
     for (j, run) in runs[outer_runs..].iter().enumerate() {
-        out.extend(run.iter().map(|f| f.0));
         let e = evals[outer_evals + j];
+        out.push(names[e]);
+        out.extend(run.iter().map(|f| f.0));
         let next = evals
             .get(outer_evals + j + 1)
             .copied()
@@ -1198,11 +1200,25 @@ pub fn analyze(
                 let f = &r.frames[f.0 as usize];
                 f.class != FrameClass::Python && ROOT_FRAMES.contains(&f.name.as_str())
             });
+            // Python frames among the recorded native frames: CPython's perf
+            // trampolines, named from /tmp/perf-PID.map.
             let has_python = |r: &Resolver| {
-                nat.iter()
-                    .any(|f| r.frames[f.0 as usize].class == FrameClass::Python)
+                nat.iter().any(|f| {
+                    f.1 == Kind::Native && r.frames[f.0 as usize].class == FrameClass::Python
+                })
             };
-            let (m, how, perf_map) = if s.agent {
+            let (m, how, perf_map) = if s.agent && has_python(&r) {
+                // The job runs with CPython's perf trampolines too: their
+                // frames are this instant's Python frames already.
+                (
+                    nat.iter()
+                        .filter(|f| matches!(f.1, Kind::Native))
+                        .map(|f| f.0)
+                        .collect(),
+                    Attribution::SameInstant,
+                    true,
+                )
+            } else if s.agent {
                 let is_eval = |n: u32| r.is_eval_loop(n);
                 let is_pm = |n: u32| r.frames[n as usize].class == FrameClass::Python;
                 let (m, how) = merge_same_instant(&nat, s.complete, &is_eval, &is_pm, &markers);
@@ -2295,7 +2311,7 @@ mod tests {
         // <module>* main, worker* compress.
         let (out, how) = merge(&kinds("N E N E N P* P P* P"), true);
         assert_eq!(how, Attribution::SameInstant);
-        assert_eq!(out, vec![0, 5, 6, 2, 7, 8, 4]);
+        assert_eq!(out, vec![0, 101, 5, 6, 2, 103, 7, 8, 4]);
         // One run too many with both sides complete: nothing is placed; the
         // native frames stay, the marker follows the outer interpreter frame.
         let f = kinds("N E N N P* P P* P");
@@ -2306,14 +2322,14 @@ mod tests {
         // outer part of the same instant.
         let (out, how) = merge(&f, false);
         assert_eq!(how, Attribution::SameInstantPartial);
-        assert_eq!(out, vec![4, 5, 0, 6, 7, 2, 3]);
+        assert_eq!(out, vec![4, 5, 0, 101, 6, 7, 2, 3]);
         // Python frames cut (the outer run lost): the inner run is placed
         // under the truncation marker.
         let mut f = kinds("N E N E N P* P M");
         f[7].0 = 901;
         let (out, how) = merge(&f, true);
         assert_eq!(how, Attribution::SameInstantPartial);
-        assert_eq!(out, vec![0, 2, 901, 5, 6, 4]);
+        assert_eq!(out, vec![0, 101, 2, 901, 103, 5, 6, 4]);
         // An unreadable chain: its marker after the interpreter frame.
         let (out, how) = merge(&kinds("N E N M"), true);
         assert_eq!(how, Attribution::Unattributed(Unattributed::Unreadable));
@@ -2370,7 +2386,7 @@ mod tests {
         };
         assert_eq!(
             st.folded_role(Some(Role::Main), native),
-            "python3 (10);_start;main;<module> (job.py);augment (job.py);zlib_compress;[libz.so.1+0x50] 4\n"
+            "python3 (10);_start;main;_PyEval_EvalFrameDefault;<module> (job.py);augment (job.py);zlib_compress;[libz.so.1+0x50] 4\n"
         );
         let p = &st.report.python;
         assert_eq!((p.counts.same_instant, p.counts.unattributed), (4, 0));
