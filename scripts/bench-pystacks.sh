@@ -12,7 +12,7 @@
 # the job's own elapsed time (as the job measures it) as a ratio to bare,
 # and gpuprof's own CPU (report.json profiler.cpu_pct_of_one_core).
 #
-# Usage: scripts/bench-pystacks.sh [RUNS] [PYTHON]
+# Usage: scripts/bench-pystacks.sh [RUNS] [PYTHON]   (PYSPY=path skips installing py-spy)
 # Needs: a release build (cargo build --release), pip (py-spy goes into a
 # throw-away venv).
 set -euo pipefail
@@ -26,9 +26,11 @@ WORK=$(mktemp -d /tmp/bench-pystacks.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 [ -x "$GPUPROF" ] || { echo "no release binary at $GPUPROF: run cargo build --release" >&2; exit 1; }
 
-"$PY" -m venv "$WORK/venv" >/dev/null
-"$WORK/venv/bin/pip" install -q py-spy >/dev/null
-PYSPY="$WORK/venv/bin/py-spy"
+if [ -z "${PYSPY:-}" ]; then
+    "$PY" -m venv "$WORK/venv" >/dev/null
+    "$WORK/venv/bin/pip" install -q py-spy >/dev/null
+    PYSPY="$WORK/venv/bin/py-spy"
+fi
 
 LOADER=("$PY" "$ROOT/samples/train_sim.py" --workers 4 --augment-ms 8 --gpu-ms 2 --steps "${STEPS:-150}")
 CALLS=("$PY" "$ROOT/scripts/fib_job.py" 27 "${FIB_ROUNDS:-12}")
