@@ -47,6 +47,11 @@ pub enum Command {
     /// Explain a finding (what it means, the evidence, the fix); without an
     /// ID, list every finding.
     Explain(ExplainArgs),
+    /// Put the recordings of several nodes (or ranks) of one job on one
+    /// timeline: one trace.json (a process group per node and rank),
+    /// report.json and summary.md, the straggler across all ranks, the
+    /// clock uncertainty stated. Exits 1 when some inputs were left out.
+    Merge(MergeArgs),
 }
 
 #[derive(Debug, Args)]
@@ -54,6 +59,63 @@ pub struct ExplainArgs {
     /// A finding id, as printed in the diagnosis (e.g. `io-bound`).
     #[arg(value_name = "ID")]
     pub id: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct MergeArgs {
+    /// Output folders of `gpuprof -- CMD` (one per node or rank), or
+    /// folders holding them (e.g. the shared folder of `-o shared/{host}`).
+    #[arg(value_name = "DIR", required = true)]
+    pub inputs: Vec<PathBuf>,
+    /// Where to write the merged outputs [default:
+    /// ./gpuprof-merged-<YYYYmmdd-HHMMSS>].
+    #[arg(short, long, value_name = "DIR")]
+    pub output: Option<PathBuf>,
+    /// Recordings analysed at once [default: up to 4, within the cores];
+    /// each takes the memory of one `gpuprof report`.
+    #[arg(short, long, value_name = "N")]
+    pub jobs: Option<usize>,
+    /// Size the merged trace.json aims at, in MB: each recording keeps
+    /// its processes', GPUs' and machine's counters (averaged to fit) and
+    /// GPU idle gaps; stacks, thread states and NVTX stay in its own trace.
+    #[arg(long, value_name = "MB", default_value_t = 256)]
+    pub trace_mb: u64,
+    /// Every event of every recording in the merged trace, whatever its
+    /// size.
+    #[arg(long)]
+    pub full_trace: bool,
+    /// Print nothing but errors.
+    #[arg(short, long)]
+    pub quiet: bool,
+}
+
+impl MergeArgs {
+    pub fn into_options(self) -> Result<crate::merge::MergeOptions, String> {
+        if self.jobs == Some(0) {
+            return Err("--jobs 0: give at least 1 recording analysed at once".into());
+        }
+        let output = self.output.unwrap_or_else(|| {
+            PathBuf::from(format!(
+                "gpuprof-merged-{}",
+                chrono::Local::now().format("%Y%m%d-%H%M%S")
+            ))
+        });
+        if self.inputs.iter().any(|i| i == &output) {
+            return Err(format!(
+                "-o {} is also an input: write the merge elsewhere",
+                output.display()
+            ));
+        }
+        if self.trace_mb == 0 {
+            return Err("--trace-mb 0: give a size in MB (default 256), or --full-trace".into());
+        }
+        Ok(crate::merge::MergeOptions {
+            inputs: self.inputs,
+            output,
+            jobs: self.jobs,
+            trace_budget: (!self.full_trace).then_some(self.trace_mb << 20),
+        })
+    }
 }
 
 #[derive(Debug, Args)]

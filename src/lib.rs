@@ -16,6 +16,7 @@ pub mod explain;
 pub mod export;
 pub mod launch;
 pub mod live;
+pub mod merge;
 pub mod outputs;
 pub mod placeholders;
 pub mod record;

@@ -15,6 +15,7 @@ fn main() -> ExitCode {
             .map_err(anyhow::Error::msg)
             .and_then(gpuprof::attach::attach),
         Some(Command::Explain(args)) => explain(args),
+        Some(Command::Merge(args)) => merge(args),
         None => record(cli.record),
     };
     match result {
@@ -87,4 +88,23 @@ fn explain(args: gpuprof::cli::ExplainArgs) -> anyhow::Result<i32> {
     let text = gpuprof::explain::explain(args.id.as_deref()).map_err(anyhow::Error::msg)?;
     print!("{text}");
     Ok(0)
+}
+
+fn merge(args: gpuprof::cli::MergeArgs) -> anyhow::Result<i32> {
+    let quiet = args.quiet;
+    let opts = args.into_options().map_err(anyhow::Error::msg)?;
+    let out = gpuprof::merge::run(&opts)?;
+    for s in &out.skipped {
+        eprintln!("gpuprof: left out {}: {}", s.path.display(), s.reason);
+    }
+    if !quiet {
+        eprint!("{}", out.terminal_summary);
+        eprintln!(
+            "gpuprof: merged {} recording{} into {}",
+            out.merged,
+            if out.merged == 1 { "" } else { "s" },
+            opts.output.display()
+        );
+    }
+    Ok(if out.skipped.is_empty() { 0 } else { 1 })
 }

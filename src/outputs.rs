@@ -33,7 +33,7 @@ pub struct Outcome {
 
 /// Write `path` through a temporary file, so that a reader never sees a
 /// half-written output.
-fn write_atomic(
+pub(crate) fn write_atomic(
     path: &Path,
     f: impl FnOnce(BufWriter<File>) -> std::io::Result<BufWriter<File>>,
 ) -> Result<()> {

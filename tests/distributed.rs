@@ -243,3 +243,274 @@ fn output_placeholders_name_the_folder_from_the_launchers_variables() {
     assert!(!marker.exists(), "the job must not run");
     let _ = std::fs::remove_dir_all(&tmp);
 }
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// First event time (µs) on each trace process whose name starts with
+/// `prefix`.
+fn first_ts(t: &Value, prefix: &str) -> Option<f64> {
+    let evs = t["traceEvents"].as_array()?;
+    let pids: Vec<i64> = evs
+        .iter()
+        .filter(|e| e["ph"] == "M" && e["name"] == "process_name")
+        .filter(|e| {
+            e["args"]["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with(prefix))
+        })
+        .filter_map(|e| e["pid"].as_i64())
+        .collect();
+    evs.iter()
+        .filter(|e| e["pid"].as_i64().is_some_and(|p| pids.contains(&p)))
+        .filter_map(|e| e["ts"].as_f64())
+        .reduce(f64::min)
+}
+
+/// Two "nodes" on one machine: two `torchrun --nnodes 2` agents, each under
+/// its own gpuprof with its own host name (a UTS namespace), rendezvous on
+/// localhost; node-b's rank is slow. `gpuprof merge` puts both on one
+/// timeline in the right order and names the slow node.
+#[test]
+fn two_nodes_merge_onto_one_timeline_and_name_the_slow_node() {
+    let Some(torchrun) = torchrun() else {
+        skip!("no PyTorch virtual environment (see .ci/run): torchrun unavailable");
+    };
+    if !is_root() {
+        skip!("needs root for a UTS namespace per node (unshare -u)");
+    }
+    let probe = Command::new("unshare").args(["-u", "true"]).status();
+    if !probe.is_ok_and(|s| s.success()) {
+        skip!("unshare -u is not available here");
+    }
+    let tmp = tmpdir("nodes");
+    let port = free_port().to_string();
+    let script = sample("train_ddp.py");
+    let node = |name: &str, node_rank: &str| {
+        let mut c = Command::new("unshare");
+        c.args(["-u", "sh", "-c", "hostname \"$0\" && exec \"$@\"", name])
+            .arg(BIN)
+            .args(["-q", "--no-gpu", "-o"])
+            .arg(tmp.join(name))
+            .arg("--")
+            .arg(&torchrun)
+            .args([
+                "--nnodes",
+                "2",
+                "--nproc-per-node",
+                "1",
+                "--node-rank",
+                node_rank,
+            ])
+            .args(["--master-addr", "127.0.0.1", "--master-port", &port])
+            .arg(&script)
+            .args(DDP_ARGS)
+            // gloo finds its peers by host name otherwise, and the
+            // namespaces' names resolve nowhere.
+            .env("GLOO_SOCKET_IFNAME", "lo")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        c.spawn().expect("start a node")
+    };
+    let a = node("node-a", "0");
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let b = node("node-b", "1");
+    let (oa, ob) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
+    for (n, o) in [("a", &oa), ("b", &ob)] {
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "node-{n}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    assert_eq!(report(&tmp.join("node-b"))["host"], "node-b");
+
+    let merged = tmp.join("merged");
+    let o = gpuprof()
+        .arg("merge")
+        .arg(tmp.join("node-a"))
+        .arg(tmp.join("node-b"))
+        .arg("-o")
+        .arg(&merged)
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let r = report(&merged);
+    let nodes = r["nodes"].as_array().unwrap();
+    assert_eq!(nodes.len(), 2);
+    assert_eq!(nodes[0]["host"], "node-a");
+    assert_eq!(nodes[1]["host"], "node-b");
+    // One kernel: the boot ids match, the placement is exact.
+    assert_eq!(nodes[1]["clock"]["method"], "same_boot", "{}", nodes[1]);
+    let unc = r["clock"]["uncertainty_s"]
+        .as_f64()
+        .expect("a stated uncertainty");
+    // node-b started ~1.5 s after node-a.
+    let gap = nodes[1]["start_s"].as_f64().unwrap() - nodes[0]["start_s"].as_f64().unwrap();
+    assert!(
+        (1.3..3.5).contains(&gap),
+        "node-b starts {gap} s after node-a"
+    );
+
+    // One timeline: grouped per node and rank, and in causal order — the
+    // ranks start only once both agents have met, so after node-b's agent.
+    let t = check_trace(&merged.join("trace.json"));
+    let agent_b = first_ts(&t, "node-b · launcher · ").expect("node-b's agent");
+    let agent_a = first_ts(&t, "node-a · launcher · ").expect("node-a's agent");
+    let rank0 = first_ts(&t, "node-a · rank 0 · ").expect("rank 0 on node-a");
+    let rank1 = first_ts(&t, "node-b · rank 1 · ").expect("rank 1 on node-b");
+    let tol_us = unc * 1e6;
+    assert!(agent_a + tol_us < agent_b, "{agent_a} {agent_b}");
+    assert!(
+        rank0 + tol_us >= agent_b,
+        "rank 0 at {rank0} before node-b's agent at {agent_b}"
+    );
+    assert!(rank1 + tol_us >= agent_b);
+    assert!(
+        (rank0 - rank1).abs() < 3e6,
+        "both ranks start after the rendezvous: {rank0} {rank1}"
+    );
+
+    let ranks = r["ranks"].as_array().unwrap();
+    assert_eq!(ranks.len(), 2, "{ranks:?}");
+    if ranks
+        .iter()
+        .any(|x| x["collective_samples"].as_u64().unwrap_or(0) < 10)
+    {
+        skip!("too few Python stack samples of the ranks to compare their waits: {ranks:?}");
+    }
+    let findings = r["findings"].as_array().unwrap();
+    let s = findings
+        .iter()
+        .find(|f| f["id"] == "straggler-rank" && f["host"].is_null())
+        .unwrap_or_else(|| panic!("no merged straggler finding: {findings:#?}"));
+    assert_eq!(s["rank"], 1);
+    let title = s["title"].as_str().unwrap();
+    assert!(title.contains("node-b"), "{title}");
+    assert!(
+        s["evidence"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e.as_str().unwrap().contains("ran on node-b")),
+        "{s}"
+    );
+    let md = std::fs::read_to_string(merged.join("summary.md")).unwrap();
+    assert!(md.contains("node-b") && md.contains("exact"), "{md}");
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
+/// Rewrite a recording's header line with `edit`, keeping the rest.
+fn rewrite_header(dir: &std::path::Path, edit: impl Fn(&mut Value)) {
+    use std::io::{BufRead, Write};
+    let p = dir.join("recording/events.jsonl.gz");
+    let rd = std::io::BufReader::new(flate2::read::MultiGzDecoder::new(
+        std::fs::File::open(&p).unwrap(),
+    ));
+    let mut lines: Vec<String> = rd.lines().map(|l| l.unwrap()).collect();
+    let mut h: Value = serde_json::from_str(&lines[0]).unwrap();
+    edit(&mut h);
+    lines[0] = h.to_string();
+    let mut enc = flate2::write::GzEncoder::new(
+        std::fs::File::create(&p).unwrap(),
+        flate2::Compression::fast(),
+    );
+    for l in lines {
+        writeln!(enc, "{l}").unwrap();
+    }
+    enc.finish().unwrap();
+}
+
+/// Recordings of other versions are merged and listed; missing, corrupt
+/// and too-new ones are left out with the reason, and the rest merged.
+#[test]
+fn merge_leaves_out_bad_inputs_with_a_reason_and_merges_the_rest() {
+    let tmp = tmpdir("merge-bad");
+    let rec = |name: &str| {
+        let (dir, o) = record(&tmp, name, &["--no-gpu", "--no-stacks"], &["sleep", "0.3"]);
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        dir
+    };
+    let (a, older, newer, cut) = (rec("a"), rec("older"), rec("newer"), rec("cut"));
+    rewrite_header(&older, |h| h["gpuprof_version"] = "0.0.1".into());
+    rewrite_header(&newer, |h| h["version"] = 99.into());
+    // Cut short mid-stream: its readable part is merged, with a warning.
+    let ev = cut.join("recording/events.jsonl.gz");
+    let bytes = std::fs::read(&ev).unwrap();
+    std::fs::write(&ev, &bytes[..bytes.len() * 2 / 3]).unwrap();
+    let corrupt = tmp.join("corrupt");
+    std::fs::create_dir_all(corrupt.join("recording")).unwrap();
+    std::fs::write(
+        corrupt.join("recording/events.jsonl.gz"),
+        b"not gzip at all",
+    )
+    .unwrap();
+    let missing = tmp.join("missing");
+
+    let out = tmp.join("merged");
+    let o = gpuprof()
+        .arg("merge")
+        .args([&a, &older, &newer, &cut, &corrupt, &missing])
+        .arg("-o")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "some inputs were left out: {err}");
+    let line = |p: &std::path::Path| {
+        err.lines()
+            .find(|l| l.starts_with(&format!("gpuprof: left out {}", p.display())))
+            .unwrap_or_else(|| panic!("no line for {}: {err}", p.display()))
+            .to_string()
+    };
+    assert!(line(&newer).contains("newer than this gpuprof"), "{err}");
+    assert!(line(&corrupt).contains("not a gpuprof recording"), "{err}");
+    assert!(line(&missing).contains("no such directory"), "{err}");
+    let r = report(&out);
+    let nodes = r["nodes"].as_array().unwrap();
+    assert_eq!(nodes.len(), 3, "{nodes:?}");
+    assert_eq!(r["skipped"].as_array().unwrap().len(), 3);
+    assert!(r["recorded_by_versions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|v| v == "0.0.1"));
+    let cut_node = nodes
+        .iter()
+        .find(|n| n["path"].as_str().unwrap().ends_with("cut"))
+        .unwrap();
+    assert_eq!(cut_node["complete"], false, "{cut_node}");
+    check_trace(&out.join("trace.json"));
+    let md = std::fs::read_to_string(out.join("summary.md")).unwrap();
+    assert!(
+        md.contains("## Left out") && md.contains("recorded by gpuprof 0.0.1"),
+        "{md}"
+    );
+
+    // Nothing readable: an error, no outputs.
+    let o = gpuprof()
+        .arg("merge")
+        .args([&corrupt, &missing])
+        .arg("-o")
+        .arg(tmp.join("none"))
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("nothing to merge"));
+    assert!(!tmp.join("none").join("report.json").exists());
+    let _ = std::fs::remove_dir_all(&tmp);
+}

@@ -7,7 +7,9 @@
 //! sampled whether the thread runs or is blocked (perf's cpu-clock samples
 //! only see threads on a CPU, and a thread waiting for its peers sleeps).
 //!
-//! Each sample stands for the time until the thread's next sample (capped
+//! Shares are taken from the thread's first sample in distributed code
+//! (`init_process_group`, a collective) to its end. Each sample stands for
+//! the time until the thread's next sample (capped
 //! at twice the thread's median sampling gap, so a pause of the sampler is
 //! not counted). The moments a thread leaves a collective — shared by every
 //! rank of the collective — are kept too: `gpuprof merge` aligns hosts'
@@ -90,13 +92,49 @@ impl ThreadWaits {
     }
 }
 
-/// Every Python thread's time in collectives, sorted by (pid, tid).
-pub fn analyze(d: &StackData, window: (MonoNs, MonoNs)) -> Vec<ThreadWaits> {
+/// The threads' time in collectives.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Collectives {
+    /// From the first Python sample in distributed code (any thread) to the
+    /// last sample of those threads.
+    pub phase: Option<(MonoNs, MonoNs)>,
+    /// Per Python thread that ran distributed code, sorted by (pid, tid).
+    pub threads: Vec<ThreadWaits>,
+}
+
+/// Whether a Python frame is distributed code at all (`init_process_group`,
+/// DDP's setup, collectives).
+pub fn is_distributed_frame(_name: &str, file: &str) -> bool {
+    COLLECTIVE_FILES.iter().any(|f| file.contains(f))
+}
+
+/// Every Python thread's time in collectives, measured from its first
+/// sample in distributed code on: imports and model building before
+/// `init_process_group` would dilute the shares, and more for a rank that
+/// started first.
+pub fn analyze(d: &StackData, window: (MonoNs, MonoNs)) -> Collectives {
     let (names, threads) = d.python_marks(window, &is_collective_frame);
-    threads
-        .into_iter()
-        .map(|((pid, tid), samples)| thread_waits(pid, tid, &samples, &names))
-        .collect()
+    let (_, dist) = d.python_marks(window, &is_distributed_frame);
+    let mut out = Collectives::default();
+    for ((pid, tid), samples) in threads {
+        let Some(from) = dist
+            .get(&(pid, tid))
+            .and_then(|v| v.iter().find(|s| s.1.is_some()))
+            .map(|s| s.0)
+        else {
+            continue;
+        };
+        let lo = samples.partition_point(|s| s.0 < from);
+        let w = thread_waits(pid, tid, &samples[lo..], &names);
+        if let Some(last) = samples.last() {
+            out.phase = Some(match out.phase {
+                Some((a, b)) => (a.min(from), b.max(last.0)),
+                None => (from, last.0),
+            });
+        }
+        out.threads.push(w);
+    }
+    out
 }
 
 fn thread_waits(pid: Pid, tid: Tid, s: &[(MonoNs, Option<u32>)], names: &[String]) -> ThreadWaits {

@@ -169,7 +169,7 @@ pub struct Analysis {
     pub nvtx: nvtx::NvtxAnalysis,
     /// Per Python thread, the time spent inside collective calls
     /// (all-reduce, barrier, ...), from the Python stack samples.
-    pub collectives: Vec<collectives::ThreadWaits>,
+    pub collectives: collectives::Collectives,
     /// Training steps and the slow ones.
     pub steps: steps::Steps,
 }
@@ -298,7 +298,7 @@ impl Builder {
                 stacks: stacks::Stacks::default(),
                 env: Default::default(),
                 nvtx: Default::default(),
-                collectives: Vec::new(),
+                collectives: Default::default(),
                 steps: Default::default(),
             },
             interval,

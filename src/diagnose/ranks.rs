@@ -204,6 +204,7 @@ fn rank_figures(a: &Analysis, gpu: Option<&GpuEvidence>, r: u32) -> RankFigures 
     let main_pids: BTreeSet<Pid> = mains.iter().map(|p| p.pid).collect();
     let waits = a
         .collectives
+        .threads
         .iter()
         .filter(|w| main_pids.contains(&w.pid) && w.samples > 0)
         .max_by(|x, y| {
@@ -506,7 +507,7 @@ fn finding(method: Method, s: &RankFigures, others: &[&RankFigures], hosts: usiz
                 ("their", "they")
             };
             ev.push(format!(
-                "{} spent {} of {whose} time inside collective calls ({}), {name} only {}: {they} waited for {name}, {lost:.1} s in all.",
+                "{} spent {} of {whose} time inside collective calls ({}), {name} only {}: {they} waited for {name}, {lost:.1} s in all (time counted from each rank's first distributed call).",
                 capitalize(&rank_list(others, hosts)),
                 pct(med),
                 if fns.is_empty() { "collectives".to_string() } else { fns.join(", ") },
@@ -551,7 +552,7 @@ fn finding(method: Method, s: &RankFigures, others: &[&RankFigures], hosts: usiz
         ev.push(w.evidence.clone());
     }
     if hosts > 1 {
-        ev.push(format!("{name} ran on {}.", s.host));
+        ev.push(format!("Rank {} ran on {}.", s.rank, s.host));
     }
     let total: f64 = others
         .iter()

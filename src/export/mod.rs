@@ -8,5 +8,6 @@ pub mod report_gpu;
 pub mod report_nvtx;
 pub mod summary;
 pub mod trace;
+pub mod trace_fragment;
 pub mod trace_gpu;
 pub mod trace_nvtx;

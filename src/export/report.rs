@@ -206,7 +206,7 @@ pub fn build(a: &Analysis) -> Value {
     })
 }
 
-fn finding_json(f: &Finding) -> Value {
+pub fn finding_json(f: &Finding) -> Value {
     let gt = f.gpu_time.as_ref();
     json!({
         "id": f.kind.id(),

@@ -236,23 +236,29 @@ pub fn findings_markdown(d: &Diagnosis) -> String {
         return s;
     }
     for (i, f) in d.findings.iter().enumerate() {
-        s.push_str(&format!(
-            "{}. **{} · `{}`** — {}.  \n   {}.\n",
-            i + 1,
-            f.severity,
-            f.kind.id(),
-            f.title,
-            capitalize(&f.gpu_time_text())
-        ));
-        if let Some(g) = &f.gpu_time {
-            s.push_str(&format!("   _How: {}._\n", g.method));
-        }
-        for e in &f.evidence {
-            s.push_str(&format!("   - {e}\n"));
-        }
-        s.push_str(&format!("\n   **Fix:** {}\n", f.fix));
-        s.push_str(&format!("   More: `{}`\n\n", f.kind.docs()));
+        s.push_str(&finding_markdown(i + 1, "", f));
     }
+    s
+}
+
+/// One finding as a numbered Markdown item; `prefix` goes before its title
+/// (the node's name in a merge).
+pub fn finding_markdown(n: usize, prefix: &str, f: &crate::diagnose::Finding) -> String {
+    let mut s = format!(
+        "{n}. **{} · `{}`** — {prefix}{}.  \n   {}.\n",
+        f.severity,
+        f.kind.id(),
+        f.title,
+        capitalize(&f.gpu_time_text())
+    );
+    if let Some(g) = &f.gpu_time {
+        s.push_str(&format!("   _How: {}._\n", g.method));
+    }
+    for e in &f.evidence {
+        s.push_str(&format!("   - {e}\n"));
+    }
+    s.push_str(&format!("\n   **Fix:** {}\n", f.fix));
+    s.push_str(&format!("   More: `{}`\n\n", f.kind.docs()));
     s
 }
 

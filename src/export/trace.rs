@@ -16,6 +16,8 @@ use serde_json::{json, Value};
 use crate::analysis::{Analysis, Process, Role, Series};
 use crate::event::MonoNs;
 
+pub use super::trace_fragment::Fragment;
+
 /// Synthetic trace PIDs live above the kernel's PID_MAX_LIMIT (2^22).
 pub const SYSTEM_PID: i64 = 0x7000_0000;
 /// Companion tracks of a thread: `tid + STATE_TID_OFFSET`.
@@ -28,6 +30,7 @@ pub struct TraceWriter<W: Write> {
     start: MonoNs,
     first: bool,
     pub events: u64,
+    fragment: Option<Fragment>,
 }
 
 impl<W: Write> TraceWriter<W> {
@@ -38,7 +41,20 @@ impl<W: Write> TraceWriter<W> {
             start,
             first: true,
             events: 0,
+            fragment: None,
         })
+    }
+
+    /// A writer of one recording's part of a merged trace (see
+    /// [`Fragment`]).
+    pub fn fragment(w: W, start: MonoNs, fragment: Fragment) -> TraceWriter<W> {
+        TraceWriter {
+            w,
+            start,
+            first: true,
+            events: 0,
+            fragment: Some(fragment),
+        }
     }
 
     /// µs since the start of the recording (never negative).
@@ -48,6 +64,10 @@ impl<W: Write> TraceWriter<W> {
     }
 
     pub fn raw(&mut self, v: &Value) -> io::Result<()> {
+        if let Some(f) = &mut self.fragment {
+            self.events += f.emit(v, &mut self.w)?;
+            return Ok(());
+        }
         if !self.first {
             self.w.write_all(b",\n")?;
         }
@@ -111,6 +131,11 @@ impl<W: Write> TraceWriter<W> {
     }
 
     pub fn finish(mut self, metadata: Value) -> io::Result<W> {
+        if let Some(f) = &mut self.fragment {
+            f.finish(&metadata, &mut self.w)?;
+            self.w.flush()?;
+            return Ok(self.w);
+        }
         self.w
             .write_all(b"\n],\"displayTimeUnit\":\"ms\",\"metadata\":")?;
         serde_json::to_writer(&mut self.w, &metadata)?;
@@ -154,7 +179,16 @@ pub fn short_command(cmdline: &[String], comm: &str) -> String {
 
 /// Write the whole trace; stack slices in `view`.
 pub fn write<W: Write>(a: &Analysis, w: W, view: crate::analysis::stacks::View) -> io::Result<W> {
-    let mut tw = TraceWriter::new(w, a.start)?;
+    write_with(a, TraceWriter::new(w, a.start)?, view)
+}
+
+/// Write the whole trace through `tw` (a fresh writer, or a merge
+/// [`Fragment`]'s); stack slices in `view`.
+pub fn write_with<W: Write>(
+    a: &Analysis,
+    mut tw: TraceWriter<W>,
+    view: crate::analysis::stacks::View,
+) -> io::Result<W> {
     write_processes(a, &mut tw)?;
     write_system(a, &mut tw)?;
     super::trace_gpu::write_gpus(a, &mut tw)?;

@@ -1,0 +1,673 @@
+//! `gpuprof merge DIR... -o OUT`: the recordings of several nodes (or
+//! ranks) of one job on one timeline — one `trace.json` with a process
+//! group per node and rank, one `report.json` and `summary.md` across them,
+//! with the straggler compared across all ranks and the clock uncertainty
+//! stated.
+//!
+//! Memory: recordings are analysed one at a time (a few at once on
+//! machines with the cores for it), each with the analysis' own bounds, and
+//! only a compact summary of each is kept (its ranks' figures, findings,
+//! the moments its ranks left collectives). Each recording's part of the
+//! trace streams to a temporary file as soon as it is analysed; once every
+//! clock offset is known the parts stream into `trace.json`, shifted. So
+//! memory is bounded by a few analyses and the output's summaries, never by
+//! the number or length of the inputs.
+//!
+//! A missing, unreadable, corrupt or too-new input is reported and left
+//! out; the rest are merged. A recording cut short is merged with a
+//! warning. Recordings of other gpuprof versions are merged (the format
+//! version decides what can be read) and listed.
+
+pub mod align;
+
+use std::collections::BTreeSet;
+use std::fs::File;
+use std::io::{BufRead, BufReader, BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use serde_json::{json, Value};
+
+use crate::analysis::{self, Role};
+use crate::diagnose::{self, ranks::RankFigures, Finding, FindingKind};
+use crate::event::{Header, MonoNs};
+use crate::export::report::r;
+use crate::export::trace::{Fragment, TraceWriter};
+use crate::record::{self, RecordingReader};
+
+/// What `gpuprof merge` was asked to do.
+#[derive(Clone, Debug)]
+pub struct MergeOptions {
+    pub inputs: Vec<PathBuf>,
+    pub output: PathBuf,
+    /// Recordings analysed at once (None: up to 4, within the cores).
+    pub jobs: Option<usize>,
+    /// Target size of the merged trace in bytes: each recording keeps the
+    /// timeline level of detail (see [`Fragment`]), counters averaged to
+    /// fit. None: every event of every recording.
+    pub trace_budget: Option<u64>,
+}
+
+/// Default size of the merged trace: what Perfetto opens comfortably.
+pub const DEFAULT_TRACE_BUDGET: u64 = 256 << 20;
+
+/// Counter bucket (µs) for one recording's share of the trace budget: its
+/// counter tracks × duration / bucket points of about 80 bytes each, within
+/// the share (never finer than the recording's own interval).
+fn bucket_us(a: &analysis::Analysis, budget: Option<u64>) -> Option<f64> {
+    let budget = budget?;
+    let tracks = a.processes.len() * 6
+        + 30
+        + a.system.disks.len() * 3
+        + a.gpu.devices.len() * 12
+        + a.gpu
+            .devices
+            .iter()
+            .map(|d| d.processes.len() * 2)
+            .sum::<usize>();
+    let points = (budget / 80).max(1) as f64;
+    let dur_us = a.duration_s().max(1e-3) * 1e6;
+    Some((dur_us * tracks as f64 / points).max(a.header.interval_ns as f64 / 1e3))
+}
+
+/// An input that was left out, and why.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Skipped {
+    pub path: PathBuf,
+    pub reason: String,
+}
+
+/// The result of a merge.
+#[derive(Debug)]
+pub struct MergeOutcome {
+    pub merged: usize,
+    pub skipped: Vec<Skipped>,
+    pub written: Vec<PathBuf>,
+    pub terminal_summary: String,
+}
+
+/// One recording, analysed: what the merged outputs need of it.
+struct Node {
+    path: PathBuf,
+    header: Header,
+    /// "node-a", or "node-a [rank 3]" when several recordings share a host.
+    label: String,
+    start: MonoNs,
+    end: MonoNs,
+    complete: bool,
+    warnings: Vec<String>,
+    ranks: Vec<RankFigures>,
+    findings: Vec<Finding>,
+    exits: Vec<(MonoNs, u64)>,
+    end_anchor: Option<crate::event::ClockAnchor>,
+    fragment: PathBuf,
+    processes: usize,
+    gpus: usize,
+}
+
+/// Folders to merge: each argument is an output folder of `gpuprof -- CMD`
+/// (or its `recording/`), or a folder holding such folders (one per node,
+/// as `-o shared/{host}` leaves them).
+fn expand(inputs: &[PathBuf], skipped: &mut Vec<Skipped>) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for p in inputs {
+        if record::events_path(p).is_ok() {
+            out.push(p.clone());
+            continue;
+        }
+        let mut found: Vec<PathBuf> = std::fs::read_dir(p)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|c| c.is_dir() && record::events_path(c).is_ok())
+            .collect();
+        if found.is_empty() {
+            let reason = match record::events_path(p) {
+                Err(e) => e.to_string(),
+                Ok(_) => unreachable!("checked above"),
+            };
+            skipped.push(Skipped {
+                path: p.clone(),
+                reason,
+            });
+        } else {
+            found.sort();
+            out.extend(found);
+        }
+    }
+    let mut seen = BTreeSet::new();
+    out.retain(|p| seen.insert(p.canonicalize().unwrap_or_else(|_| p.clone())));
+    out
+}
+
+/// Analyse one recording: write its part of the trace to `fragment`, keep
+/// its summary.
+fn analyse(path: &Path, slot: u32, fragment: &Path, budget: Option<u64>) -> Result<Node> {
+    let a = analysis::analyze_dir(path)?;
+    let d = diagnose::diagnose_analysis(&a);
+    let main_pids: BTreeSet<_> = a
+        .processes
+        .values()
+        .filter(|p| p.role == Role::Main && p.rank.is_some())
+        .map(|p| p.pid)
+        .collect();
+    let mut exits: Vec<(MonoNs, u64)> = a
+        .collectives
+        .threads
+        .iter()
+        .filter(|w| main_pids.contains(&w.pid))
+        .flat_map(|w| w.exits.iter().copied())
+        .collect();
+    exits.sort();
+    exits.truncate(align::MAX_EXITS);
+    let file =
+        File::create(fragment).with_context(|| format!("cannot create {}", fragment.display()))?;
+    let tw = TraceWriter::fragment(
+        BufWriter::with_capacity(1 << 16, file),
+        a.start,
+        Fragment::new(slot, String::new(), 0, bucket_us(&a, budget)),
+    );
+    // Names and sort order are finished at assembly, when every node's
+    // label and place are known.
+    crate::export::trace::write_with(&a, tw, Default::default())
+        .and_then(|w| w.into_inner().map_err(|e| e.into_error()))
+        .with_context(|| format!("cannot write {}", fragment.display()))?;
+    Ok(Node {
+        path: path.to_path_buf(),
+        label: a.header.host.clone(),
+        start: a.start,
+        end: a.end,
+        complete: a.footer.is_some(),
+        warnings: a.warnings.clone(),
+        ranks: d.ranks,
+        findings: d.findings,
+        exits,
+        end_anchor: a.footer.as_ref().and_then(|f| f.end_anchor),
+        fragment: fragment.to_path_buf(),
+        processes: a.processes.len(),
+        gpus: a.gpu.devices.len(),
+        header: a.header,
+    })
+}
+
+/// Merge the recordings in `opts.inputs` into `opts.output`.
+pub fn run(opts: &MergeOptions) -> Result<MergeOutcome> {
+    let mut skipped = Vec::new();
+    let paths = expand(&opts.inputs, &mut skipped);
+    // Headers first: a recording this gpuprof cannot read is left out
+    // before any work is done.
+    let mut readable = Vec::new();
+    for p in paths {
+        match RecordingReader::open(&p) {
+            Ok(r) => readable.push((p, r.header)),
+            Err(e) => skipped.push(Skipped {
+                path: p,
+                reason: e.to_string(),
+            }),
+        }
+    }
+    if readable.len() > Fragment::MAX_SLOTS as usize {
+        anyhow::bail!(
+            "{} recordings to merge: at most {} fit one trace (Perfetto's 32-bit process ids); merge the nodes in groups",
+            readable.len(),
+            Fragment::MAX_SLOTS
+        );
+    }
+    if readable.is_empty() {
+        let why: Vec<String> = skipped
+            .iter()
+            .map(|s| format!("{}: {}", s.path.display(), s.reason))
+            .collect();
+        anyhow::bail!(
+            "nothing to merge: no readable gpuprof recording among the inputs{}{}",
+            if why.is_empty() { "" } else { "\n  " },
+            why.join("\n  ")
+        );
+    }
+    let out = &opts.output;
+    std::fs::create_dir_all(out).with_context(|| {
+        format!(
+            "cannot create output folder {} (choose another with -o DIR)",
+            out.display()
+        )
+    })?;
+    let tmp = out.join(format!(".gpuprof-merge-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
+    let result = merge_into(opts, readable, skipped, &tmp);
+    let _ = std::fs::remove_dir_all(&tmp);
+    result
+}
+
+fn merge_into(
+    opts: &MergeOptions,
+    readable: Vec<(PathBuf, Header)>,
+    mut skipped: Vec<Skipped>,
+    tmp: &Path,
+) -> Result<MergeOutcome> {
+    let jobs = opts
+        .jobs
+        .unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
+                .min(4)
+        })
+        .clamp(1, readable.len().max(1));
+    // Analyse with `jobs` threads taking recordings in order.
+    let n = readable.len() as u64;
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results: std::sync::Mutex<Vec<(usize, Result<Node>)>> = Default::default();
+    std::thread::scope(|s| {
+        for _ in 0..jobs {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some((p, _)) = readable.get(i) else { break };
+                let frag = tmp.join(format!("{i}.frag"));
+                let r = analyse(p, i as u32, &frag, opts.trace_budget.map(|b| b / n));
+                results
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push((i, r));
+            });
+        }
+    });
+    let mut results = results.into_inner().unwrap_or_else(|e| e.into_inner());
+    results.sort_by_key(|r| r.0);
+    let mut nodes = Vec::new();
+    for (i, r) in results {
+        match r {
+            Ok(n) => nodes.push((i, n)),
+            Err(e) => skipped.push(Skipped {
+                path: readable[i].0.clone(),
+                reason: format!("{e:#}"),
+            }),
+        }
+    }
+    if nodes.is_empty() {
+        let why: Vec<String> = skipped
+            .iter()
+            .map(|s| format!("{}: {}", s.path.display(), s.reason))
+            .collect();
+        anyhow::bail!("nothing to merge: {}", why.join("; "));
+    }
+    // Order: by node index, then rank, then host and path.
+    nodes.sort_by(|(_, x), (_, y)| {
+        let key = |n: &Node| {
+            let ids = crate::analysis::RankIds::from_env(&n.header.rank_env);
+            (
+                ids.node_rank.unwrap_or(u32::MAX),
+                n.ranks.iter().map(|r| r.rank).min().unwrap_or(u32::MAX),
+                n.header.host.clone(),
+                n.path.clone(),
+            )
+        };
+        key(x).cmp(&key(y))
+    });
+    // Labels: the host, made unique when several recordings share it.
+    let hosts: Vec<String> = nodes.iter().map(|(_, n)| n.header.host.clone()).collect();
+    for (_, n) in nodes.iter_mut() {
+        if hosts.iter().filter(|h| **h == n.header.host).count() > 1 {
+            let tag = match (&n.header.rank, n.ranks.first()) {
+                (Some(r), _) => format!("rank {r}"),
+                (None, Some(f)) => format!("rank {}", f.rank),
+                (None, None) => n
+                    .path
+                    .file_name()
+                    .map(|f| f.to_string_lossy().into_owned())
+                    .unwrap_or_default(),
+            };
+            n.label = format!("{} [{tag}]", n.header.host);
+        }
+        for f in n.ranks.iter_mut() {
+            f.host = n.label.clone();
+        }
+    }
+
+    // Clocks.
+    let clocks: Vec<align::ClockInput> = nodes
+        .iter()
+        .map(|(_, n)| align::ClockInput {
+            boot_id: n.header.boot_id.clone(),
+            anchor_monotonic_ns: n.header.anchor_monotonic_ns,
+            anchor_realtime_ns: n.header.anchor_realtime_ns,
+            anchor_error_ns: n.header.anchor_error_ns,
+            sync: n.header.clock.clone(),
+            exits: n.exits.clone(),
+        })
+        .collect();
+    let places = align::place(&clocks);
+    let origin = nodes
+        .iter()
+        .zip(&places)
+        .map(|((_, n), p)| n.start.0 as i128 + p.offset_ns)
+        .min()
+        .unwrap_or(0);
+    let end = nodes
+        .iter()
+        .zip(&places)
+        .map(|((_, n), p)| n.end.0 as i128 + p.offset_ns)
+        .max()
+        .unwrap_or(origin);
+
+    // Outputs.
+    let out = &opts.output;
+    let mut written = Vec::new();
+    let trace = out.join("trace.json");
+    crate::outputs::write_atomic(&trace, |mut w| {
+        w.write_all(b"{\"traceEvents\":[\n")?;
+        let mut first = true;
+        for (k, ((slot, n), p)) in nodes.iter().zip(&places).enumerate() {
+            let shift_us = (n.start.0 as i128 + p.offset_ns - origin) as f64 / 1e3;
+            let fix = Fragment::new(
+                *slot as u32,
+                format!("{} · ", n.label),
+                (k as i64 + 1) * 1_000_000,
+                None,
+            );
+            copy_fragment(&n.fragment, shift_us, &fix, &mut w, &mut first)?;
+        }
+        w.write_all(b"\n],\"displayTimeUnit\":\"ms\",\"metadata\":")?;
+        serde_json::to_writer(&mut w, &trace_metadata(&nodes, &places, origin))?;
+        w.write_all(b"}\n")?;
+        Ok(w)
+    })?;
+    written.push(trace);
+
+    let all_ranks: Vec<RankFigures> = nodes.iter().flat_map(|(_, n)| n.ranks.clone()).collect();
+    let mut findings: Vec<(Option<String>, Finding)> = Vec::new();
+    findings.extend(diagnose::ranks::straggler(&all_ranks).map(|f| (None, f)));
+    for (_, n) in &nodes {
+        for f in &n.findings {
+            // Each node's own straggler compares only its local ranks: the
+            // merged one above compares them all.
+            if f.kind == FindingKind::StragglerRank && findings.iter().any(|x| x.0.is_none()) {
+                continue;
+            }
+            findings.push((Some(n.label.clone()), f.clone()));
+        }
+    }
+    findings.sort_by(|x, y| {
+        let (a, b) = (&x.1, &y.1);
+        let gt = |f: &Finding| f.gpu_time.as_ref().map_or(0.0, |g| g.seconds);
+        gt(b)
+            .total_cmp(&gt(a))
+            .then(b.severity.cmp(&a.severity))
+            .then(a.kind.cmp(&b.kind))
+    });
+    let m = Merged {
+        nodes: &nodes,
+        places: &places,
+        origin,
+        end,
+        ranks: &all_ranks,
+        findings: &findings,
+        skipped: &skipped,
+    };
+    let report = report_json(&m);
+    let report_path = out.join("report.json");
+    crate::outputs::write_atomic(&report_path, |mut w| {
+        serde_json::to_writer_pretty(&mut w, &report)?;
+        w.write_all(b"\n")?;
+        Ok(w)
+    })?;
+    written.push(report_path);
+    let md = summary_markdown(&m);
+    let summary = out.join("summary.md");
+    crate::outputs::write_atomic(&summary, |mut w| {
+        w.write_all(md.as_bytes())?;
+        Ok(w)
+    })?;
+    written.push(summary);
+    Ok(MergeOutcome {
+        merged: nodes.len(),
+        skipped,
+        written,
+        terminal_summary: md
+            .lines()
+            .map(|l| l.replace('`', "").replace("**", ""))
+            .collect::<Vec<_>>()
+            .join("\n")
+            + "\n",
+    })
+}
+
+/// Stream one node's fragment into the merged trace: every timestamp
+/// shifted by `shift_us`, names and sort order finished.
+fn copy_fragment(
+    frag: &Path,
+    shift_us: f64,
+    fix: &Fragment,
+    w: &mut impl Write,
+    first: &mut bool,
+) -> std::io::Result<()> {
+    let rd = BufReader::with_capacity(1 << 16, File::open(frag)?);
+    for line in rd.lines() {
+        let line = line?;
+        let Some((ts, ev)) = line.split_once('\t') else {
+            continue;
+        };
+        if ts == "meta" {
+            continue;
+        }
+        if !*first {
+            w.write_all(b",\n")?;
+        }
+        *first = false;
+        let needs_fix = ev.contains("\"process_name\"") || ev.contains("\"process_sort_index\"");
+        let ev: std::borrow::Cow<str> = if needs_fix {
+            let mut v: Value = serde_json::from_str(ev).map_err(std::io::Error::other)?;
+            fix.rename(&mut v);
+            serde_json::to_string(&v)
+                .map_err(std::io::Error::other)?
+                .into()
+        } else {
+            ev.into()
+        };
+        if ts == "-" {
+            w.write_all(ev.as_bytes())?;
+        } else {
+            let t: f64 = ts.parse().map_err(std::io::Error::other)?;
+            let t = ((t + shift_us) * 10.0).round() / 10.0;
+            // The event without its last `}`, then the shifted ts.
+            let body = ev.strip_suffix('}').unwrap_or(&ev);
+            let sep = if body.ends_with('{') { "" } else { "," };
+            write!(w, "{body}{sep}\"ts\":{t}}}")?;
+        }
+    }
+    Ok(())
+}
+
+fn uncertainty_text(u: Option<u64>) -> String {
+    match u {
+        None => "unknown (a clock was not synchronised)".into(),
+        Some(0) => "exact".into(),
+        Some(ns) if ns < 1_000_000 => format!("±{:.0} µs", ns as f64 / 1e3),
+        Some(ns) => format!("±{:.1} ms", ns as f64 / 1e6),
+    }
+}
+
+/// The largest uncertainty of any node's placement (None: unknown).
+fn overall_uncertainty(places: &[align::Placement]) -> Option<u64> {
+    places
+        .iter()
+        .map(|p| p.uncertainty_ns)
+        .try_fold(0u64, |acc, u| u.map(|u| acc.max(u)))
+}
+
+fn node_json(n: &Node, p: &align::Placement, origin: i128) -> Value {
+    let h = &n.header;
+    let drift = n.end_anchor.map(|e| {
+        (e.realtime_ns as i128 - e.monotonic_ns as i128)
+            - (h.anchor_realtime_ns as i128 - h.anchor_monotonic_ns as i128)
+    });
+    json!({
+        "path": n.path.display().to_string(),
+        "label": n.label,
+        "host": h.host,
+        "rank": h.rank,
+        "rank_env": h.rank_env,
+        "gpuprof_version": h.gpuprof_version,
+        "recording_version": h.version,
+        "command": h.command,
+        "complete": n.complete,
+        "warnings": n.warnings,
+        "start_s": r((n.start.0 as i128 + p.offset_ns - origin) as f64 / 1e9, 6),
+        "duration_s": r(n.end.secs_since(n.start), 3),
+        "processes": n.processes,
+        "gpus": n.gpus,
+        "ranks": n.ranks.iter().map(|f| f.rank).collect::<Vec<_>>(),
+        "clock": {
+            "method": p.method,
+            "method_text": p.method.describe(),
+            "uncertainty_s": p.uncertainty_ns.map(|u| r(u as f64 / 1e9, 9)),
+            "matched_boundaries": p.matched,
+            "offset_ns": p.offset_ns.to_string(),
+            "boot_id": h.boot_id,
+            "sync": h.clock,
+            "anchor_error_ns": h.anchor_error_ns,
+            "wall_clock_drift_during_run_ns": drift.map(|d| d as i64),
+        },
+        "collective_boundaries": n.exits.len(),
+        "findings": n.findings.len(),
+    })
+}
+
+fn trace_metadata(nodes: &[(usize, Node)], places: &[align::Placement], origin: i128) -> Value {
+    json!({
+        "merged_by": format!("gpuprof {}", env!("CARGO_PKG_VERSION")),
+        "clock": "ts = µs since the earliest recording's start on the merged axis (see merge.nodes[].clock)",
+        // ts = 0 is this wall-clock time (of the reference recording's clock).
+        "anchor_realtime_ns": origin.max(0) as u64,
+        "uncertainty_s": overall_uncertainty(places).map(|u| r(u as f64 / 1e9, 9)),
+        "nodes": nodes.iter().zip(places).map(|((_, n), p)| node_json(n, p, origin)).collect::<Vec<_>>(),
+    })
+}
+
+fn finding_json(host: &Option<String>, f: &Finding) -> Value {
+    let mut v = crate::export::report::finding_json(f);
+    if let Some(o) = v.as_object_mut() {
+        o.insert("host".into(), json!(host));
+    }
+    v
+}
+
+/// Everything the merged report and summary are made of.
+struct Merged<'a> {
+    nodes: &'a [(usize, Node)],
+    places: &'a [align::Placement],
+    /// Start and end of the merged axis (wall-clock ns of the reference).
+    origin: i128,
+    end: i128,
+    ranks: &'a [RankFigures],
+    /// Ranked; the node's label for a node's own finding.
+    findings: &'a [(Option<String>, Finding)],
+    skipped: &'a [Skipped],
+}
+
+fn report_json(m: &Merged) -> Value {
+    let Merged {
+        nodes,
+        places,
+        origin,
+        end,
+        ranks,
+        findings,
+        skipped,
+    } = *m;
+    let versions: BTreeSet<&str> = nodes
+        .iter()
+        .map(|(_, n)| n.header.gpuprof_version.as_str())
+        .collect();
+    let start_wall = chrono::DateTime::from_timestamp((origin / 1_000_000_000) as i64, 0)
+        .map(|d| d.to_rfc3339());
+    json!({
+        "schema_version": crate::export::report::SCHEMA_VERSION,
+        "kind": "merge",
+        "gpuprof_version": env!("CARGO_PKG_VERSION"),
+        "start_time": start_wall,
+        "duration_s": r((end - origin) as f64 / 1e9, 3),
+        "clock": {
+            "uncertainty_s": overall_uncertainty(places).map(|u| r(u as f64 / 1e9, 9)),
+            "uncertainty": uncertainty_text(overall_uncertainty(places)),
+            "methods": places.iter().map(|p| p.method).collect::<BTreeSet<_>>(),
+        },
+        "recorded_by_versions": versions,
+        "nodes": nodes.iter().zip(places).map(|((_, n), p)| node_json(n, p, origin)).collect::<Vec<_>>(),
+        "skipped": skipped.iter().map(|s| json!({"path": s.path.display().to_string(), "reason": s.reason})).collect::<Vec<_>>(),
+        "ranks": ranks,
+        "findings": findings.iter().map(|(h, f)| finding_json(h, f)).collect::<Vec<_>>(),
+    })
+}
+
+fn summary_markdown(m: &Merged) -> String {
+    let Merged {
+        nodes,
+        places,
+        origin,
+        end,
+        ranks,
+        findings,
+        skipped,
+    } = *m;
+    let mut s = String::from("# gpuprof merge summary\n\n");
+    s.push_str(&format!(
+        "{} recording{} on one timeline, {:.1} s; clock uncertainty between them: {}.\n",
+        nodes.len(),
+        if nodes.len() == 1 { "" } else { "s" },
+        (end - origin) as f64 / 1e9,
+        uncertainty_text(overall_uncertainty(places))
+    ));
+    if !skipped.is_empty() {
+        s.push_str("\n## Left out\n\n");
+        for k in skipped {
+            s.push_str(&format!("- `{}`: {}\n", k.path.display(), k.reason));
+        }
+    }
+    s.push_str("\n## Diagnosis\n\n");
+    if findings.is_empty() {
+        s.push_str("No finding: nothing in these runs points at a cause of GPU waiting.\n");
+    }
+    for (i, (host, f)) in findings.iter().enumerate() {
+        let prefix = host.as_ref().map(|h| format!("{h}: ")).unwrap_or_default();
+        s.push_str(&crate::export::summary::finding_markdown(i + 1, &prefix, f));
+    }
+    let lines = diagnose::ranks::summary_lines(ranks);
+    if !lines.is_empty() {
+        s.push_str("\n## Ranks\n\n");
+        for l in lines {
+            s.push_str(&format!("- {l}\n"));
+        }
+    }
+    s.push_str("\n## Recordings\n\n");
+    for ((_, n), p) in nodes.iter().zip(places) {
+        let h = &n.header;
+        let ranks: Vec<String> = n.ranks.iter().map(|f| f.rank.to_string()).collect();
+        s.push_str(&format!(
+            "- **{}** (`{}`): starts at {:.3} s, {:.1} s long{}, {} processes{}; clock: {} ({}){}{}.\n",
+            n.label,
+            n.path.display(),
+            (n.start.0 as i128 + p.offset_ns - origin) as f64 / 1e9,
+            n.end.secs_since(n.start),
+            if ranks.is_empty() {
+                String::new()
+            } else {
+                format!(", ranks {}", ranks.join(", "))
+            },
+            n.processes,
+            if n.gpus > 0 { format!(", {} GPUs", n.gpus) } else { String::new() },
+            p.method.describe(),
+            uncertainty_text(p.uncertainty_ns),
+            if p.matched > 0 { format!(", {} boundaries matched", p.matched) } else { String::new() },
+            if h.gpuprof_version != env!("CARGO_PKG_VERSION") {
+                format!("; recorded by gpuprof {}", h.gpuprof_version)
+            } else {
+                String::new()
+            },
+        ));
+        if !n.complete {
+            s.push_str("  - the recording was cut short: its readable part is merged.\n");
+        }
+    }
+    s
+}
