@@ -11,6 +11,14 @@ use std::process::Command;
 use common::*;
 use serde_json::Value;
 
+/// The PyTorch jobs run one at a time: on a 2-core machine two of them at
+/// once starve each other's Python sampling.
+static TORCH: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn torch_lock() -> std::sync::MutexGuard<'static, ()> {
+    TORCH.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn tmpdir(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("gpuprof-dist-test-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
@@ -58,6 +66,7 @@ fn torchrun_ranks_their_workers_and_the_straggler() {
     let Some(torchrun) = torchrun() else {
         skip!("no PyTorch virtual environment (see .ci/run): torchrun unavailable");
     };
+    let _one_at_a_time = torch_lock();
     let tmp = tmpdir("torchrun");
     let port = free_port().to_string();
     let script = sample("train_ddp.py");
@@ -285,6 +294,7 @@ fn two_nodes_merge_onto_one_timeline_and_name_the_slow_node() {
     if !probe.is_ok_and(|s| s.success()) {
         skip!("unshare -u is not available here");
     }
+    let _one_at_a_time = torch_lock();
     let tmp = tmpdir("nodes");
     let port = free_port().to_string();
     let script = sample("train_ddp.py");
