@@ -41,6 +41,11 @@ pub struct RankFigures {
     pub gpus: Vec<u32>,
     /// Seconds its main process was alive in the recorded window.
     pub active_s: f64,
+    /// Training steps per second, when the recording's steps were found on
+    /// this rank's process (NVTX step ranges, GPU idle gaps or its stacks;
+    /// see report.json `steps`). In synchronous training every rank runs at
+    /// the same rate: the straggler sets it.
+    pub steps_per_s: Option<f64>,
     /// CPU seconds of all its processes.
     pub cpu_s: f64,
     /// Cores used by its busiest main thread over its life.
@@ -232,6 +237,11 @@ fn rank_figures(a: &Analysis, gpu: Option<&GpuEvidence>, r: u32) -> RankFigures 
         worker_pids: workers.iter().map(|p| p.pid.0).collect(),
         gpus: devs.iter().map(|d| d.index).collect(),
         active_s,
+        steps_per_s: a
+            .steps
+            .pid
+            .filter(|p| main_pids.contains(&Pid(*p)))
+            .and(a.steps.steps_per_s),
         cpu_s: of_rank.iter().map(|p| p.cpu_s()).sum(),
         main_cpu_cores,
         workers: concurrent(a, &workers),
@@ -621,6 +631,9 @@ pub fn summary_lines(ranks: &[RankFigures]) -> Vec<String> {
                         .collect::<Vec<_>>()
                         .join(", ")
                 ));
+            }
+            if let Some(sps) = r.steps_per_s {
+                parts.push(format!("{sps:.2} steps/s"));
             }
             parts.push(format!("main thread {} of a core", pct(r.main_cpu_cores)));
             if r.workers > 0 {
