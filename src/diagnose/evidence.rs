@@ -285,42 +285,80 @@ fn is_python_frame(name: &str) -> bool {
 /// ranked by share of the role's samples; roles without Python frames fall
 /// back to the hottest native functions by self time.
 pub fn stacks_from_analysis(a: &Analysis) -> Option<StackEvidence> {
-    stacks_scoped(a, None)
+    stacks_by_scope(a, false).remove(&None)
 }
 
-/// The stack evidence of one rank's processes (`None`: all processes).
-pub fn stacks_scoped(a: &Analysis, rank: Option<u32>) -> Option<StackEvidence> {
+/// The stack evidence of the whole job (key None) or, with `per_rank`, of
+/// each rank's processes (key Some(rank)), in one pass over the samples.
+pub fn stacks_by_scope(a: &Analysis, per_rank: bool) -> BTreeMap<Option<u32>, StackEvidence> {
     let s = &a.stacks;
-    let in_scope = |pid: crate::event::Pid| {
-        rank.is_none() || a.processes.get(&pid).is_some_and(|p| p.rank == rank)
-    };
+    let mut out = BTreeMap::new();
     if s.samples.is_empty() {
-        return None;
+        return out;
     }
-    let mut ev = StackEvidence {
-        lost_records: s.report.lost_records,
-        total_samples: s.report.samples,
-        ..Default::default()
+    let scope_of = |pid: &crate::event::Pid| {
+        if per_rank {
+            a.processes.get(pid).and_then(|p| p.rank).map(Some)
+        } else {
+            Some(None)
+        }
     };
-    for role in Role::ALL {
-        let mut innermost: BTreeMap<String, u64> = BTreeMap::new();
-        let mut count = 0u64;
-        for smp in s.role_samples(Some(role)).filter(|x| in_scope(x.pid)) {
-            count += 1;
-            if let Some(f) = s.stack(smp.stack).filter(|f| is_python_frame(f)).last() {
-                *innermost.entry(f.to_string()).or_default() += 1;
-            }
-        }
-        if count == 0 {
+    let scopes: std::collections::HashMap<crate::event::Pid, (Option<u32>, Role)> = s
+        .procs
+        .iter()
+        .filter_map(|(pid, m)| scope_of(pid).map(|sc| (*pid, (sc, m.role))))
+        .collect();
+    // A process without metadata counts as Role::Other of the whole job.
+    let key_of = |pid: &crate::event::Pid| match scopes.get(pid) {
+        Some(k) => Some(*k),
+        None => (!per_rank).then_some((None, Role::Other)),
+    };
+    // Per (scope, role): samples, and samples per innermost Python frame.
+    type Counts = (u64, BTreeMap<u32, u64>);
+    let mut counts: BTreeMap<(Option<u32>, Role), Counts> = BTreeMap::new();
+    let mut innermost: std::collections::HashMap<u32, Option<u32>> = Default::default();
+    let mut names: Vec<String> = Vec::new();
+    for smp in &s.samples {
+        let Some(key) = key_of(&smp.pid) else {
             continue;
+        };
+        let f = *innermost.entry(smp.stack).or_insert_with(|| {
+            let f = s.stack(smp.stack).filter(|f| is_python_frame(f)).last()?;
+            Some(match names.iter().position(|n| n == f) {
+                Some(i) => i as u32,
+                None => {
+                    names.push(f.to_string());
+                    (names.len() - 1) as u32
+                }
+            })
+        });
+        let e = counts.entry(key).or_default();
+        e.0 += 1;
+        if let Some(f) = f {
+            *e.1.entry(f).or_default() += 1;
         }
-        if innermost.is_empty() {
-            // No same-instant Python frames in this role: py-spy's
+    }
+    for ((scope, role), (count, frames)) in counts {
+        let ev = out.entry(scope).or_insert_with(|| StackEvidence {
+            lost_records: s.report.lost_records,
+            total_samples: s.report.samples,
+            ..Default::default()
+        });
+        let mut frames: BTreeMap<String, u64> = frames
+            .into_iter()
+            .map(|(f, n)| (names[f as usize].clone(), n))
+            .collect();
+        if frames.is_empty() {
+            // No same-instant Python frames in this scope and role: py-spy's
             // Python-only stacks of its processes name the functions, each
             // as a share of those stacks.
             let mut n = 0u64;
             let mut py_only: BTreeMap<String, u64> = BTreeMap::new();
-            for smp in s.python_only_role(Some(role)) {
+            for smp in s
+                .python_only
+                .iter()
+                .filter(|x| key_of(&x.pid) == Some((scope, role)))
+            {
                 n += 1;
                 if let Some(f) = s.stack(smp.stack).last() {
                     *py_only.entry(f.to_string()).or_default() += 1;
@@ -328,11 +366,11 @@ pub fn stacks_scoped(a: &Analysis, rank: Option<u32>) -> Option<StackEvidence> {
             }
             for (name, k) in py_only {
                 // Scaled to the role's CPU samples so shares stay shares.
-                innermost.insert(name, k * count / n.max(1));
+                frames.insert(name, k * count / n.max(1));
             }
         }
         ev.samples.insert(role, count);
-        let mut fs: Vec<FunctionShare> = innermost
+        let mut fs: Vec<FunctionShare> = frames
             .into_iter()
             .map(|(name, n)| FunctionShare {
                 name,
@@ -346,8 +384,9 @@ pub fn stacks_scoped(a: &Analysis, rank: Option<u32>) -> Option<StackEvidence> {
                 .then(x.name.cmp(&y.name))
         });
         if fs.is_empty() {
+            let in_scope = |pid: &crate::event::Pid| key_of(pid) == Some((scope, role));
             fs = s
-                .top_functions_of(s.role_samples(Some(role)).filter(|x| in_scope(x.pid)), 3)
+                .top_functions_of(s.samples.iter().filter(|x| in_scope(&x.pid)), 3)
                 .into_iter()
                 .map(|t| FunctionShare {
                     name: t.function,
@@ -359,5 +398,5 @@ pub fn stacks_scoped(a: &Analysis, rank: Option<u32>) -> Option<StackEvidence> {
         fs.truncate(5);
         ev.top_functions.insert(role, fs);
     }
-    Some(ev)
+    out
 }

@@ -39,6 +39,9 @@ pub fn scopes(
             stacks: stacks.cloned(),
         }];
     }
+    let mut by_rank = stacks
+        .map(|_| super::evidence::stacks_by_scope(a, true))
+        .unwrap_or_default();
     a.ranks()
         .into_iter()
         .map(|r| {
@@ -52,7 +55,7 @@ pub fn scopes(
                 rank: Some(r),
                 tl: Timeline::build_scoped(a, Some(r)),
                 gpu: gpu.and_then(|g| g.for_pids(&pids)),
-                stacks: stacks.and(super::evidence::stacks_scoped(a, Some(r))),
+                stacks: by_rank.remove(&Some(r)),
             }
         })
         .collect()

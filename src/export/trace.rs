@@ -45,6 +45,14 @@ impl<W: Write> TraceWriter<W> {
         })
     }
 
+    /// Whether only a merge's timeline detail is kept (see [`Fragment`]):
+    /// per-thread tracks need not be built.
+    pub fn timeline_only(&self) -> bool {
+        self.fragment
+            .as_ref()
+            .is_some_and(|f| f.timeline_bucket_us.is_some())
+    }
+
     /// A writer of one recording's part of a merged trace (see
     /// [`Fragment`]).
     pub fn fragment(w: W, start: MonoNs, fragment: Fragment) -> TraceWriter<W> {
@@ -192,8 +200,15 @@ pub fn write_with<W: Write>(
     write_processes(a, &mut tw)?;
     write_system(a, &mut tw)?;
     super::trace_gpu::write_gpus(a, &mut tw)?;
-    let stacks = super::flame::write_trace(a, &mut tw, view)?;
-    let nvtx = super::trace_nvtx::write_nvtx(a, &mut tw)?;
+    // A merge's timeline keeps neither (see `trace_fragment`): not built.
+    let (stacks, nvtx) = if tw.timeline_only() {
+        (Value::Null, Value::Null)
+    } else {
+        (
+            super::flame::write_trace(a, &mut tw, view)?,
+            super::trace_nvtx::write_nvtx(a, &mut tw)?,
+        )
+    };
     let steps = super::trace_nvtx::write_steps(a, &mut tw)?;
     let h = &a.header;
     let meta = json!({
@@ -232,7 +247,13 @@ fn write_processes<W: Write>(a: &Analysis, tw: &mut TraceWriter<W>) -> io::Resul
             };
             // Per thread: its own track (stack slices), then its NVTX
             // tracks (`trace_nvtx`), then its state track.
+            if tw.timeline_only() && tid != pid {
+                continue;
+            }
             tw.thread_name(pid, tid, &format!("{tname} ({tid})"), (j * 4) as i64)?;
+            if tw.timeline_only() {
+                continue;
+            }
             tw.counter(pid, &format!("CPU % {tname} ({tid})"), &th.cpu, 100.0)?;
             if !th.state_runs.is_empty() {
                 let stid = tid + STATE_TID_OFFSET;
