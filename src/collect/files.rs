@@ -202,6 +202,11 @@ fn new_open_files(pid: i32, st: &mut ProcFiles) -> Vec<OpenFile> {
         if !ft.is_file() || ft.is_fifo() || ft.is_socket() {
             continue;
         }
+        // Executable files are programs being run, not data: a shell holds
+        // the script it interprets open (pyenv's `python3` shim is one).
+        if std::os::unix::fs::PermissionsExt::mode(&md.permissions()) & 0o111 != 0 {
+            continue;
+        }
         // Only files opened for reading only: logs and checkpoints being
         // written are not where the input comes from.
         if !opened_read_only(pid, fd) {
