@@ -180,6 +180,20 @@ fn attach_records_the_running_tree_for_a_window_and_leaves_the_job_alone() {
         total > 0 && hot * 2 > total,
         "crunch in {hot} of {total} worker samples"
     );
+    // No same-instant frames in a process that was already running: the
+    // worker flamegraph names the function from py-spy's nearest stack,
+    // and says so.
+    let labelled = count(&|l| {
+        l.contains("crunch") && l.contains("[python: py-spy, same stack before and after]")
+    });
+    assert_eq!(labelled, hot, "estimated frames without their label");
+    assert_eq!(
+        r["stacks"]["python"]["same_instant"].as_u64(),
+        Some(0),
+        "{}",
+        r["stacks"]["python"]
+    );
+    assert!(r["stacks"]["python"]["py_spy_estimate"].as_u64().unwrap() >= hot);
     // The late worker was sampled too (it inherited the events).
     assert!(
         count_in(&native, &|l| {

@@ -79,6 +79,10 @@ pub enum ViewFrame {
 
 /// Shown where Python ran but no Python frame is attached to the sample.
 pub const NOT_SAMPLED: &str = "[python: not sampled]";
+/// Above the Python frames of a sample that has none of its own instant,
+/// when the Python view shows its thread's py-spy stack, read the same just
+/// before and just after the sample.
+pub const PYSPY_BRACKETED: &str = "[python: py-spy, same stack before and after]";
 /// Shown for the interpreter running no Python code (start-up, shutdown).
 pub const INTERPRETER_ONLY: &str = "[python interpreter]";
 

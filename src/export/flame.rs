@@ -123,6 +123,13 @@ fn titles<'a>(
             "Python frames of the same instant: {:.1}%",
             100.0 * same as f64 / py as f64
         ));
+        let near = samples.iter().filter(|s| st.py_spy_estimate(s)).count();
+        if view == View::Python && near > 0 {
+            parts.push(format!(
+                "estimated from py-spy: {:.1}%",
+                100.0 * near as f64 / py as f64
+            ));
+        }
     }
     match view {
         View::Python if sum.python_samples > 0 => {
