@@ -248,6 +248,11 @@ pub struct Footer {
     /// end: how far the wall clock was slewed or stepped during the run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub end_anchor: Option<ClockAnchor>,
+    /// The recording could not be written to its end (a full disk): what
+    /// failed and when. The recording stops there (a `window_stop` marks
+    /// the last recorded moment).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recording_error: Option<String>,
 }
 
 /// A `CLOCK_MONOTONIC` reading paired with `CLOCK_REALTIME`.

@@ -17,6 +17,7 @@ pub mod export;
 pub mod launch;
 pub mod live;
 pub mod merge;
+pub mod outdir;
 pub mod outputs;
 pub mod placeholders;
 pub mod record;

@@ -48,13 +48,37 @@ fn report(args: gpuprof::cli::ReportArgs) -> anyhow::Result<i32> {
             args.dir.clone()
         }
     });
-    let opts = gpuprof::outputs::OutputOptions {
-        flame: args.flame,
-        step_range: args.step_range.clone().filter(|s| !s.trim().is_empty()),
-    };
-    let outcome = gpuprof::outputs::generate(&args.dir, &out, &opts)?;
+    // The recording first: a wrong DIR must not create an output folder.
+    gpuprof::record::events_path(&args.dir)?;
+    let (dir, _) = gpuprof::outdir::OutDir::open(&out, true)?;
+    let outcome = gpuprof::outputs::generate(
+        &args.dir,
+        &dir,
+        &gpuprof::outputs::GenerateOptions {
+            outputs: gpuprof::outputs::OutputOptions {
+                flame: args.flame,
+                step_range: args.step_range.clone().filter(|s| !s.trim().is_empty()),
+            },
+            ..Default::default()
+        },
+    )?;
+    if outcome.superseded {
+        eprintln!(
+            "gpuprof: the recording session ended while this report was being built: its final outputs in {} were kept, nothing was written",
+            out.display()
+        );
+        return Ok(0);
+    }
     if !args.quiet {
         eprint!("{}", outcome.terminal_summary);
+    }
+    if !outcome.missing.is_empty() {
+        for (f, e) in &outcome.missing {
+            eprintln!("gpuprof: error: {f} could not be written: {e}");
+        }
+        return Ok(1);
+    }
+    if !args.quiet {
         eprintln!("gpuprof: outputs written to {}", out.display());
     }
     Ok(0)

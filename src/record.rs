@@ -1,26 +1,40 @@
-//! The recording: one gzip-compressed stream of JSON lines in
+//! The recording: gzip-compressed JSON lines in
 //! `recording/events.jsonl.gz`, written by one thread as events arrive.
 //!
 //! Why this shape: collectors never block on disk (bounded channel, one
-//! writer); memory stays bounded whatever the run length; the stream is
-//! sync-flushed every second so a killed gpuprof leaves a readable prefix; and
-//! gzip keeps a 16-thread hour well under the 50 MB budget (JSON lines of
-//! repeated keys compress ~10x).
+//! writer); memory stays bounded whatever the run length; gzip keeps a
+//! 16-thread hour well under the 50 MB budget (JSON lines of repeated keys
+//! compress ~10x). The stream is a chain of independent gzip members, one
+//! per second of events: a killed gpuprof leaves every finished second
+//! readable, and a damaged byte costs only its own member (see
+//! [`reader`]). Any gzip reader (`zcat`, `MultiGzDecoder`) reads the file
+//! as one stream.
+//!
+//! A write error (a full disk, a quota) never reaches the job: the file is
+//! cut back to its last complete member, which stays readable; later events
+//! are counted as lost and the error goes into the footer, so the outputs
+//! say what is missing.
+
+mod check;
+mod reader;
 
 use std::fs::File;
-use std::io::{BufRead, BufReader, BufWriter, Write};
-use std::path::{Path, PathBuf};
+use std::io::{Seek, SeekFrom, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use flate2::read::MultiGzDecoder;
 use flate2::write::GzEncoder;
 use flate2::Compression;
 
-use crate::event::{Event, Header, RECORDING_VERSION};
+use crate::event::{Event, MonoNs};
+use crate::outdir::OutDir;
+pub use check::repair_header;
+pub use reader::{events_path, Damage, OpenError, RecordingReader, MAX_LINE};
 
 pub const RECORDING_DIR: &str = "recording";
 pub const EVENTS_FILE: &str = "events.jsonl.gz";
@@ -29,7 +43,9 @@ pub const FORMAT_NAME: &str = "gpuprof-recording";
 /// Events waiting for the writer. At ~100 bytes each this bounds the queue
 /// at a few MB; collectors that find it full drop the event and count it.
 const CHANNEL_CAPACITY: usize = 1 << 16;
+/// A gzip member ends after this long, or this much uncompressed data.
 const FLUSH_EVERY: Duration = Duration::from_secs(1);
+const MEMBER_MAX_BYTES: usize = 4 << 20;
 
 /// Where collectors send their events. Cheap to clone; never blocks.
 #[derive(Clone)]
@@ -64,32 +80,47 @@ impl Sink {
 
 /// The writer thread's handle.
 pub struct Writer {
-    thread: std::thread::JoinHandle<Result<WriterStats>>,
+    thread: std::thread::JoinHandle<WriterStats>,
+    live: Option<OwnedFd>,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Default)]
 pub struct WriterStats {
     pub events: u64,
     pub compressed_bytes: u64,
+    /// The first write error, in words with the time it happened; events
+    /// after it are not in the recording.
+    pub error: Option<String>,
+    /// Events that could not be written after the error.
+    pub lost_events: u64,
 }
 
 /// Sees every event, in order, on the writer thread just before it is
 /// written (the live figures: `crate::live`). Must be cheap.
 pub type Tap = Box<dyn FnMut(&Event) + Send>;
 
-/// Start the writer on `dir/recording/`. Returns the sink for collectors and
-/// the writer handle; the writer ends when every `Sink` is dropped.
-pub fn start_writer(out_dir: &Path) -> Result<(Sink, Writer)> {
-    start_writer_with_tap(out_dir, None)
+/// Start the writer in `out/recording/` (which must not exist). Returns the
+/// sink for collectors and the writer handle; the writer ends when every
+/// `Sink` is dropped.
+pub fn start_writer(out: &OutDir) -> Result<(Sink, Writer)> {
+    start_writer_with_tap(out, None)
 }
 
 /// [`start_writer`], with a tap that sees every event.
-pub fn start_writer_with_tap(out_dir: &Path, tap: Option<Tap>) -> Result<(Sink, Writer)> {
-    let rec_dir = out_dir.join(RECORDING_DIR);
-    std::fs::create_dir_all(&rec_dir)
-        .with_context(|| format!("cannot create {}", rec_dir.display()))?;
-    let path = rec_dir.join(EVENTS_FILE);
-    let file = File::create(&path).with_context(|| format!("cannot create {}", path.display()))?;
+pub fn start_writer_with_tap(out: &OutDir, tap: Option<Tap>) -> Result<(Sink, Writer)> {
+    let rec = out
+        .create_subdir(RECORDING_DIR)
+        .with_context(|| format!("cannot create {}", out.display(RECORDING_DIR)))?;
+    let file = rec
+        .create_new(EVENTS_FILE)
+        .with_context(|| format!("cannot create {}", rec.display(EVENTS_FILE)))?;
+    // Held until the session's outputs are in place: `gpuprof report` sees
+    // the lock and knows the recording is live.
+    let live: OwnedFd = file.try_clone()?.into();
+    // SAFETY: flock on a valid descriptor; nobody else has this new file.
+    unsafe {
+        libc::flock(live.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB);
+    }
     let (tx, rx) = std::sync::mpsc::sync_channel(CHANNEL_CAPACITY);
     let sink = Sink {
         tx,
@@ -99,193 +130,191 @@ pub fn start_writer_with_tap(out_dir: &Path, tap: Option<Tap>) -> Result<(Sink, 
         .name("gpuprof-writer".into())
         .spawn(move || write_loop(file, rx, tap))
         .context("cannot start the recording writer thread")?;
-    Ok((sink, Writer { thread }))
+    Ok((
+        sink,
+        Writer {
+            thread,
+            live: Some(live),
+        },
+    ))
 }
 
 impl Writer {
+    /// The lock that marks the recording live; drop it once the session's
+    /// outputs are written.
+    pub fn take_live_lock(&mut self) -> Option<OwnedFd> {
+        self.live.take()
+    }
+
     /// Wait for the writer to drain the queue and close the file.
     pub fn finish(self) -> Result<WriterStats> {
         match self.thread.join() {
-            Ok(r) => r,
+            Ok(r) => Ok(r),
             Err(_) => bail!("the recording writer thread panicked"),
         }
     }
 }
 
-fn write_loop(file: File, rx: Receiver<Event>, mut tap: Option<Tap>) -> Result<WriterStats> {
-    let mut enc = GzEncoder::new(BufWriter::with_capacity(1 << 16, file), Compression::new(6));
-    let mut line = Vec::with_capacity(512);
-    let mut events = 0u64;
-    let mut last_flush = Instant::now();
+/// Whether a recording session still holds the recording in `dir` (it is
+/// being written, or the session is writing its outputs).
+pub fn session_is_live(dir: &Path) -> bool {
+    let Ok(path) = events_path(dir) else {
+        return false;
+    };
+    let Ok(f) = File::open(path) else {
+        return false;
+    };
+    // SAFETY: flock on a valid descriptor, released when `f` closes.
+    let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) };
+    rc != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EWOULDBLOCK)
+}
+
+/// Gzip members written to the file one at a time.
+struct Members {
+    file: File,
+    /// End of the last member written whole.
+    good_len: u64,
+    enc: GzEncoder<Vec<u8>>,
+    in_member: u64,
+    member_bytes: usize,
+    member_max_t: Option<MonoNs>,
+    /// Latest event time in the file.
+    written_t: Option<MonoNs>,
+    start: Option<MonoNs>,
+    stats: WriterStats,
+    line: Vec<u8>,
+}
+
+fn new_encoder() -> GzEncoder<Vec<u8>> {
+    GzEncoder::new(Vec::with_capacity(1 << 16), Compression::new(6))
+}
+
+impl Members {
+    fn push(&mut self, ev: &Event) {
+        if self.stats.error.is_some() {
+            self.stats.lost_events += 1;
+            return;
+        }
+        if let Event::Header(h) = ev {
+            self.start = Some(h.start);
+        }
+        self.line.clear();
+        if serde_json::to_writer(&mut self.line, ev).is_err() {
+            return;
+        }
+        self.line.push(b'\n');
+        // Writing into memory cannot fail.
+        let _ = self.enc.write_all(&self.line);
+        self.in_member += 1;
+        self.member_bytes += self.line.len();
+        if let Some(t) = ev.time() {
+            if self.member_max_t.map_or(true, |m| t > m) {
+                self.member_max_t = Some(t);
+            }
+        }
+        if self.member_bytes >= MEMBER_MAX_BYTES {
+            self.end_member();
+        }
+    }
+
+    /// Finish the current member and append it to the file. On failure the
+    /// file is cut back to its last whole member.
+    fn end_member(&mut self) {
+        if self.in_member == 0 || self.stats.error.is_some() {
+            return;
+        }
+        let enc = std::mem::replace(&mut self.enc, new_encoder());
+        let n = std::mem::take(&mut self.in_member);
+        self.member_bytes = 0;
+        let max_t = self.member_max_t.take();
+        let res = enc.finish().and_then(|bytes| {
+            self.file.write_all(&bytes)?;
+            Ok(bytes.len() as u64)
+        });
+        match res {
+            Ok(len) => {
+                self.good_len += len;
+                self.stats.events += n;
+                if max_t > self.written_t {
+                    self.written_t = max_t;
+                }
+            }
+            Err(e) => {
+                let _ = self.file.set_len(self.good_len);
+                let _ = self.file.seek(SeekFrom::Start(self.good_len));
+                self.stats.lost_events += n;
+                let at = match (self.written_t, self.start) {
+                    (Some(t), Some(s)) => format!(" after {:.1} s", t.secs_since(s)),
+                    _ => String::new(),
+                };
+                self.stats.error = Some(format!(
+                    "writing the recording failed{at} ({e}); events after that were not recorded"
+                ));
+            }
+        }
+    }
+}
+
+fn write_loop(file: File, rx: Receiver<Event>, mut tap: Option<Tap>) -> WriterStats {
+    let mut m = Members {
+        file,
+        good_len: 0,
+        enc: new_encoder(),
+        in_member: 0,
+        member_bytes: 0,
+        member_max_t: None,
+        written_t: None,
+        start: None,
+        stats: WriterStats::default(),
+        line: Vec::with_capacity(512),
+    };
+    let mut member_start = Instant::now();
     loop {
-        let ev = match rx.recv_timeout(FLUSH_EVERY) {
-            Ok(ev) => Some(ev),
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => None,
+        let wait = FLUSH_EVERY.saturating_sub(member_start.elapsed());
+        let got = rx.recv_timeout(wait);
+        if let (Ok(ev), Some(tap)) = (&got, tap.as_mut()) {
+            tap(ev);
+        }
+        match got {
+            Ok(Event::Footer(mut f)) => {
+                m.end_member();
+                if let Some(err) = m.stats.error.take() {
+                    // The end record says what is missing; with the data
+                    // cut at the error, the recording ends there.
+                    f.recording_error = Some(err.clone());
+                    let stop = m.written_t.unwrap_or(f.t);
+                    m.push(&Event::WindowStop { t: stop });
+                    m.push(&Event::Footer(f));
+                    m.end_member();
+                    m.stats.error = Some(err);
+                } else {
+                    m.push(&Event::Footer(f));
+                }
+            }
+            Ok(ev) => {
+                let header = matches!(ev, Event::Header(_));
+                m.push(&ev);
+                // The header gets a block of its own: whatever happens to
+                // the rest, the recording can be opened.
+                if header {
+                    m.end_member();
+                    member_start = Instant::now();
+                }
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
             Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
-        };
-        if let Some(ev) = ev {
-            if let Some(tap) = tap.as_mut() {
-                tap(&ev);
-            }
-            line.clear();
-            serde_json::to_writer(&mut line, &ev)?;
-            line.push(b'\n');
-            enc.write_all(&line)?;
-            events += 1;
         }
-        if last_flush.elapsed() >= FLUSH_EVERY {
-            // A sync flush ends the deflate block so everything so far can
-            // be decoded even if gpuprof is killed before the trailer.
-            enc.flush()?;
-            last_flush = Instant::now();
+        if member_start.elapsed() >= FLUSH_EVERY {
+            m.end_member();
+            member_start = Instant::now();
         }
     }
-    let mut inner = enc.finish()?;
-    inner.flush()?;
-    let file = inner.into_inner().map_err(|e| e.into_error())?;
-    file.sync_all().ok();
-    let compressed_bytes = file.metadata().map(|m| m.len()).unwrap_or(0);
-    Ok(WriterStats {
-        events,
-        compressed_bytes,
-    })
-}
-
-/// Errors opening a recording, each with what to do about it.
-#[derive(Debug, thiserror::Error)]
-pub enum OpenError {
-    #[error("{0}: no such directory")]
-    Missing(PathBuf),
-    #[error("{0} is not a gpuprof output folder: it has no {RECORDING_DIR}/{EVENTS_FILE} (pass the folder that `gpuprof -- CMD` created)")]
-    NotARecording(PathBuf),
-    #[error("{0}: not a gpuprof recording (its first line is not a gpuprof header)")]
-    BadHeader(PathBuf),
-    #[error("{path}: recording format version {found} is newer than this gpuprof understands (up to {supported}); upgrade gpuprof to read it")]
-    TooNew {
-        path: PathBuf,
-        found: u32,
-        supported: u32,
-    },
-    #[error("cannot read {0}: {1}")]
-    Io(PathBuf, std::io::Error),
-}
-
-/// A recording opened for reading.
-pub struct RecordingReader {
-    pub header: Header,
-    pub path: PathBuf,
-    lines: std::io::Lines<BufReader<MultiGzDecoder<BufReader<File>>>>,
-    /// Set when the stream ended early (gpuprof killed, file cut).
-    pub truncated: Option<String>,
-    line_no: u64,
-}
-
-/// Find the recording inside an output folder (or the recording folder itself).
-pub fn events_path(dir: &Path) -> Result<PathBuf, OpenError> {
-    if !dir.is_dir() {
-        return Err(OpenError::Missing(dir.to_path_buf()));
-    }
-    for cand in [
-        dir.join(RECORDING_DIR).join(EVENTS_FILE),
-        dir.join(EVENTS_FILE),
-    ] {
-        if cand.is_file() {
-            return Ok(cand);
+    m.end_member();
+    if m.stats.error.is_none() {
+        if let Err(e) = m.file.sync_all() {
+            m.stats.error = Some(format!("the recording could not be saved ({e})"));
         }
     }
-    Err(OpenError::NotARecording(dir.to_path_buf()))
-}
-
-impl RecordingReader {
-    pub fn open(dir: &Path) -> Result<RecordingReader, OpenError> {
-        let path = events_path(dir)?;
-        let file = File::open(&path).map_err(|e| OpenError::Io(path.clone(), e))?;
-        let dec = MultiGzDecoder::new(BufReader::new(file));
-        let mut lines = BufReader::with_capacity(1 << 16, dec).lines();
-        let first = match lines.next() {
-            Some(Ok(l)) => l,
-            _ => return Err(OpenError::BadHeader(path)),
-        };
-        let header = match serde_json::from_str::<Event>(&first) {
-            Ok(Event::Header(h)) if h.format == FORMAT_NAME => h,
-            _ => {
-                // A newer version may have a header this version cannot parse;
-                // read just the version to give the right advice.
-                let v: Option<(String, u32)> = serde_json::from_str::<serde_json::Value>(&first)
-                    .ok()
-                    .and_then(|v| {
-                        Some((
-                            v.get("format")?.as_str()?.to_string(),
-                            v.get("version")?.as_u64()? as u32,
-                        ))
-                    });
-                match v {
-                    Some((f, found)) if f == FORMAT_NAME && found > RECORDING_VERSION => {
-                        return Err(OpenError::TooNew {
-                            path,
-                            found,
-                            supported: RECORDING_VERSION,
-                        })
-                    }
-                    _ => return Err(OpenError::BadHeader(path)),
-                }
-            }
-        };
-        if header.version > RECORDING_VERSION {
-            return Err(OpenError::TooNew {
-                path,
-                found: header.version,
-                supported: RECORDING_VERSION,
-            });
-        }
-        Ok(RecordingReader {
-            header,
-            path,
-            lines,
-            truncated: None,
-            line_no: 1,
-        })
-    }
-}
-
-impl Iterator for RecordingReader {
-    type Item = Event;
-    fn next(&mut self) -> Option<Event> {
-        if self.truncated.is_some() {
-            return None;
-        }
-        loop {
-            match self.lines.next() {
-                None => return None,
-                Some(Err(e)) => {
-                    self.truncated = Some(format!(
-                        "{} ends early after line {} ({}); outputs cover the readable part only",
-                        self.path.display(),
-                        self.line_no,
-                        e
-                    ));
-                    return None;
-                }
-                Some(Ok(l)) => {
-                    self.line_no += 1;
-                    match serde_json::from_str::<Event>(&l) {
-                        Ok(ev) => return Some(ev),
-                        Err(e) => {
-                            // A cut line is the normal end of a truncated stream;
-                            // an unknown event from a newer minor writer is skipped.
-                            if e.is_eof() || e.is_syntax() {
-                                self.truncated = Some(format!(
-                                    "{} is cut at line {}; outputs cover the readable part only",
-                                    self.path.display(),
-                                    self.line_no
-                                ));
-                                return None;
-                            }
-                            continue;
-                        }
-                    }
-                }
-            }
-        }
-    }
+    m.stats.compressed_bytes = m.good_len;
+    m.stats
 }

@@ -21,6 +21,8 @@ use crate::collect::stacks::{AgentPlan, StackCollectors};
 use crate::collect::system::SystemCollector;
 use crate::event::{ClockAnchor, Event, Footer, Header, JobStatus, MonoNs, Pid, RECORDING_VERSION};
 use crate::launch;
+use crate::outdir::OutDir;
+use crate::outputs::GenerateOptions;
 use crate::record::{self, Sink};
 
 /// Collectors sampled together on one thread at `--interval`.
@@ -124,10 +126,29 @@ impl SamplerThread {
     }
 }
 
-/// Choose and create the output folder, and prove it is writable, before
-/// the job starts: a bad `-o` must never cost a training run.
-pub(crate) fn prepare_output(requested: Option<&Path>) -> Result<(PathBuf, bool)> {
-    let dir = match requested {
+/// Files gpuprof writes into the output folder: an existing one would be
+/// replaced, so a folder holding any of them is refused.
+fn output_names() -> Vec<&'static str> {
+    let mut v = vec![
+        "report.json",
+        "summary.md",
+        "trace.json",
+        "flame-gpu-idle.svg",
+        "stacks-gpu-idle.folded",
+    ];
+    for (_, folded, svg, _) in crate::export::flame::ROLE_OUTPUTS {
+        v.push(folded);
+        v.push(svg);
+    }
+    v
+}
+
+/// Choose, create and open the output folder, and prove it is writable,
+/// before the job starts: a bad `-o` must never cost a training run.
+/// Returns the folder, whether gpuprof created it, and the space reserved
+/// for the final outputs (None when the disk is too full for it).
+pub(crate) fn prepare_output(requested: Option<&Path>) -> Result<(OutDir, bool, Option<Reserve>)> {
+    let path = match requested {
         Some(p) => match p
             .to_str()
             .filter(|s| crate::placeholders::has_placeholders(s))
@@ -140,36 +161,105 @@ pub(crate) fn prepare_output(requested: Option<&Path>) -> Result<(PathBuf, bool)
         },
         None => default_output_name(),
     };
-    let existed = dir.exists();
-    if existed {
-        if !dir.is_dir() {
-            anyhow::bail!(
-                "output path {} exists and is not a folder: choose another with -o DIR",
-                dir.display()
-            );
-        }
-        if dir.join(record::RECORDING_DIR).exists() {
-            anyhow::bail!(
-                "output folder {} already holds a recording: choose another with -o DIR, or remove it",
-                dir.display()
-            );
-        }
+    let (out, created) = OutDir::open(&path, true)?;
+    if out.exists(record::RECORDING_DIR) {
+        anyhow::bail!(
+            "output folder {} already holds a recording: choose another with -o DIR, or remove it",
+            path.display()
+        );
     }
-    std::fs::create_dir_all(&dir).with_context(|| {
-        format!(
-            "cannot create output folder {} (choose another with -o DIR)",
-            dir.display()
+    if let Some(name) = output_names().into_iter().find(|n| out.exists(n)) {
+        anyhow::bail!(
+            "output folder {} already holds {name} (from an earlier run?), which gpuprof would replace: choose another folder with -o DIR, or remove it",
+            path.display()
+        );
+    }
+    let fail = |e: std::io::Error| {
+        if created {
+            let _ = std::fs::remove_dir(&path);
+        }
+        anyhow::anyhow!(
+            "output folder {} is not writable ({e}): choose another with -o DIR",
+            path.display()
         )
-    })?;
-    let probe = dir.join(".gpuprof-write-test");
-    std::fs::write(&probe, b"ok").with_context(|| {
-        format!(
-            "output folder {} is not writable (choose another with -o DIR)",
-            dir.display()
-        )
-    })?;
-    let _ = std::fs::remove_file(&probe);
-    Ok((dir, !existed))
+    };
+    let reserve = match Reserve::create(&out) {
+        Ok(r) => Some(r),
+        Err(e)
+            if e.raw_os_error() == Some(libc::ENOSPC) || e.raw_os_error() == Some(libc::EDQUOT) =>
+        {
+            // Not worth stopping the job for: the profile will say what is missing.
+            eprintln!(
+                "gpuprof: warning: the disk of {} is nearly full ({e}): the profile may be incomplete",
+                path.display()
+            );
+            let probe = format!(".gpuprof-write-test.{}", std::process::id());
+            match out.create_new(&probe) {
+                Ok(_) => {
+                    let _ = out.remove(&probe);
+                    None
+                }
+                Err(e)
+                    if e.raw_os_error() == Some(libc::ENOSPC)
+                        || e.raw_os_error() == Some(libc::EDQUOT) =>
+                {
+                    None
+                }
+                Err(e) => return Err(fail(e)),
+            }
+        }
+        Err(e) => return Err(fail(e)),
+    };
+    Ok((out, created, reserve))
+}
+
+/// Space set aside in the output folder while recording, released just
+/// before the outputs are written: if the job (or anything else) fills the
+/// disk, `report.json` and `summary.md` still fit.
+pub(crate) struct Reserve {
+    name: String,
+}
+
+/// Size of [`Reserve`]: several times a large report.json.
+const RESERVE_BYTES: i64 = 4 << 20;
+
+impl Reserve {
+    fn create(out: &OutDir) -> std::io::Result<Reserve> {
+        let name = format!(".reserve.{}-0.gpuprof-tmp", std::process::id());
+        let f = out.create_new(&name)?;
+        // SAFETY: fallocate on a valid descriptor.
+        let rc =
+            unsafe { libc::fallocate(std::os::fd::AsRawFd::as_raw_fd(&f), 0, 0, RESERVE_BYTES) };
+        if rc != 0 {
+            let e = std::io::Error::last_os_error();
+            let unsupported = matches!(
+                e.raw_os_error(),
+                Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS)
+            );
+            // Filesystems without fallocate: write the space instead.
+            let written = unsupported
+                && (|| -> std::io::Result<()> {
+                    use std::io::Write;
+                    let mut w = std::io::BufWriter::new(&f);
+                    let zero = vec![0u8; 1 << 16];
+                    for _ in 0..(RESERVE_BYTES as usize / zero.len()) {
+                        w.write_all(&zero)?;
+                    }
+                    w.flush()?;
+                    f.sync_all()
+                })()
+                .is_ok();
+            if !written {
+                let _ = out.remove(&name);
+                return Err(e);
+            }
+        }
+        Ok(Reserve { name })
+    }
+
+    fn release(self, out: &OutDir) {
+        let _ = out.remove(&self.name);
+    }
 }
 
 /// `gpuprof-<host>-<YYYYmmdd-HHMMSS>[-rank<N>]`, made unique in the
@@ -265,7 +355,7 @@ pub fn record(cfg: RecordConfig) -> Result<i32> {
     // Before anything else: a bad address must stop gpuprof before the job
     // starts and before an output folder is made.
     let metrics = crate::live::bind_metrics(&cfg)?;
-    let (out, created) = prepare_output(cfg.output.as_deref())?;
+    let (out, created, reserve) = prepare_output(cfg.output.as_deref())?;
     // In-process agents: written into a private runtime folder that stays
     // until gpuprof exits (the job may run on after the recording window).
     let agents = if cfg.no_nvtx {
@@ -298,9 +388,7 @@ pub fn record(cfg: RecordConfig) -> Result<i32> {
     let suspended = match launch::spawn_suspended(&cfg.command, &env) {
         Ok(s) => s,
         Err(e) => {
-            if created {
-                let _ = std::fs::remove_dir_all(&out);
-            }
+            undo_output(&out, created, reserve);
             eprintln!("gpuprof: {e}");
             return Ok(e.exit_code());
         }
@@ -314,7 +402,7 @@ pub fn record(cfg: RecordConfig) -> Result<i32> {
         .enable_all()
         .build()?;
     let code = rt.block_on(run(
-        cfg, out, created, suspended, nvtx_plan, metrics, &agent,
+        cfg, out, created, reserve, suspended, nvtx_plan, metrics, &agent,
     ));
     drop(agents);
     if let AgentPlan::Ready(a) = agent {
@@ -333,8 +421,9 @@ pub(crate) fn say(quiet: bool, msg: &str) {
 
 async fn run(
     cfg: RecordConfig,
-    out: PathBuf,
+    out: OutDir,
     created: bool,
+    reserve: Option<Reserve>,
     suspended: launch::Suspended,
     nvtx_plan: NvtxPlan,
     metrics: Option<std::net::TcpListener>,
@@ -355,16 +444,15 @@ async fn run(
     // Live figures for the progress line, early warnings and --metrics-addr,
     // fed by the writer from the events it records.
     let live = crate::live::Live::new(cfg.warn_after + Duration::from_secs(5));
-    let (sink, writer) = match record::start_writer_with_tap(&out, Some(live.tap())) {
+    let (sink, mut writer) = match record::start_writer_with_tap(&out, Some(live.tap())) {
         Ok(x) => x,
         Err(e) => {
             suspended.abort();
-            if created {
-                let _ = std::fs::remove_dir_all(&out);
-            }
+            undo_output(&out, created, reserve);
             return Err(e);
         }
     };
+    let live_lock = writer.take_live_lock();
     sink.send_blocking(Event::Header(header.clone()));
     let delayed = cfg.delay.is_some_and(|d| !d.is_zero());
     let mut samplers = SamplerThread::start(&sink, cfg.interval, !delayed, None)?;
@@ -392,14 +480,13 @@ async fn run(
             nvtx.stop();
             drop(sink);
             let _ = writer.finish();
-            if created {
-                let _ = std::fs::remove_dir_all(&out);
-            }
+            drop(live_lock);
+            undo_output(&out, created, reserve);
             eprintln!("gpuprof: {e}");
             return Ok(e.exit_code());
         }
     };
-    let mut views = crate::live::Views::start(&live, &out, &cfg, metrics);
+    let mut views = crate::live::Views::start(&live, out.path(), &cfg, metrics);
     let started = tokio::time::Instant::now();
     let window_start = started + cfg.delay.unwrap_or_default();
     let window_end = cfg.duration.map(|d| window_start + d);
@@ -409,6 +496,8 @@ async fn run(
         sink,
         writer,
         stacks,
+        live: live_lock,
+        reserve,
     });
     let mut interrupts = 0u32;
     let mut job_status: Option<JobStatus> = None;
@@ -553,6 +642,21 @@ pub(crate) struct Recording {
     pub(crate) sink: Sink,
     pub(crate) writer: record::Writer,
     pub(crate) stacks: StackCollectors,
+    /// Marks the recording live for `gpuprof report` until the outputs are in.
+    pub(crate) live: Option<std::os::fd::OwnedFd>,
+    pub(crate) reserve: Option<Reserve>,
+}
+
+/// Remove what gpuprof put in the output folder for a job that never ran.
+pub(crate) fn undo_output(out: &OutDir, created: bool, reserve: Option<Reserve>) {
+    if let Some(r) = reserve {
+        r.release(out);
+    }
+    if created {
+        let _ = std::fs::remove_dir_all(out.path());
+    } else {
+        let _ = std::fs::remove_dir_all(out.path().join(record::RECORDING_DIR));
+    }
 }
 
 /// `nvtx`: the NVTX reader, stopped here but kept by the caller (its ring
@@ -560,11 +664,11 @@ pub(crate) struct Recording {
 pub(crate) fn finish_recording(
     rec: Recording,
     nvtx: Option<&mut NvtxCollector>,
-    out: &Path,
+    out: &OutDir,
     status: JobStatus,
     reason: &str,
     quiet: bool,
-    opts: &crate::outputs::OutputOptions,
+    outputs: &crate::outputs::OutputOptions,
 ) {
     let Recording {
         mut samplers,
@@ -572,6 +676,8 @@ pub(crate) fn finish_recording(
         sink,
         writer,
         stacks,
+        live,
+        reserve,
     } = rec;
     if let Some(g) = gpu {
         g.stop();
@@ -581,8 +687,12 @@ pub(crate) fn finish_recording(
     if let Some(n) = nvtx {
         n.stop();
     }
+    // The space kept for the end: the footer and the small outputs.
+    if let Some(r) = reserve {
+        r.release(out);
+    }
     let (cpu_ns, max_rss) = self_usage();
-    sink.send_blocking(Event::Footer(Footer {
+    let mut footer = Footer {
         t: MonoNs::now(),
         status,
         reason: reason.into(),
@@ -590,24 +700,57 @@ pub(crate) fn finish_recording(
         profiler_cpu_ns: cpu_ns,
         profiler_max_rss_bytes: max_rss,
         end_anchor: Some(ClockAnchor::now()),
-    }));
+        recording_error: None,
+    };
+    sink.send_blocking(Event::Footer(footer.clone()));
     drop(sink);
     drop(samplers);
-    if let Err(e) = writer.finish() {
-        eprintln!("gpuprof: error: the recording could not be completed: {e:#}");
+    let mut opts = GenerateOptions {
+        session: true,
+        outputs: outputs.clone(),
+        ..Default::default()
+    };
+    match writer.finish() {
+        Ok(stats) => {
+            footer.recording_error = stats.error;
+        }
+        Err(e) => opts
+            .problems
+            .push(format!("the recording could not be completed: {e:#}")),
     }
-    match crate::outputs::generate(out, out, opts) {
+    opts.footer = Some(footer);
+    let job = match status {
+        JobStatus::Exited(c) => format!("the job exited with code {c}"),
+        JobStatus::Signaled(s) => format!("the job was killed by signal {s}"),
+        JobStatus::StillRunning => "the job is still running".into(),
+        JobStatus::EndedUnknown => "the job ended".into(),
+    };
+    match crate::outputs::generate(out.path(), out, &opts) {
         Ok(outcome) => {
             if !quiet {
                 eprint!("{}", outcome.terminal_summary);
-                eprintln!("gpuprof: outputs in {}", out.display());
+            }
+            if outcome.complete {
+                if !quiet {
+                    eprintln!("gpuprof: outputs in {}", out.path().display());
+                }
+            } else {
+                // Said even with --quiet: the run looks fine otherwise.
+                eprintln!(
+                    "gpuprof: PROFILE INCOMPLETE ({job}; gpuprof exits with its status): what was written is in {}, report.json has \"complete\": false",
+                    out.path().display()
+                );
+                for w in &outcome.analysis.warnings {
+                    eprintln!("gpuprof:   {w}");
+                }
             }
         }
         Err(e) => eprintln!(
-            "gpuprof: error: could not build the outputs from {}: {e:#}",
-            out.display()
+            "gpuprof: PROFILE INCOMPLETE ({job}; gpuprof exits with its status): could not build the outputs from {}: {e:#}",
+            out.path().display()
         ),
     }
+    drop(live);
 }
 
 /// gpuprof's own CPU time and peak RSS so far, to report its overhead.

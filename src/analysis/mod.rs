@@ -150,8 +150,12 @@ pub struct System {
 pub struct Analysis {
     pub header: Header,
     pub footer: Option<Footer>,
-    /// Problems with the recording itself (truncated, dropped events).
+    /// Problems with the recording itself (truncated, damaged, dropped
+    /// events, a full disk) and with writing the outputs.
     pub warnings: Vec<String>,
+    /// The recording covers the whole window: it has its end record and
+    /// nothing in it was lost (see `warnings` otherwise).
+    pub complete: bool,
     /// What was measured and what was not, by source (sorted).
     pub coverage: BTreeMap<String, Coverage>,
     /// The recorded window.
@@ -174,12 +178,18 @@ pub struct Analysis {
     pub steps: steps::Steps,
 }
 
-/// Choices that change the analysis of a recording.
+/// Choices that change the analysis of a recording, and what the caller
+/// knows beyond it.
 #[derive(Clone, Debug, Default)]
 pub struct Options {
     /// The NVTX range that marks a step (else the one given at record
     /// time, else chosen automatically).
     pub step_range: Option<String>,
+    /// The session's end record, used when the recording has none (it
+    /// could not be written: a full disk).
+    pub footer: Option<Footer>,
+    /// A session is still writing the recording.
+    pub live: bool,
 }
 
 impl Analysis {
@@ -246,10 +256,32 @@ fn push_delta(
     amount: f64,
     scale: f64,
 ) {
+    push_delta_capped(series, prev, t, interval, amount, scale, f64::INFINITY)
+}
+
+/// [`push_delta`] for a counter that grows by at most `max_rate` per
+/// second (CPU seconds: one per core): an increase too large for one
+/// interval happened over the time it needs at that rate (a sample that
+/// came late, a thread first seen after it had been running a while).
+fn push_delta_capped(
+    series: &mut Series,
+    prev: MonoNs,
+    t: MonoNs,
+    interval: u64,
+    amount: f64,
+    scale: f64,
+    max_rate: f64,
+) {
     if t <= prev {
         return;
     }
-    let from = MonoNs(prev.0.max(t.0.saturating_sub(interval)));
+    let needed = if max_rate.is_finite() && max_rate > 0.0 {
+        (amount / max_rate * 1e9).min(u64::MAX as f64 / 2.0) as u64
+    } else {
+        0
+    };
+    let span = interval.max(needed);
+    let from = MonoNs(prev.0.max(t.0.saturating_sub(span)));
     if from > prev {
         series.push(prev, from, 0.0);
     }
@@ -268,6 +300,7 @@ struct Builder {
     a: Analysis,
     interval: u64,
     window_started: Option<MonoNs>,
+    window_stopped: bool,
     delayed: bool,
     last_t: MonoNs,
     last_mem: Option<(MonoNs, f64, f64)>,
@@ -286,6 +319,7 @@ impl Builder {
                 header,
                 footer: None,
                 warnings: Vec::new(),
+                complete: true,
                 coverage: BTreeMap::new(),
                 start,
                 end: start,
@@ -303,6 +337,7 @@ impl Builder {
             },
             interval,
             window_started: None,
+            window_stopped: false,
             delayed: false,
             last_t: start,
             last_mem: None,
@@ -356,7 +391,13 @@ impl Builder {
             | Event::TaskExit { .. }
             | Event::TaskComm { .. }) => self.stack_data.add(&ev),
             Event::Footer(f) => {
-                self.a.end = f.t;
+                if !self.window_stopped {
+                    self.a.end = f.t;
+                }
+                if let Some(e) = &f.recording_error {
+                    self.a.warnings.push(e.clone());
+                    self.a.complete = false;
+                }
                 self.a.footer = Some(f);
             }
             Event::Coverage(c) => {
@@ -386,7 +427,10 @@ impl Builder {
                     self.a.start = t;
                 }
             }
-            Event::WindowStop { t } => self.a.end = t,
+            Event::WindowStop { t } => {
+                self.a.end = t;
+                self.window_stopped = true;
+            }
             Event::Process {
                 t,
                 pid,
@@ -496,12 +540,13 @@ impl Builder {
                 th.sys_ns = sys_ns.saturating_sub(bs);
                 match th.last {
                     Some((pt, ptotal, pstate)) => {
-                        push_delta(
+                        push_delta_capped(
                             &mut th.cpu,
                             pt,
                             t,
                             interval,
                             total.saturating_sub(ptotal) as f64 / 1e9,
+                            1.0,
                             1.0,
                         );
                         account_state(th, pt, t, pstate);
@@ -509,13 +554,16 @@ impl Builder {
                     None => {
                         if !base_first {
                             // Born during the recording: its CPU so far happened
-                            // in the last interval.
-                            push_delta(
+                            // in the last interval (or, if more, over the time
+                            // it needed at one core).
+                            let cpu_s = total as f64 / 1e9;
+                            push_delta_capped(
                                 &mut th.cpu,
-                                MonoNs(t.0.saturating_sub(interval)),
+                                MonoNs(t.0.saturating_sub(interval.max((cpu_s * 1e9) as u64))),
                                 t,
                                 interval,
-                                total as f64 / 1e9,
+                                cpu_s,
+                                1.0,
                                 1.0,
                             );
                         }
@@ -561,8 +609,17 @@ impl Builder {
                     if base_first { vals } else { [0; 6] },
                 ));
                 let (pt, pv) = prev;
-                let dcpu = (vals[0] + vals[1]).saturating_sub(pv[0] + pv[1]) as f64 / 1e9;
-                push_delta(&mut p.cpu, pt, t, interval, dcpu, 1.0);
+                let dcpu = (vals[0].saturating_add(vals[1]))
+                    .saturating_sub(pv[0].saturating_add(pv[1])) as f64
+                    / 1e9;
+                let cores = self.a.header.cpus.max(1) as f64;
+                let pt = if p.last.is_none() {
+                    // First sample: over the time it needed at most.
+                    MonoNs(pt.0.min(t.0.saturating_sub((dcpu / cores * 1e9) as u64)))
+                } else {
+                    pt
+                };
+                push_delta_capped(&mut p.cpu, pt, t, interval, dcpu, 1.0, cores);
                 push_delta(
                     &mut p.read_bps,
                     pt,
@@ -731,11 +788,31 @@ impl Builder {
     fn finish(mut self, truncated: Option<String>, opts: &Options) -> Analysis {
         if self.a.footer.is_none() {
             self.a.end = self.last_t;
-            self.a.warnings.push(truncated.clone().unwrap_or_else(|| {
-                "the recording has no end marker (gpuprof was killed?): outputs cover the part that was written".into()
-            }));
+            self.a.complete = false;
+            if opts.live {
+                self.a.warnings.push(
+                    "the recording is still being written: these outputs are a snapshot up to now; the session replaces them when it ends".into(),
+                );
+            } else if let Some(f) = &opts.footer {
+                // The session knows how the job ended even though the
+                // recording could not hold it.
+                let mut f = f.clone();
+                if let Some(e) = &f.recording_error {
+                    self.a.warnings.push(e.clone());
+                }
+                f.t = self.last_t;
+                self.a.footer = Some(f);
+                if let Some(t) = truncated {
+                    self.a.warnings.push(t);
+                }
+            } else {
+                self.a.warnings.push(truncated.clone().unwrap_or_else(|| {
+                    "the recording has no end marker (gpuprof was killed?): outputs cover the part that was written".into()
+                }));
+            }
         } else if let Some(t) = truncated {
             self.a.warnings.push(t);
+            self.a.complete = false;
         }
         if let Some(f) = &self.a.footer {
             if f.dropped_events > 0 {
@@ -846,7 +923,7 @@ fn close_thread(th: &mut Thread, t: MonoNs) {
 }
 
 /// Build the analysis from a sequence of events (the first must be the
-/// header). `truncated` says why the stream ended early, if it did.
+/// header).
 pub fn analyze_events(header: Header, events: impl Iterator<Item = Event>) -> Analysis {
     let mut b = Builder::new(header);
     for ev in events {
@@ -870,7 +947,13 @@ pub fn analyze_dir_with(
     for ev in reader.by_ref() {
         b.event(ev);
     }
-    Ok(b.finish(reader.truncated.take(), opts))
+    let damage = reader.warnings();
+    if !damage.is_empty() {
+        b.a.complete = false;
+        b.a.warnings.extend(damage);
+    }
+    let truncated = reader.truncated.take();
+    Ok(b.finish(truncated, opts))
 }
 
 /// A compact, serializable view used in the report for thread listings.

@@ -2662,6 +2662,7 @@ mod tests {
                 profiler_cpu_ns: 0,
                 profiler_max_rss_bytes: 0,
                 end_anchor: None,
+                recording_error: None,
             }),
         ];
         let a = super::super::analyze_events(h, evs.into_iter());

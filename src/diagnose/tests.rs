@@ -109,6 +109,7 @@ fn run(cpus: u32, threads: &[Th], workers: &[i32], sys_busy: fn(u64) -> f64) -> 
         profiler_cpu_ns: 0,
         profiler_max_rss_bytes: 0,
         end_anchor: None,
+        recording_error: None,
     }));
     evs
 }

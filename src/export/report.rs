@@ -191,7 +191,7 @@ pub fn build(a: &Analysis) -> Value {
             "processes_at_attach": at.processes,
             "threads_at_attach": at.threads,
         })),
-        "complete": footer.is_some(),
+        "complete": a.complete,
         "processes": processes,
         "roles": roles,
         "system": system,

@@ -33,6 +33,7 @@ use crate::diagnose::{self, ranks::RankFigures, Finding, FindingKind};
 use crate::event::{Header, MonoNs};
 use crate::export::report::r;
 use crate::export::trace::{Fragment, TraceWriter};
+use crate::outdir::OutDir;
 use crate::record::{self, RecordingReader};
 
 /// What `gpuprof merge` was asked to do.
@@ -225,22 +226,21 @@ pub fn run(opts: &MergeOptions) -> Result<MergeOutcome> {
             why.join("\n  ")
         );
     }
-    let out = &opts.output;
-    std::fs::create_dir_all(out).with_context(|| {
-        format!(
-            "cannot create output folder {} (choose another with -o DIR)",
-            out.display()
-        )
-    })?;
-    let tmp = out.join(format!(".gpuprof-merge-{}", std::process::id()));
-    std::fs::create_dir_all(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
-    let result = merge_into(opts, readable, skipped, &tmp);
-    let _ = std::fs::remove_dir_all(&tmp);
+    // Opened once and written through its descriptor: never through a
+    // symlink planted in it (see crate::outdir).
+    let (out, _) = OutDir::open(&opts.output, true)?;
+    let tmp_name = format!(".gpuprof-merge-{}", std::process::id());
+    let tmp = out
+        .create_subdir(&tmp_name)
+        .with_context(|| format!("cannot create {}", out.display(&tmp_name)))?;
+    let result = merge_into(opts, &out, readable, skipped, tmp.path());
+    let _ = std::fs::remove_dir_all(tmp.path());
     result
 }
 
 fn merge_into(
     opts: &MergeOptions,
+    out: &OutDir,
     readable: Vec<(PathBuf, Header)>,
     mut skipped: Vec<Skipped>,
     tmp: &Path,
@@ -351,10 +351,13 @@ fn merge_into(
         .unwrap_or(origin);
 
     // Outputs.
-    let out = &opts.output;
     let mut written = Vec::new();
-    let trace = out.join("trace.json");
-    crate::outputs::write_atomic(&trace, |mut w| {
+    let put = |name: &str, f: &mut dyn FnMut(&mut BufWriter<File>) -> std::io::Result<()>| {
+        out.write_atomic(name, f)
+            .with_context(|| format!("cannot write {}", out.display(name)))
+            .map(|_| out.path().join(name))
+    };
+    written.push(put("trace.json", &mut |w| {
         w.write_all(b"{\"traceEvents\":[\n")?;
         let mut first = true;
         for (k, ((slot, n), p)) in nodes.iter().zip(&places).enumerate() {
@@ -365,14 +368,12 @@ fn merge_into(
                 (k as i64 + 1) * 1_000_000,
                 None,
             );
-            copy_fragment(&n.fragment, shift_us, &fix, &mut w, &mut first)?;
+            copy_fragment(&n.fragment, shift_us, &fix, w, &mut first)?;
         }
         w.write_all(b"\n],\"displayTimeUnit\":\"ms\",\"metadata\":")?;
-        serde_json::to_writer(&mut w, &trace_metadata(&nodes, &places, origin))?;
-        w.write_all(b"}\n")?;
-        Ok(w)
-    })?;
-    written.push(trace);
+        serde_json::to_writer(&mut *w, &trace_metadata(&nodes, &places, origin))?;
+        w.write_all(b"}\n")
+    })?);
 
     let all_ranks: Vec<RankFigures> = nodes.iter().flat_map(|(_, n)| n.ranks.clone()).collect();
     let mut findings: Vec<(Option<String>, Finding)> = Vec::new();
@@ -405,20 +406,12 @@ fn merge_into(
         skipped: &skipped,
     };
     let report = report_json(&m);
-    let report_path = out.join("report.json");
-    crate::outputs::write_atomic(&report_path, |mut w| {
-        serde_json::to_writer_pretty(&mut w, &report)?;
-        w.write_all(b"\n")?;
-        Ok(w)
-    })?;
-    written.push(report_path);
+    written.push(put("report.json", &mut |w| {
+        serde_json::to_writer_pretty(&mut *w, &report)?;
+        w.write_all(b"\n")
+    })?);
     let md = summary_markdown(&m);
-    let summary = out.join("summary.md");
-    crate::outputs::write_atomic(&summary, |mut w| {
-        w.write_all(md.as_bytes())?;
-        Ok(w)
-    })?;
-    written.push(summary);
+    written.push(put("summary.md", &mut |w| w.write_all(md.as_bytes()))?);
     Ok(MergeOutcome {
         merged: nodes.len(),
         skipped,

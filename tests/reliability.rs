@@ -1,0 +1,384 @@
+//! Faults and hostile conditions, on real processes and real files: another
+//! user's symlinks in the output folder, a full disk, a gpuprof killed
+//! mid-run, damaged recordings, a report run against a live session.
+
+#[macro_use]
+mod common;
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+fn tmp() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("gpuprof-test-")
+        .tempdir()
+        .unwrap()
+}
+
+fn is_root() -> bool {
+    // SAFETY: no arguments, no failure.
+    unsafe { libc::geteuid() == 0 }
+}
+
+const NOBODY: u32 = 65534;
+
+/// Run a shell command as `nobody`.
+fn as_nobody(script: &str) -> std::process::Output {
+    std::process::Command::new("sh")
+        .args(["-c", script])
+        .uid(NOBODY)
+        .gid(NOBODY)
+        .output()
+        .expect("run sh as nobody")
+}
+
+/// Temporaries gpuprof may leave: there must be none after a run.
+fn leftovers(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".gpuprof-tmp") || n.ends_with(".tmp") || n.contains("write-test"))
+        .collect()
+}
+
+#[test]
+fn root_never_writes_through_another_users_symlinks() {
+    if !is_root() {
+        skip!("needs root (the attack is on root)");
+    }
+    let d = tmp();
+    std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let victim = d.path().join("victim");
+    std::fs::write(&victim, "root only").unwrap();
+    std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let marker = d.path().join("job-ran");
+    let job = format!("touch {}", marker.display());
+
+    // 1. A folder nobody made, full of symlinks to the victim.
+    let dir = d.path().join("theirs");
+    let names = [
+        ".gpuprof-write-test",
+        "trace.tmp",
+        "report.tmp",
+        "summary.tmp",
+        "report.json",
+        "trace.json",
+        "summary.md",
+    ];
+    let mut script = format!("mkdir {} ", dir.display());
+    for n in names {
+        script.push_str(&format!(
+            "&& ln -s {} {}/{n} ",
+            victim.display(),
+            dir.display()
+        ));
+    }
+    let o = as_nobody(&script);
+    if !o.status.success() {
+        skip!(
+            "cannot act as nobody: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    let o = gpuprof()
+        .arg("-o")
+        .arg(&dir)
+        .args(["--", "sh", "-c", &job])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_ne!(o.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("belongs to uid 65534 (nobody)") && err.contains("-o DIR"),
+        "a clear refusal: {err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    assert!(!marker.exists(), "the job must not run");
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "root only");
+
+    // 2. The output folder itself is nobody's symlink to a root folder.
+    let rootdir = d.path().join("rootdir");
+    std::fs::create_dir(&rootdir).unwrap();
+    let link = d.path().join("link");
+    let o = as_nobody(&format!("ln -s {} {}", rootdir.display(), link.display()));
+    assert!(o.status.success());
+    let o = gpuprof()
+        .arg("-o")
+        .arg(&link)
+        .args(["--", "sh", "-c", &job])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_ne!(o.status.code(), Some(0));
+    assert!(err.contains("symlink owned by uid 65534"), "{err}");
+    assert!(!marker.exists());
+    assert_eq!(std::fs::read_dir(&rootdir).unwrap().count(), 0);
+
+    // 3. `gpuprof report -o` into nobody's folder is refused the same way.
+    let (rec, o) = record(d.path(), "rec", &[], &["true"]);
+    assert!(o.status.success());
+    let o = gpuprof()
+        .arg("report")
+        .arg(&rec)
+        .arg("-o")
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert_ne!(o.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("belongs to uid 65534"));
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "root only");
+
+    // 4. Symlinks of nobody's where gpuprof writes, in a folder root owns
+    // (planted before it was root's, say): replaced, never followed.
+    let out = rec;
+    let mine = d.path().join("mine");
+    std::fs::create_dir(&mine).unwrap();
+    for n in names {
+        std::os::unix::fs::symlink(&victim, mine.join(n)).unwrap();
+        std::os::unix::fs::lchown(mine.join(n), Some(NOBODY), Some(NOBODY)).unwrap();
+    }
+    let o = gpuprof()
+        .arg("report")
+        .arg("-q")
+        .arg(&out)
+        .arg("-o")
+        .arg(&mine)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "root only");
+    for n in ["report.json", "trace.json", "summary.md"] {
+        let md = std::fs::symlink_metadata(mine.join(n)).unwrap();
+        assert!(
+            md.is_file() && md.uid() == 0,
+            "{n} replaced by root's own file"
+        );
+    }
+    assert!(leftovers(&mine).iter().all(|n| names.contains(&n.as_str())));
+}
+
+#[test]
+fn a_folder_with_earlier_outputs_is_refused_before_the_job_runs() {
+    let d = tmp();
+    let dir = d.path().join("o");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::write(dir.join("notes.txt"), "mine").unwrap();
+    std::fs::write(dir.join("report.json"), "{}").unwrap();
+    let marker = d.path().join("job-ran");
+    let (_, o) = record(
+        d.path(),
+        "o",
+        &[],
+        &["sh", "-c", &format!("touch {}", marker.display())],
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_ne!(o.status.code(), Some(0));
+    assert!(err.contains("already holds report.json"), "{err}");
+    assert!(!marker.exists());
+    assert_eq!(
+        std::fs::read_to_string(dir.join("report.json")).unwrap(),
+        "{}"
+    );
+    // Unrelated files are fine: nothing of theirs is replaced.
+    std::fs::remove_file(dir.join("report.json")).unwrap();
+    let (_, o) = record(d.path(), "o", &[], &["true"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        std::fs::read_to_string(dir.join("notes.txt")).unwrap(),
+        "mine"
+    );
+    assert!(leftovers(&dir).is_empty(), "{:?}", leftovers(&dir));
+}
+
+#[test]
+fn reports_run_against_a_live_session_never_disturb_it() {
+    let d = tmp();
+    let out = d.path().join("o");
+    for round in 0..3 {
+        let out = out.with_extension(round.to_string());
+        let mut session = gpuprof()
+            .arg("-q")
+            .arg("-o")
+            .arg(&out)
+            .args([
+                "--",
+                "sh",
+                "-c",
+                "i=0; while [ $i -lt 30 ]; do i=$((i+1)); sleep 0.05; done; exit 4",
+            ])
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut reports = 0;
+        let mut snapshots = 0;
+        let t = Instant::now();
+        // Reports back to back, until (and just after) the session ends.
+        let status = loop {
+            if out.join("recording/events.jsonl.gz").exists() {
+                let o = gpuprof().arg("report").arg(&out).output().unwrap();
+                let err = String::from_utf8_lossy(&o.stderr);
+                assert!(
+                    o.status.success() || err.contains("not a gpuprof recording"),
+                    "{err}"
+                );
+                reports += 1;
+                if err.contains("snapshot") {
+                    snapshots += 1;
+                }
+            }
+            if let Some(st) = session.try_wait().unwrap() {
+                break st;
+            }
+            assert!(t.elapsed() < Duration::from_secs(60));
+        };
+        let o = session.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(status.code(), Some(4), "{err}");
+        assert!(
+            err.trim().is_empty(),
+            "the session says nothing with -q: {err}"
+        );
+        assert!(reports > 0);
+        let r = report(&out);
+        assert_eq!(r["complete"], true, "the session's final write won: {r:#}");
+        assert_eq!(r["exit_code"], 4);
+        assert_eq!(r["stop_reason"], "job exited");
+        check_trace(&out.join("trace.json"));
+        assert!(leftovers(&out).is_empty(), "{:?}", leftovers(&out));
+        eprintln!("round {round}: {reports} reports, {snapshots} snapshots");
+    }
+}
+
+/// A tmpfs of `size` mounted for the test, unmounted when dropped.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(at: &Path, size: &str) -> Option<Tmpfs> {
+        std::fs::create_dir_all(at).ok()?;
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(at)
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then(|| Tmpfs(at.to_path_buf()))
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+#[test]
+fn a_full_disk_leaves_the_small_outputs_and_the_jobs_status() {
+    let d = tmp();
+    let mnt = d.path().join("mnt");
+    let Some(_fs) = Tmpfs::mount(&mnt, "16m") else {
+        skip!("cannot mount a tmpfs (needs root and CAP_SYS_ADMIN)");
+    };
+    // The job fills the disk a second in, keeps running, then exits 7.
+    let fill = mnt.join("fill");
+    let job = format!(
+        "sleep 1; head -c 100M /dev/zero > {} 2>/dev/null; echo job-output; sleep 2; exit 7",
+        fill.display()
+    );
+    let out = mnt.join("o");
+    let o = gpuprof()
+        .arg("-q")
+        .arg("-o")
+        .arg(&out)
+        .args(["--", "sh", "-c", &job])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(7), "the job's status: {err}");
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "job-output");
+    assert!(
+        err.contains("PROFILE INCOMPLETE"),
+        "a distinct message: {err}"
+    );
+    assert!(err.contains("exited with code 7"), "{err}");
+    assert!(err.contains("No space left"), "{err}");
+    let r = report(&out);
+    assert_eq!(r["complete"], false);
+    assert_eq!(r["exit_code"], 7);
+    assert!(
+        r["warnings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|w| w.as_str().unwrap().contains("No space left")),
+        "{r:#}"
+    );
+    assert!(out.join("summary.md").is_file());
+    let dur = r["duration_s"].as_f64().unwrap();
+    assert!(
+        dur < 2.5,
+        "the recording stops where the disk filled: {dur}"
+    );
+    assert!(leftovers(&out).is_empty(), "{:?}", leftovers(&out));
+    if !out.join("trace.json").exists() {
+        assert!(r["outputs_missing"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["file"] == "trace.json"));
+    }
+    // The readable part is a valid recording: with space again, `gpuprof
+    // report` rebuilds everything, with the same figures.
+    std::fs::remove_file(&fill).unwrap();
+    let o = gpuprof()
+        .arg("report")
+        .arg("-q")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let r2 = report(&out);
+    assert_eq!(r2["exit_code"], 7);
+    assert_eq!(r2["duration_s"], r["duration_s"]);
+    check_trace(&out.join("trace.json"));
+
+    // A disk with almost no room from the start: gpuprof warns, the job
+    // runs, and whatever fits is written.
+    let _ = std::fs::remove_dir_all(&out);
+    let o = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "head -c 100M /dev/zero > {} 2>/dev/null; rm -f {}.small; head -c 8k /dev/zero > {}.small; rm {}.small",
+            fill.display(),
+            fill.display(),
+            fill.display(),
+            fill.display()
+        ))
+        .status()
+        .unwrap();
+    assert!(o.success());
+    let o = gpuprof()
+        .arg("-q")
+        .arg("-o")
+        .arg(&out)
+        .args(["--", "sh", "-c", "echo ran; exit 3"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(3), "{err}");
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "ran");
+    assert!(
+        err.contains("nearly full") || err.contains("PROFILE INCOMPLETE"),
+        "{err}"
+    );
+    assert!(leftovers(&out).is_empty(), "{:?}", leftovers(&out));
+}
