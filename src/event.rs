@@ -801,10 +801,15 @@ pub enum Event {
         frame: u32,
     },
     Samples(SampleBatch),
-    /// Names of native frames, written when recording ends.
+    /// Names of native frames, written within a fraction of a second of their
+    /// first sample (recordings of earlier versions: when recording ends).
     Symbols {
         /// (NativeFrame id, demangled function name)
         names: Vec<(u32, String)>,
+        /// Frames that were looked up and have no name (stripped code,
+        /// JIT); absent in earlier versions.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        unnamed: Vec<u32>,
     },
     StackStats(StackStats),
     /// From perf: a task was created (`pid == tid`: a new process).

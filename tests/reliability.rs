@@ -382,3 +382,75 @@ fn a_full_disk_leaves_the_small_outputs_and_the_jobs_status() {
     );
     assert!(leftovers(&out).is_empty(), "{:?}", leftovers(&out));
 }
+
+/// The real interpreter, not a wrapper that execs it (pyenv shims).
+fn python() -> String {
+    let o = std::process::Command::new("python3")
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .expect("python3");
+    String::from_utf8_lossy(&o.stdout).trim().to_string()
+}
+
+#[test]
+fn a_killed_gpuprof_leaves_named_stacks_and_python_frames() {
+    need_perf!();
+    let d = tmp();
+    let out = d.path().join("o");
+    let script = repo().join("tests/scripts/stacks_job.py");
+    let child = gpuprof()
+        .arg("-q")
+        .arg("-o")
+        .arg(&out)
+        .args(["--", &python(), script.to_str().unwrap(), "6", "2", "0"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(4));
+    // The OOM killer's way: no chance to finish anything.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let o = child.wait_with_output().unwrap();
+    // The job carries on without gpuprof and ends normally.
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("steps done"),
+        "the job finished: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let o = gpuprof().arg("report").arg(&out).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    let r = report(&out);
+    assert_eq!(r["complete"], false);
+    let warnings = r["warnings"].to_string();
+    assert!(warnings.contains("no end marker"), "{warnings}");
+    assert!(err.contains("no end marker"), "said plainly: {err}");
+    let s = &r["stacks"];
+    assert!(s["samples"].as_u64().unwrap() >= 20, "{s}");
+    assert!(s["python_stacks"].as_u64().unwrap() > 0, "{s}");
+    let folded: Vec<(String, u64)> = std::fs::read_to_string(out.join("stacks-all.folded"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let (a, b) = l.rsplit_once(' ').unwrap();
+            (a.to_string(), b.parse().unwrap())
+        })
+        .collect();
+    let total: u64 = folded.iter().map(|f| f.1).sum();
+    let with = |pred: &dyn Fn(&str) -> bool| -> f64 {
+        folded
+            .iter()
+            .filter(|f| pred(&f.0))
+            .map(|f| f.1)
+            .sum::<u64>() as f64
+            / total as f64
+    };
+    let named = with(&|s| s.contains(";Py_BytesMain;") || s.contains(";clone"));
+    let python = with(&|s| s.contains("(stacks_job.py)"));
+    eprintln!("{total} samples: {named:.2} with named roots, {python:.2} with Python frames");
+    assert!(named >= 0.8, "native frames are named: {named}");
+    assert!(python >= 0.5, "Python frames are attached: {python}");
+}

@@ -26,35 +26,6 @@ fn tmp(name: &str) -> PathBuf {
     d
 }
 
-/// A message when this machine refuses perf events to us, `None` otherwise.
-fn perf_refused() -> Option<String> {
-    // A software cpu-clock counter on ourselves, user space only: what
-    // gpuprof needs at perf_event_paranoid <= 2. perf_event_attr: type (u32),
-    // size (u32), config (u64), ..., flags (u64) at byte 40.
-    let mut a = [0u8; 128];
-    a[0..4].copy_from_slice(&1u32.to_ne_bytes()); // PERF_TYPE_SOFTWARE
-    a[4..8].copy_from_slice(&128u32.to_ne_bytes());
-    let flags: u64 = 1 | (1 << 5) | (1 << 6); // disabled, exclude_kernel, exclude_hv
-    a[40..48].copy_from_slice(&flags.to_ne_bytes());
-    // SAFETY: a is a valid perf_event_attr of the size it declares.
-    let fd = unsafe { libc::syscall(libc::SYS_perf_event_open, a.as_ptr(), 0, -1, -1, 0) };
-    if fd < 0 {
-        let e = std::io::Error::last_os_error();
-        return Some(format!("perf_event_open is refused here ({e})"));
-    }
-    // SAFETY: fd was just opened by us.
-    unsafe { libc::close(fd as i32) };
-    None
-}
-
-macro_rules! need_perf {
-    () => {
-        if let Some(why) = perf_refused() {
-            skip!("{why}");
-        }
-    };
-}
-
 /// Recording tests run one at a time: on a small machine, jobs profiled in
 /// parallel would starve each other and the profiler.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());

@@ -829,6 +829,10 @@ impl Builder {
                 close_thread(th, pe);
             }
         }
+        if let Some(w) = self.stack_data.unnamed_frames_warning() {
+            self.a.warnings.push(w);
+            self.a.complete = false;
+        }
         stacks::merge_perf_processes(&self.stack_data, &mut self.a.processes, end);
         let job_pids: std::collections::BTreeSet<Pid> = self.a.processes.keys().copied().collect();
         let gpu = self

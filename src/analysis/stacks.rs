@@ -126,6 +126,8 @@ pub struct StackData {
     native_frames: HashMap<u32, Frame>,
     py_frames: HashMap<u32, Frame>,
     symbols: HashMap<u32, String>,
+    /// Native frames looked up that have no name.
+    unnamed: std::collections::HashSet<u32>,
     native_nodes: HashMap<u32, (Option<u32>, u32)>,
     py_nodes: HashMap<u32, (Option<u32>, u32)>,
     native: Thinned,
@@ -298,10 +300,11 @@ impl StackData {
                     });
                 }
             }
-            Event::Symbols { names } => {
+            Event::Symbols { names, unnamed } => {
                 for (id, name) in names {
                     self.symbols.insert(*id, name.clone());
                 }
+                self.unnamed.extend(unnamed.iter().copied());
             }
             Event::StackStats(s) => self.stats.push(s.clone()),
             Event::TaskComm {
@@ -430,6 +433,47 @@ impl StackData {
     /// Processes with native samples.
     pub fn sampled_pids(&self) -> std::collections::BTreeSet<Pid> {
         self.native.kept.iter().map(|s| s.pid).collect()
+    }
+
+    /// When the perf sampler did not finish (gpuprof was killed), what it
+    /// had not yet named: "N of M sampled native frames have no name ...,
+    /// in FILE (n), ...". None when every frame was looked up.
+    pub fn unnamed_frames_warning(&self) -> Option<String> {
+        if self.stats.iter().any(|s| s.kind == Some(StackKind::Native)) {
+            return None;
+        }
+        let mut by_file: BTreeMap<&str, u64> = BTreeMap::new();
+        let mut n = 0u64;
+        for (id, f) in &self.native_frames {
+            if self.symbols.contains_key(id) || self.unnamed.contains(id) {
+                continue;
+            }
+            if let Frame::Native { file, .. } = f {
+                n += 1;
+                let path = self.files.get(file).map_or("?", |p| p.as_str());
+                *by_file.entry(path).or_default() += 1;
+            }
+        }
+        if n == 0 {
+            return None;
+        }
+        let mut files: Vec<(&str, u64)> = by_file.into_iter().collect();
+        files.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+        let list: Vec<String> = files
+            .iter()
+            .take(8)
+            .map(|(p, k)| format!("{} ({k})", p.rsplit('/').next().unwrap_or(p)))
+            .collect();
+        let more = if files.len() > 8 {
+            format!(" and {} more files", files.len() - 8)
+        } else {
+            String::new()
+        };
+        Some(format!(
+            "{n} of {} sampled native frames were never named (gpuprof stopped before looking them up): they show as [file+0xoffset], and Python frames cannot be attached below them; in {}{more}",
+            self.native_frames.len(),
+            list.join(", ")
+        ))
     }
 
     /// Whether the recording holds any stack sample.
@@ -1344,6 +1388,11 @@ pub fn analyze(
             None => {}
         }
         rep.sampler_cpu_s += st.busy_ns as f64 / 1e9;
+    }
+    if !d.stats.iter().any(|s| s.kind == Some(StackKind::Python)) {
+        // The Python sampler's counters were not written (gpuprof was
+        // killed): count the stacks in the recording.
+        rep.python_stacks = d.python.seen;
     }
     rep.sampler_cpu_s = round4(rep.sampler_cpu_s);
     rep.frequency_hz = if period_ns > 0 {
@@ -2289,6 +2338,7 @@ mod tests {
                 offset: 0x50,
             },
             Event::Symbols {
+                unnamed: Vec::new(),
                 names: vec![
                     (0, "_start".into()),
                     (1, "main".into()),

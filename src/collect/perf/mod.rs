@@ -6,9 +6,11 @@
 //! [`PerfSampler::start`] then runs a reader thread that drains the rings,
 //! orders records by time across CPUs, unwinds each sample with framehop,
 //! interns the stacks and sends compact events to the recording.
-//! [`PerfSampler::stop`] (after the job ended) drains what is left, names
-//! every sampled frame with blazesym and writes the names into the
-//! recording, so `gpuprof report` needs nothing else.
+//! Every new frame is named by blazesym on a thread of its own within a
+//! fraction of a second (see [`symbolize`]) and the names go into the recording,
+//! so `gpuprof report` needs nothing else, even when gpuprof was killed.
+//! [`PerfSampler::stop`] (after the job ended) drains what is left and names
+//! the last frames.
 
 mod perfmap;
 pub mod pyagent;
@@ -311,6 +313,7 @@ struct Reader {
     jit_names: HashMap<(u32, u64), Arc<str>>,
     /// Counts samples: perf maps are read at most once per sample.
     sample_gen: u64,
+    symbols: symbolize::Streamer,
 }
 
 /// After attaching, the tree is listed again this long after the events
@@ -318,6 +321,23 @@ struct Reader {
 /// created meanwhile by a thread without an event one of their own.
 const CATCH_UP_AFTER: Duration = Duration::from_millis(100);
 const CATCH_UP_PASSES: u32 = 3;
+
+/// Have a newly interned native frame named: from its perf map (JIT code)
+/// or by the symbolizer thread.
+fn queue_name(
+    symbols: &symbolize::Streamer,
+    paths: &[String],
+    jit: &HashMap<(u32, u64), Arc<str>>,
+    id: u32,
+    file: u32,
+    offset: u64,
+) {
+    if let Some(name) = jit.get(&(file, offset)) {
+        symbols.add_named(id, name);
+    } else if let Some(path) = paths.get(file as usize) {
+        symbols.add(id, path, offset);
+    }
+}
 
 fn frame_event(id: u32, key: &FrameKey, rings: &AgentRings) -> Event {
     match *key {
@@ -351,7 +371,6 @@ impl Reader {
             rings: opened.rings,
             job: opened.job,
             opts: opened.opts,
-            sink,
             procs: HashMap::new(),
             files,
             paths: Vec::new(),
@@ -375,6 +394,8 @@ impl Reader {
             attached: opened.attached,
             jit_names: HashMap::new(),
             sample_gen: 0,
+            symbols: symbolize::Streamer::start(sink.clone()),
+            sink,
         };
         r.announce_files();
         r
@@ -708,10 +729,14 @@ impl Reader {
             .chain(py)
             .chain(marker.map(FrameKey::Marker));
         let rings = &self.agent.as_ref().expect("agent present").rings;
+        let (symbols, paths, jit) = (&self.symbols, &self.paths, &self.jit_names);
         for key in keys {
-            let id = self
-                .interner
-                .frame(&key, &self.sink, |id, k| frame_event(id, k, rings));
+            let id = self.interner.frame(&key, &self.sink, |id, k| {
+                if let FrameKey::Native(file, offset) = *k {
+                    queue_name(symbols, paths, jit, id, file, offset);
+                }
+                frame_event(id, k, rings)
+            });
             self.frames_buf.push(id);
         }
         if let Some(stack) = self.interner.stack(&self.frames_buf, &self.sink) {
@@ -766,9 +791,11 @@ impl Reader {
         }
         self.frames_buf.clear();
         for &(file, offset) in u.frames.iter().rev() {
+            let (symbols, paths, jit) = (&self.symbols, &self.paths, &self.jit_names);
             let id = self
                 .interner
                 .frame(&FrameKey::Native(file, offset), &self.sink, |id, _| {
+                    queue_name(symbols, paths, jit, id, file, offset);
                     Event::NativeFrame { id, file, offset }
                 });
             self.frames_buf.push(id);
@@ -780,30 +807,12 @@ impl Reader {
     }
 
     fn finish(mut self) -> StackStats {
-        let work = Instant::now();
-        // Group the sampled frames by file and name them.
-        let mut by_file: BTreeMap<String, Vec<(u32, u64)>> = BTreeMap::new();
-        let mut names = Vec::new();
-        for (key, id) in self.interner.frames() {
-            let FrameKey::Native(file, offset) = *key else {
-                continue;
-            };
-            if let Some(name) = self.jit_names.get(&(file, offset)) {
-                names.push((id, name.to_string()));
-            } else if let Some(path) = self.paths.get(file as usize) {
-                by_file.entry(path.clone()).or_default().push((id, offset));
-            }
-        }
-        names.extend(symbolize::symbolize(&by_file));
-        names.sort();
-        for chunk in names.chunks(2048) {
-            self.sink.send_blocking(Event::Symbols {
-                names: chunk.to_vec(),
-            });
-        }
-        self.busy += work.elapsed();
+        // Name the frames still queued; the symbolizer thread's CPU time is
+        // the sampler's too.
+        let naming = self.symbols.finish();
         let s = &mut self.stats;
-        s.busy_ns = crate::collect::thread_cpu_ns().unwrap_or(self.busy.as_nanos() as u64);
+        s.busy_ns = crate::collect::thread_cpu_ns().unwrap_or(self.busy.as_nanos() as u64)
+            + naming.as_nanos() as u64;
         s.interval_ns = 1_000_000_000 / self.opts.frequency.max(1);
         s.detail = format!(
             "perf cpu-clock at {} Hz on {} CPUs, {} KiB user stack copies, {} KiB ring per CPU, job pid {}",

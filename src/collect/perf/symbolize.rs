@@ -1,23 +1,48 @@
-//! Symbolization of native frames when recording ends.
+//! Symbolization of native frames, as they are first sampled.
 //!
 //! Frames are (file, file offset) pairs, so the processes need not exist any
-//! more: blazesym reads the ELF file (`Source::Elf` + `Input::FileOffset`),
-//! once per file, with demangling. Frames it cannot name get no entry; the
-//! analysis shows them as `[file+0xoffset]`.
+//! more: blazesym reads the ELF file (`Source::Elf` + `Input::FileOffset`)
+//! with demangling. Frames it cannot name are listed as tried; the analysis
+//! shows them as `[file+0xoffset]`.
+//!
+//! Why as they come, on a thread of its own: names written only when
+//! recording ends are lost when gpuprof is killed (the OOM killer, a
+//! scheduler's kill), and the report then shows raw addresses and cannot
+//! attach Python frames (it finds the interpreter's frames by name). Here a
+//! frame is named within a fraction of a second of its first sample, off the perf
+//! reader's path, and the `symbols` event goes into the recording at once.
+//! The symbolizer keeps each file it parsed, so the cost is the same as
+//! naming everything at the end.
 
 use std::collections::BTreeMap;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::time::{Duration, Instant};
 
 use blazesym::symbolize::source::{Elf, Source};
 use blazesym::symbolize::{Input, Symbolized, Symbolizer};
 
-/// Names for `(frame id, offset)` lists grouped by file path. Returns
-/// (frame id, name) for every frame that could be named.
-pub fn symbolize(by_file: &BTreeMap<String, Vec<(u32, u64)>>) -> Vec<(u32, String)> {
-    let symbolizer = Symbolizer::builder()
+use crate::event::Event;
+use crate::record::Sink;
+
+/// New frames are named in batches, at least this often.
+const BATCH_EVERY: Duration = Duration::from_millis(200);
+/// Names per `symbols` event.
+const CHUNK: usize = 2048;
+
+fn symbolizer() -> Symbolizer {
+    Symbolizer::builder()
         .enable_code_info(false)
         .enable_inlined_fns(false)
         .enable_demangling(true)
-        .build();
+        .build()
+}
+
+/// Names for `(frame id, offset)` lists grouped by file path. Returns
+/// (frame id, name) for every frame that could be named.
+fn symbolize_with(
+    symbolizer: &Symbolizer,
+    by_file: &BTreeMap<String, Vec<(u32, u64)>>,
+) -> Vec<(u32, String)> {
     let mut out = Vec::new();
     for (path, frames) in by_file {
         if !path.starts_with('/') || frames.is_empty() {
@@ -41,4 +66,103 @@ pub fn symbolize(by_file: &BTreeMap<String, Vec<(u32, u64)>>) -> Vec<(u32, Strin
     }
     out.sort();
     out
+}
+
+/// A frame to name: looked up in its file, or already named (JIT code
+/// named by a perf map).
+enum Item {
+    Lookup(u32, String, u64),
+    Named(u32, String),
+}
+
+/// The symbolizer thread: frames in, `symbols` events out.
+pub struct Streamer {
+    tx: Option<Sender<Item>>,
+    thread: Option<std::thread::JoinHandle<Duration>>,
+}
+
+impl Streamer {
+    pub fn start(sink: Sink) -> Streamer {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("gpuprof-symbols".into())
+            .spawn(move || run(rx, sink))
+            .ok();
+        Streamer {
+            tx: thread.is_some().then_some(tx),
+            thread,
+        }
+    }
+
+    /// Queue a newly sampled frame (file path, file offset).
+    pub fn add(&self, id: u32, path: &str, offset: u64) {
+        if let Some(tx) = &self.tx {
+            let _ = tx.send(Item::Lookup(id, path.to_string(), offset));
+        }
+    }
+
+    /// Queue a newly sampled frame whose name is known already.
+    pub fn add_named(&self, id: u32, name: &str) {
+        if let Some(tx) = &self.tx {
+            let _ = tx.send(Item::Named(id, name.to_string()));
+        }
+    }
+
+    /// Name what is queued, write it, and stop. Returns the thread's CPU
+    /// time (its busy time where the clock is not available).
+    pub fn finish(mut self) -> Duration {
+        drop(self.tx.take());
+        self.thread
+            .take()
+            .and_then(|t| t.join().ok())
+            .unwrap_or_default()
+    }
+}
+
+fn run(rx: Receiver<Item>, sink: Sink) -> Duration {
+    let symbolizer = symbolizer();
+    let mut pending: BTreeMap<String, Vec<(u32, u64)>> = BTreeMap::new();
+    let mut named: Vec<(u32, String)> = Vec::new();
+    let mut busy = Duration::ZERO;
+    let mut since = Instant::now();
+    let mut open = true;
+    while open {
+        match rx.recv_timeout(BATCH_EVERY.saturating_sub(since.elapsed())) {
+            Ok(Item::Lookup(id, path, offset)) => {
+                pending.entry(path).or_default().push((id, offset))
+            }
+            Ok(Item::Named(id, name)) => named.push((id, name)),
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => open = false,
+        }
+        let due = !open || since.elapsed() >= BATCH_EVERY;
+        if due && (!pending.is_empty() || !named.is_empty()) {
+            let t = Instant::now();
+            let mut names = symbolize_with(&symbolizer, &pending);
+            let mut tried: Vec<u32> = pending.values().flatten().map(|f| f.0).collect();
+            tried.sort_unstable();
+            let found: std::collections::HashSet<u32> = names.iter().map(|n| n.0).collect();
+            let mut unnamed: Vec<u32> = tried.into_iter().filter(|i| !found.contains(i)).collect();
+            names.append(&mut named);
+            names.sort();
+            let mut names = names.as_slice();
+            // Every frame tried is in exactly one event, named or not.
+            while !names.is_empty() || !unnamed.is_empty() {
+                let k = names.len().min(CHUNK);
+                let rest = CHUNK - k;
+                let u: Vec<u32> = unnamed.drain(..rest.min(unnamed.len())).collect();
+                sink.send_blocking(Event::Symbols {
+                    names: names[..k].to_vec(),
+                    unnamed: u,
+                });
+                names = &names[k..];
+            }
+            pending.clear();
+            busy += t.elapsed();
+        }
+        if since.elapsed() >= BATCH_EVERY {
+            since = Instant::now();
+        }
+    }
+    crate::collect::thread_cpu_ns().map_or(busy, Duration::from_nanos)
 }
