@@ -116,6 +116,7 @@ impl Builder {
     fn finish(mut self) -> (Vec<Event>, BTreeMap<i32, (String, String)>) {
         self.events.push(Event::Symbols {
             names: std::mem::take(&mut self.symbols),
+            unnamed: Vec::new(),
         });
         for (pid, stacks) in std::mem::take(&mut self.samples) {
             self.events.push(Event::Samples(SampleBatch {

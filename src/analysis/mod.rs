@@ -287,7 +287,9 @@ fn push_delta_capped(
     }
     let dt = (t.0 - from.0) as f64 / 1e9;
     if dt > 0.0 {
-        series.push(from, t, amount / dt * scale);
+        // Above the cap only by the counters' granularity (clock ticks,
+        // milliseconds) when samples are closer than the interval.
+        series.push(from, t, (amount / dt).min(max_rate) * scale);
     }
 }
 
@@ -708,13 +710,15 @@ impl Builder {
                         disk.write_bytes += dw;
                         push_delta(&mut disk.read_bps, pt, t, interval, dr as f64, 1.0);
                         push_delta(&mut disk.write_bps, pt, t, interval, dw as f64, 1.0);
-                        push_delta(
+                        // Time with IO in flight: at most all of the time.
+                        push_delta_capped(
                             &mut disk.busy,
                             pt,
                             t,
                             interval,
                             d.io_ms.saturating_sub(io) as f64 / 1e3,
                             100.0,
+                            1.0,
                         );
                     }
                     disk.last = Some((t, d.read_bytes, d.write_bytes, d.io_ms));

@@ -2173,13 +2173,15 @@ pub fn merge_perf_processes(
 ) {
     for pp in d.perf_processes() {
         if let Some(p) = processes.get_mut(&pp.pid) {
-            if let Some(x) = pp.exited {
-                p.exited = Some(x);
-            }
             if let Some(f) = pp.forked {
                 if f < p.first_seen {
                     p.first_seen = f;
                 }
+            }
+            // An exit before the process was seen is an earlier process
+            // of the same (reused) pid, or its fork record was lost.
+            if let Some(x) = pp.exited.filter(|x| *x >= p.first_seen) {
+                p.exited = Some(x);
             }
             continue;
         }
@@ -2452,6 +2454,7 @@ mod tests {
             },
             Event::Symbols {
                 names: vec![(5, "py::Loader.augment:/x/job.py".into())],
+                unnamed: Vec::new(),
             },
             // _start → main → trampoline → eval → zlib_compress
             node(StackKind::Native, 10, Some(1), 5),

@@ -9,6 +9,19 @@ use crate::diagnose::{Diagnosis, Finding};
 
 pub const SCHEMA_VERSION: u32 = 1;
 
+/// Processes listed one by one in `processes[]`; the others are summed in
+/// `processes_omitted`. So report.json stays a few MB whatever the number
+/// of processes (a job that spawns a shell per file can start 100 000s).
+pub const MAX_PROCESSES: usize = 200;
+/// Threads listed per process, and in all; the others are summed in
+/// `threads_omitted`.
+pub const MAX_THREADS_PER_PROCESS: usize = 64;
+pub const MAX_THREADS: usize = 4000;
+/// Bytes of a command line kept in the report.
+pub const MAX_COMMAND_BYTES: usize = 4096;
+/// Entries kept in other per-process lists (frameworks, CUDA runtimes, ...).
+pub const MAX_LIST: usize = 64;
+
 /// Round to `d` decimals (NaN/inf become null).
 pub fn r(v: f64, d: i32) -> Value {
     if !v.is_finite() {
@@ -31,11 +44,136 @@ fn series_stats(s: &Series, scale: f64) -> Value {
     })
 }
 
-fn process_json(a: &Analysis, p: &Process) -> Value {
+/// A command line cut to [`MAX_COMMAND_BYTES`], saying how much was left out.
+fn bounded_command(cmd: &[String]) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut used = 0;
+    for (i, arg) in cmd.iter().enumerate() {
+        if used + arg.len() > MAX_COMMAND_BYTES {
+            let room = MAX_COMMAND_BYTES.saturating_sub(used);
+            let mut cut = room.min(arg.len());
+            while !arg.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            let rest: usize = cmd[i..].iter().map(|a| a.len()).sum::<usize>() - cut;
+            out.push(format!("{}… ({rest} more bytes)", &arg[..cut]));
+            return out;
+        }
+        used += arg.len();
+        out.push(arg.clone());
+    }
+    out
+}
+
+/// The processes listed one by one: the job, launchers, ranks and
+/// processes that held a GPU, and the top ones by CPU time, IO bytes and
+/// memory, at most [`MAX_PROCESSES`], in the report's order.
+fn listed_processes(a: &Analysis) -> Vec<&Process> {
+    let ordered = a.processes_in_order();
+    if ordered.len() <= MAX_PROCESSES {
+        return ordered;
+    }
+    let gpu: std::collections::BTreeSet<crate::event::Pid> = a.gpu.job_gpu_pids();
+    let mut keep: std::collections::BTreeSet<crate::event::Pid> = ordered
+        .iter()
+        .filter(|p| {
+            p.is_job || gpu.contains(&p.pid) || p.rank.is_some() || p.role == Role::Launcher
+        })
+        .map(|p| p.pid)
+        .take(MAX_PROCESSES / 4)
+        .collect();
+    let all: Vec<&Process> = a.processes.values().collect();
+    let rankings: [&dyn Fn(&Process) -> f64; 4] = [
+        &|p| p.cpu_s(),
+        &|p| (p.read_bytes + p.write_bytes) as f64,
+        &|p| p.max_rss as f64,
+        &|p| (p.role == Role::Main) as u8 as f64,
+    ];
+    let mut ranked: Vec<Vec<&Process>> = rankings
+        .iter()
+        .map(|f| {
+            let mut v = all.clone();
+            // Stable: ties keep pid order.
+            v.sort_by(|x, y| f(y).total_cmp(&f(x)));
+            v
+        })
+        .collect();
+    // Round robin over the rankings until the budget is used.
+    let mut idx = vec![0usize; ranked.len()];
+    while keep.len() < MAX_PROCESSES && idx.iter().zip(&ranked).any(|(i, v)| *i < v.len()) {
+        for (k, v) in ranked.iter_mut().enumerate() {
+            if keep.len() >= MAX_PROCESSES {
+                break;
+            }
+            while idx[k] < v.len() {
+                let p = v[idx[k]];
+                idx[k] += 1;
+                if keep.insert(p.pid) {
+                    break;
+                }
+            }
+        }
+    }
+    ordered
+        .into_iter()
+        .filter(|p| keep.contains(&p.pid))
+        .collect()
+}
+
+/// Keep the first [`MAX_LIST`] entries of each array `keys` of `obj`; the
+/// count left out goes into `<key>_omitted`.
+fn cap_lists(obj: &mut Value, keys: &[&str]) {
+    let Some(o) = obj.as_object_mut() else {
+        return;
+    };
+    for k in keys {
+        if let Some(Value::Array(v)) = o.get_mut(*k) {
+            if v.len() > MAX_LIST {
+                let n = v.len() - MAX_LIST;
+                v.truncate(MAX_LIST);
+                o.insert(format!("{k}_omitted"), n.into());
+            }
+        }
+    }
+}
+
+/// What `processes_omitted` / `threads_omitted` say about left-out entries.
+fn omitted_processes(ps: &[&Process]) -> Value {
+    let mut by_role = Map::new();
+    for role in Role::ALL {
+        let n = ps.iter().filter(|p| p.role == role).count();
+        if n > 0 {
+            by_role.insert(role.as_str().into(), n.into());
+        }
+    }
+    json!({
+        "count": ps.len(),
+        "threads": ps.iter().map(|p| p.threads.len()).sum::<usize>(),
+        "cpu_s": r(ps.iter().map(|p| p.cpu_s()).sum::<f64>(), 3),
+        "read_bytes": ps.iter().map(|p| p.read_bytes).sum::<u64>(),
+        "write_bytes": ps.iter().map(|p| p.write_bytes).sum::<u64>(),
+        "max_rss_bytes": ps.iter().map(|p| p.max_rss).max().unwrap_or(0),
+        "exited": ps.iter().filter(|p| p.exited.is_some()).count(),
+        "by_role": by_role,
+    })
+}
+
+fn process_json(a: &Analysis, p: &Process, max_threads: usize) -> Value {
     let (from, to) = p.lifetime(a.end);
-    let threads: Vec<Value> = p
-        .threads
-        .values()
+    let mut listed: Vec<&crate::analysis::Thread> = p.threads.values().collect();
+    let mut omitted = Value::Null;
+    if listed.len() > max_threads {
+        // The busiest threads, in tid order.
+        listed.sort_by_key(|t| std::cmp::Reverse(t.user_ns + t.sys_ns));
+        let rest = listed.split_off(max_threads);
+        listed.sort_by_key(|t| t.tid);
+        omitted = json!({
+            "count": rest.len(),
+            "cpu_s": r(rest.iter().map(|t| (t.user_ns + t.sys_ns) as f64 / 1e9).sum::<f64>(), 3),
+        });
+    }
+    let threads: Vec<Value> = listed
+        .into_iter()
         .map(|t| {
             let states: Map<String, Value> = t
                 .state_ns
@@ -65,7 +203,7 @@ fn process_json(a: &Analysis, p: &Process) -> Value {
         "rank_env": p.rank_env,
         "is_job": p.is_job,
         "comm": p.comm,
-        "command": p.cmdline,
+        "command": bounded_command(&p.cmdline),
         "exe": p.exe,
         "start_s": r(a.rel_s(from).max(0.0), 3),
         "end_s": r(a.rel_s(to).max(0.0), 3),
@@ -81,16 +219,34 @@ fn process_json(a: &Analysis, p: &Process) -> Value {
         "wchar": p.wchar,
         "max_rss_bytes": p.max_rss,
         "threads": threads,
+        "threads_omitted": omitted,
     })
 }
 
 pub fn build(a: &Analysis) -> Value {
     let h = &a.header;
-    let processes: Vec<Value> = a
-        .processes_in_order()
-        .into_iter()
-        .map(|p| process_json(a, p))
+    let listed = listed_processes(a);
+    let mut thread_budget = MAX_THREADS;
+    let processes: Vec<Value> = listed
+        .iter()
+        .map(|p| {
+            let n = MAX_THREADS_PER_PROCESS.min(thread_budget);
+            thread_budget -= n.min(p.threads.len());
+            process_json(a, p, n)
+        })
         .collect();
+    let processes_omitted = if listed.len() < a.processes.len() {
+        let keep: std::collections::BTreeSet<crate::event::Pid> =
+            listed.iter().map(|p| p.pid).collect();
+        let rest: Vec<&Process> = a
+            .processes
+            .values()
+            .filter(|p| !keep.contains(&p.pid))
+            .collect();
+        omitted_processes(&rest)
+    } else {
+        Value::Null
+    };
     let mut roles = Map::new();
     for role in Role::ALL {
         let ps: Vec<&Process> = a.processes_with_role(role).collect();
@@ -164,6 +320,10 @@ pub fn build(a: &Analysis) -> Value {
         0,
     )
     .map(|d| d.to_rfc3339());
+    let mut gpus = super::report_gpu::devices(a);
+    for d in gpus.as_array_mut().into_iter().flatten() {
+        cap_lists(d, &["processes", "throttle_reasons"]);
+    }
     json!({
         "schema_version": SCHEMA_VERSION,
         "gpuprof_version": h.gpuprof_version,
@@ -193,11 +353,12 @@ pub fn build(a: &Analysis) -> Value {
         })),
         "complete": a.complete,
         "processes": processes,
+        "processes_omitted": processes_omitted,
         "roles": roles,
         "system": system,
         "coverage": coverage,
         "gpu": super::report_gpu::summary(a),
-        "gpus": super::report_gpu::devices(a),
+        "gpus": gpus,
         "stacks": a.stacks.report,
         "nvtx": super::report_nvtx::nvtx(a),
         "steps": super::report_nvtx::steps(a),
@@ -243,9 +404,12 @@ pub fn add_diagnosis(report: &mut Value, d: &Diagnosis) {
             "ranks".into(),
             serde_json::to_value(&d.ranks).unwrap_or(Value::Null),
         );
-        obj.insert(
-            "environment".into(),
-            serde_json::to_value(&d.environment).unwrap_or(Value::Null),
+        let mut env = serde_json::to_value(&d.environment).unwrap_or(Value::Null);
+        // One entry per process in these: bounded like processes[].
+        cap_lists(
+            &mut env,
+            &["frameworks", "cuda_runtimes", "data_filesystems"],
         );
+        obj.insert("environment".into(), env);
     }
 }

@@ -89,6 +89,8 @@ pub struct Checker {
     slack_ns: u64,
     boottime_offset: u64,
     born: HashMap<Pid, MonoNs>,
+    /// When each process was first seen.
+    seen: HashMap<Pid, MonoNs>,
     procs: HashMap<Pid, (u64, u64)>,
     threads: HashMap<(Pid, Tid), Last>,
     proc_samples: HashMap<Pid, Last>,
@@ -122,6 +124,7 @@ impl Checker {
             slack_ns: 2 * tick + 20_000_000,
             boottime_offset: h.boottime_offset_ns,
             born: HashMap::new(),
+            seen: HashMap::new(),
             procs: HashMap::new(),
             threads: HashMap::new(),
             proc_samples: HashMap::new(),
@@ -234,6 +237,8 @@ impl Checker {
                 if self.procs.len() < MAX_TRACKED * 16 || self.procs.contains_key(pid) {
                     self.procs.insert(*pid, key);
                 }
+                let first = self.seen.entry(*pid).or_insert(*t);
+                *first = (*first).min(*t);
                 // Birth from /proc's start time, when it is plausible.
                 let birth = start_boot_ns.saturating_sub(self.boottime_offset);
                 if *start_boot_ns > 0 && birth <= t.0 {
@@ -243,7 +248,10 @@ impl Checker {
                 }
                 true
             }
-            Event::ProcessExit { status, .. } => {
+            Event::ProcessExit { t, pid, status } => {
+                if self.seen.get(pid).is_some_and(|s| *t < *s) {
+                    return self.bad("process exits before the process was seen");
+                }
                 if status.as_ref().is_some_and(|s| !Self::status_ok(s)) {
                     *status = None;
                     *self
