@@ -126,21 +126,14 @@ impl SamplerThread {
     }
 }
 
-/// Files gpuprof writes into the output folder: an existing one would be
-/// replaced, so a folder holding any of them is refused.
-fn output_names() -> Vec<&'static str> {
-    let mut v = vec![
-        "report.json",
-        "summary.md",
-        "trace.json",
-        "flame-gpu-idle.svg",
-        "stacks-gpu-idle.folded",
-    ];
-    for (_, folded, svg, _) in crate::export::flame::ROLE_OUTPUTS {
-        v.push(folded);
-        v.push(svg);
-    }
-    v
+/// Whether `name` is one of the files gpuprof writes into an output
+/// folder (an existing one would be replaced, so such a folder is refused).
+fn is_output_name(name: &str) -> bool {
+    matches!(
+        name,
+        "report.json" | "summary.md" | "trace.json" | "trace.json.gz"
+    ) || (name.starts_with("flame-") && name.ends_with(".svg"))
+        || (name.starts_with("stacks-") && name.ends_with(".folded"))
 }
 
 /// Choose, create and open the output folder, and prove it is writable,
@@ -168,7 +161,13 @@ pub(crate) fn prepare_output(requested: Option<&Path>) -> Result<(OutDir, bool, 
             path.display()
         );
     }
-    if let Some(name) = output_names().into_iter().find(|n| out.exists(n)) {
+    let earlier = std::fs::read_dir(out.path())
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .find(|n| is_output_name(n));
+    if let Some(name) = earlier {
         anyhow::bail!(
             "output folder {} already holds {name} (from an earlier run?), which gpuprof would replace: choose another folder with -o DIR, or remove it",
             path.display()
