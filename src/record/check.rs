@@ -14,7 +14,7 @@
 
 use std::collections::HashMap;
 
-use crate::event::{Event, GpuState, Header, JobStatus, MonoNs, Pid, StackKind, Tid};
+use crate::event::{Event, GpuState, Header, JobStatus, MonoNs, Pid, SampleSource, StackKind, Tid};
 
 /// Earliest and latest event time accepted, around the header's start.
 const BEFORE_START_NS: u64 = 60_000_000_000;
@@ -100,7 +100,8 @@ pub struct Checker {
     pressure_t: Option<MonoNs>,
     memory: Option<MonoNs>,
     mem_total: u64,
-    batches: HashMap<(StackKind, Pid, Tid), MonoNs>,
+    /// Per sampler and thread: batches of one sampler come in time order.
+    batches: HashMap<(StackKind, SampleSource, Pid, Tid), MonoNs>,
     gpu_t: HashMap<(u8, u32), MonoNs>,
     gpu_mem_total: HashMap<u32, u64>,
     max_t: Option<MonoNs>,
@@ -435,7 +436,7 @@ impl Checker {
                 if !self.time_ok(end) {
                     return self.bad("with a time outside the recording");
                 }
-                let key = (b.kind, b.pid, b.tid);
+                let key = (b.kind, b.source, b.pid, b.tid);
                 if self.batches.get(&key).is_some_and(|l| b.t0 <= *l) {
                     return self.dup();
                 }
@@ -545,4 +546,66 @@ fn gpu_state_ok(s: &GpuState, mem_total: Option<u64>) -> bool {
             (Some(u), Some(t)) => u <= t,
             _ => true,
         }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::SampleBatch;
+
+    const MS: u64 = 1_000_000;
+
+    fn header() -> Header {
+        Header {
+            format: "gpuprof-recording".into(),
+            version: 1,
+            gpuprof_version: "test".into(),
+            command: vec!["python3".into()],
+            host: "h".into(),
+            start: MonoNs(1_000 * MS),
+            anchor_realtime_ns: 0,
+            anchor_monotonic_ns: 1_000 * MS,
+            interval_ns: 100 * MS,
+            cpus: 4,
+            page_size: 4096,
+            clock_ticks_per_s: 100,
+            rank: None,
+            job_pid: Pid(10),
+            boottime_offset_ns: 0,
+            gpu_idle_threshold_pct: None,
+            step_range: None,
+            attached: None,
+            rank_env: Default::default(),
+            clock: None,
+            boot_id: None,
+            anchor_error_ns: 0,
+        }
+    }
+
+    fn batch(source: SampleSource, t0_ms: u64) -> Event {
+        Event::Samples(SampleBatch {
+            kind: StackKind::Native,
+            pid: Pid(10),
+            tid: Tid(10),
+            t0: MonoNs((1_000 + t0_ms) * MS),
+            dt_us: vec![0, 10_000],
+            stacks: vec![1, 1],
+            incomplete: vec![],
+            source,
+        })
+    }
+
+    #[test]
+    fn batches_of_two_samplers_on_one_thread_are_not_duplicates() {
+        let mut c = Checker::new(&header());
+        // perf and the in-process agent sample the same thread over the
+        // same time: each sampler's batches are in order on their own.
+        assert!(c.check(batch(SampleSource::Perf, 100)).is_some());
+        assert!(c.check(batch(SampleSource::Agent, 50)).is_some());
+        assert!(c.check(batch(SampleSource::Perf, 150)).is_some());
+        assert!(c.check(batch(SampleSource::Agent, 120)).is_some());
+        // A repeated batch of one sampler still is one.
+        assert!(c.check(batch(SampleSource::Agent, 120)).is_none());
+        assert_eq!(c.duplicates, 1);
+    }
 }
