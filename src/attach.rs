@@ -10,6 +10,7 @@
 //! moment of attaching. Closing the perf events when recording stops
 //! removes them from the job; nothing else is left in it.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -18,9 +19,8 @@ use tokio::signal::unix::{signal, SignalKind};
 use crate::cli::RecordConfig;
 use crate::collect::stacks::StackCollectors;
 use crate::event::{Attached, Event, JobStatus, MonoNs, Pid};
-use crate::outdir::OutDir;
 use crate::record;
-use crate::session::{self, say, Recording, Reserve, SamplerThread};
+use crate::session::{self, say, Recording, SamplerThread};
 
 /// What gpuprof learned about the process before attaching.
 struct Target {
@@ -44,14 +44,13 @@ pub fn attach(cfg: RecordConfig) -> Result<i32> {
     if cfg.stacks.is_some() {
         raise_open_file_limit();
     }
-    let (out, created, reserve) = session::prepare_output(cfg.output.as_deref())?;
+    let (out, created) = session::prepare_output(cfg.output.as_deref())?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let path = out.path().to_path_buf();
-    let r = rt.block_on(run(cfg, out, reserve, target, metrics));
+    let r = rt.block_on(run(cfg, out.clone(), target, metrics));
     if r.is_err() && created {
-        let _ = std::fs::remove_dir_all(&path);
+        let _ = std::fs::remove_dir_all(&out);
     }
     r
 }
@@ -158,8 +157,7 @@ fn alive(t: &Target) -> bool {
 
 async fn run(
     cfg: RecordConfig,
-    out: OutDir,
-    reserve: Option<Reserve>,
+    out: PathBuf,
     target: Target,
     metrics: Option<std::net::TcpListener>,
 ) -> Result<i32> {
@@ -175,8 +173,7 @@ async fn run(
         threads: target.threads,
     });
     let live = crate::live::Live::new(cfg.warn_after + Duration::from_secs(5));
-    let (sink, mut writer) = record::start_writer_with_tap(&out, Some(live.tap()))?;
-    let live_lock = writer.take_live_lock();
+    let (sink, writer) = record::start_writer_with_tap(&out, Some(live.tap()))?;
     sink.send_blocking(Event::Header(header));
     // The window opens before the first sample: the analysis then takes
     // each running process's first sample as its baseline, so counters
@@ -203,13 +200,11 @@ async fn run(
         sink,
         writer,
         stacks,
-        live: live_lock,
-        reserve,
     };
     let started = tokio::time::Instant::now();
     let end = cfg.duration.map(|d| started + d);
     let far = started + Duration::from_secs(100 * 365 * 86400);
-    let mut views = crate::live::Views::start(&live, out.path(), &cfg, metrics);
+    let mut views = crate::live::Views::start(&live, &out, &cfg, metrics);
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     let (status, reason) = loop {
         tokio::select! {

@@ -147,6 +147,14 @@ impl OutDir {
         &self.path
     }
 
+    /// The same folder through a second descriptor.
+    pub fn try_clone(&self) -> io::Result<OutDir> {
+        Ok(OutDir {
+            fd: self.fd.try_clone()?,
+            path: self.path.clone(),
+        })
+    }
+
     /// `name` inside the folder, for messages.
     pub fn display(&self, name: &str) -> String {
         self.path.join(name).display().to_string()
@@ -346,6 +354,60 @@ pub struct Temp {
 impl Temp {
     pub fn name(&self) -> &str {
         &self.name
+    }
+}
+
+/// Space set aside in the output folder while recording, released just
+/// before the outputs are written: if the job (or anything else) fills the
+/// disk, `report.json` and `summary.md` still fit. Released when dropped.
+#[derive(Debug)]
+pub struct Reserve {
+    dir: OutDir,
+    name: String,
+}
+
+/// Size of [`Reserve`]: several times a large report.json.
+const RESERVE_BYTES: i64 = 4 << 20;
+
+impl Reserve {
+    pub fn create(out: &OutDir) -> io::Result<Reserve> {
+        let name = format!(".reserve.{}-0{TEMP_SUFFIX}", std::process::id());
+        let f = out.create_new(&name)?;
+        let reserve = Reserve {
+            dir: out.try_clone()?,
+            name,
+        };
+        // SAFETY: fallocate on a valid descriptor.
+        let rc = unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, RESERVE_BYTES) };
+        if rc != 0 {
+            let e = io::Error::last_os_error();
+            let unsupported = matches!(
+                e.raw_os_error(),
+                Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS)
+            );
+            // Filesystems without fallocate: write the space instead.
+            let written = unsupported
+                && (|| -> io::Result<()> {
+                    let mut w = BufWriter::new(&f);
+                    let zero = vec![0u8; 1 << 16];
+                    for _ in 0..(RESERVE_BYTES as usize / zero.len()) {
+                        w.write_all(&zero)?;
+                    }
+                    w.flush()?;
+                    f.sync_all()
+                })()
+                .is_ok();
+            if !written {
+                return Err(e);
+            }
+        }
+        Ok(reserve)
+    }
+}
+
+impl Drop for Reserve {
+    fn drop(&mut self) {
+        let _ = self.dir.remove(&self.name);
     }
 }
 

@@ -27,12 +27,12 @@ use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use flate2::write::GzEncoder;
 use flate2::Compression;
 
 use crate::event::{Event, MonoNs};
-use crate::outdir::OutDir;
+use crate::outdir::{OutDir, Reserve};
 pub use check::repair_header;
 pub use reader::{events_path, Damage, OpenError, RecordingReader, MAX_LINE};
 
@@ -82,6 +82,9 @@ impl Sink {
 pub struct Writer {
     thread: std::thread::JoinHandle<WriterStats>,
     live: Option<OwnedFd>,
+    /// The output folder the recording is in.
+    out: OutDir,
+    reserve: Option<Reserve>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -99,15 +102,10 @@ pub struct WriterStats {
 /// written (the live figures: `crate::live`). Must be cheap.
 pub type Tap = Box<dyn FnMut(&Event) + Send>;
 
-/// Start the writer in `out/recording/` (which must not exist). Returns the
-/// sink for collectors and the writer handle; the writer ends when every
-/// `Sink` is dropped.
-pub fn start_writer(out: &OutDir) -> Result<(Sink, Writer)> {
-    start_writer_with_tap(out, None)
-}
-
-/// [`start_writer`], with a tap that sees every event.
-pub fn start_writer_with_tap(out: &OutDir, tap: Option<Tap>) -> Result<(Sink, Writer)> {
+/// Start the writer in `out/recording/` (which must not exist), with a tap
+/// that sees every event. Returns the sink for collectors and the writer
+/// handle; the writer ends when every `Sink` is dropped.
+pub fn start_writer(out: &OutDir, tap: Option<Tap>) -> Result<(Sink, Writer)> {
     let rec = out
         .create_subdir(RECORDING_DIR)
         .with_context(|| format!("cannot create {}", out.display(RECORDING_DIR)))?;
@@ -135,8 +133,21 @@ pub fn start_writer_with_tap(out: &OutDir, tap: Option<Tap>) -> Result<(Sink, Wr
         Writer {
             thread,
             live: Some(live),
+            out: out.try_clone()?,
+            reserve: None,
         },
     ))
+}
+
+/// [`start_writer`] in the output folder at `out` (opened and checked
+/// again, as [`OutDir::open`] does), with space kept for the final outputs
+/// where the disk has it.
+pub fn start_writer_with_tap(out: &Path, tap: Option<Tap>) -> Result<(Sink, Writer)> {
+    let (dir, _) = OutDir::open(out, false)?;
+    let reserve = Reserve::create(&dir).ok();
+    let (sink, mut writer) = start_writer(&dir, tap)?;
+    writer.hold_reserve(reserve);
+    Ok((sink, writer))
 }
 
 impl Writer {
@@ -146,12 +157,24 @@ impl Writer {
         self.live.take()
     }
 
-    /// Wait for the writer to drain the queue and close the file.
-    pub fn finish(self) -> Result<WriterStats> {
-        match self.thread.join() {
+    /// Keep `reserve` until [`Writer::take_reserve`].
+    pub fn hold_reserve(&mut self, reserve: Option<Reserve>) {
+        self.reserve = reserve;
+    }
+
+    /// The space kept for the final outputs; dropping it frees the space.
+    pub fn take_reserve(&mut self) -> Option<Reserve> {
+        self.reserve.take()
+    }
+
+    /// Wait for the writer to drain the queue and close the file. Returns
+    /// that and the output folder.
+    pub fn finish(self) -> (Result<WriterStats>, OutDir) {
+        let r = match self.thread.join() {
             Ok(r) => Ok(r),
-            Err(_) => bail!("the recording writer thread panicked"),
-        }
+            Err(_) => Err(anyhow::anyhow!("the recording writer thread panicked")),
+        };
+        (r, self.out)
     }
 }
 

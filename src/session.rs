@@ -21,7 +21,7 @@ use crate::collect::stacks::{AgentPlan, StackCollectors};
 use crate::collect::system::SystemCollector;
 use crate::event::{ClockAnchor, Event, Footer, Header, JobStatus, MonoNs, Pid, RECORDING_VERSION};
 use crate::launch;
-use crate::outdir::OutDir;
+use crate::outdir::{OutDir, Reserve};
 use crate::outputs::GenerateOptions;
 use crate::record::{self, Sink};
 
@@ -140,7 +140,7 @@ fn is_output_name(name: &str) -> bool {
 /// before the job starts: a bad `-o` must never cost a training run.
 /// Returns the folder, whether gpuprof created it, and the space reserved
 /// for the final outputs (None when the disk is too full for it).
-pub(crate) fn prepare_output(requested: Option<&Path>) -> Result<(OutDir, bool, Option<Reserve>)> {
+pub(crate) fn open_output(requested: Option<&Path>) -> Result<(OutDir, bool, Option<Reserve>)> {
     let path = match requested {
         Some(p) => match p
             .to_str()
@@ -212,53 +212,12 @@ pub(crate) fn prepare_output(requested: Option<&Path>) -> Result<(OutDir, bool, 
     Ok((out, created, reserve))
 }
 
-/// Space set aside in the output folder while recording, released just
-/// before the outputs are written: if the job (or anything else) fills the
-/// disk, `report.json` and `summary.md` still fit.
-pub(crate) struct Reserve {
-    name: String,
-}
-
-/// Size of [`Reserve`]: several times a large report.json.
-const RESERVE_BYTES: i64 = 4 << 20;
-
-impl Reserve {
-    fn create(out: &OutDir) -> std::io::Result<Reserve> {
-        let name = format!(".reserve.{}-0.gpuprof-tmp", std::process::id());
-        let f = out.create_new(&name)?;
-        // SAFETY: fallocate on a valid descriptor.
-        let rc =
-            unsafe { libc::fallocate(std::os::fd::AsRawFd::as_raw_fd(&f), 0, 0, RESERVE_BYTES) };
-        if rc != 0 {
-            let e = std::io::Error::last_os_error();
-            let unsupported = matches!(
-                e.raw_os_error(),
-                Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS)
-            );
-            // Filesystems without fallocate: write the space instead.
-            let written = unsupported
-                && (|| -> std::io::Result<()> {
-                    use std::io::Write;
-                    let mut w = std::io::BufWriter::new(&f);
-                    let zero = vec![0u8; 1 << 16];
-                    for _ in 0..(RESERVE_BYTES as usize / zero.len()) {
-                        w.write_all(&zero)?;
-                    }
-                    w.flush()?;
-                    f.sync_all()
-                })()
-                .is_ok();
-            if !written {
-                let _ = out.remove(&name);
-                return Err(e);
-            }
-        }
-        Ok(Reserve { name })
-    }
-
-    fn release(self, out: &OutDir) {
-        let _ = out.remove(&self.name);
-    }
+/// [`open_output`] for a caller that opens the folder again by path (the
+/// writer and the outputs then check it again): the folder's path and
+/// whether gpuprof created it.
+pub(crate) fn prepare_output(requested: Option<&Path>) -> Result<(PathBuf, bool)> {
+    let (out, created, _reserve) = open_output(requested)?;
+    Ok((out.path().to_path_buf(), created))
 }
 
 /// `gpuprof-<host>-<YYYYmmdd-HHMMSS>[-rank<N>]`, made unique in the
@@ -354,7 +313,7 @@ pub fn record(cfg: RecordConfig) -> Result<i32> {
     // Before anything else: a bad address must stop gpuprof before the job
     // starts and before an output folder is made.
     let metrics = crate::live::bind_metrics(&cfg)?;
-    let (out, created, reserve) = prepare_output(cfg.output.as_deref())?;
+    let (out, created, reserve) = open_output(cfg.output.as_deref())?;
     // In-process agents: written into a private runtime folder that stays
     // until gpuprof exits (the job may run on after the recording window).
     let agents = if cfg.no_nvtx {
@@ -401,7 +360,12 @@ pub fn record(cfg: RecordConfig) -> Result<i32> {
         .enable_all()
         .build()?;
     let code = rt.block_on(run(
-        cfg, out, created, reserve, suspended, nvtx_plan, metrics, &agent,
+        cfg,
+        (out, created, reserve),
+        suspended,
+        nvtx_plan,
+        metrics,
+        &agent,
     ));
     drop(agents);
     if let AgentPlan::Ready(a) = agent {
@@ -420,9 +384,7 @@ pub(crate) fn say(quiet: bool, msg: &str) {
 
 async fn run(
     cfg: RecordConfig,
-    out: OutDir,
-    created: bool,
-    reserve: Option<Reserve>,
+    (out, created, reserve): (OutDir, bool, Option<Reserve>),
     suspended: launch::Suspended,
     nvtx_plan: NvtxPlan,
     metrics: Option<std::net::TcpListener>,
@@ -443,7 +405,7 @@ async fn run(
     // Live figures for the progress line, early warnings and --metrics-addr,
     // fed by the writer from the events it records.
     let live = crate::live::Live::new(cfg.warn_after + Duration::from_secs(5));
-    let (sink, mut writer) = match record::start_writer_with_tap(&out, Some(live.tap())) {
+    let (sink, mut writer) = match record::start_writer(&out, Some(live.tap())) {
         Ok(x) => x,
         Err(e) => {
             suspended.abort();
@@ -451,7 +413,7 @@ async fn run(
             return Err(e);
         }
     };
-    let live_lock = writer.take_live_lock();
+    writer.hold_reserve(reserve);
     sink.send_blocking(Event::Header(header.clone()));
     let delayed = cfg.delay.is_some_and(|d| !d.is_zero());
     let mut samplers = SamplerThread::start(&sink, cfg.interval, !delayed, None)?;
@@ -478,8 +440,8 @@ async fn run(
             stacks.stop();
             nvtx.stop();
             drop(sink);
-            let _ = writer.finish();
-            drop(live_lock);
+            let reserve = writer.take_reserve();
+            drop(writer.finish());
             undo_output(&out, created, reserve);
             eprintln!("gpuprof: {e}");
             return Ok(e.exit_code());
@@ -495,8 +457,6 @@ async fn run(
         sink,
         writer,
         stacks,
-        live: live_lock,
-        reserve,
     });
     let mut interrupts = 0u32;
     let mut job_status: Option<JobStatus> = None;
@@ -556,7 +516,7 @@ async fn run(
                 finish_recording(
                     rec,
                     Some(&mut nvtx),
-                    &out,
+                    out.path(),
                     JobStatus::StillRunning,
                     reason,
                     cfg.quiet,
@@ -572,7 +532,7 @@ async fn run(
         finish_recording(
             rec,
             Some(&mut nvtx),
-            &out,
+            out.path(),
             status,
             "job exited",
             cfg.quiet,
@@ -639,18 +599,15 @@ pub(crate) struct Recording {
     pub(crate) samplers: SamplerThread,
     pub(crate) gpu: Option<GpuCollector>,
     pub(crate) sink: Sink,
+    /// Also holds the lock that marks the recording live for `gpuprof
+    /// report` until the outputs are in, and the space kept for them.
     pub(crate) writer: record::Writer,
     pub(crate) stacks: StackCollectors,
-    /// Marks the recording live for `gpuprof report` until the outputs are in.
-    pub(crate) live: Option<std::os::fd::OwnedFd>,
-    pub(crate) reserve: Option<Reserve>,
 }
 
 /// Remove what gpuprof put in the output folder for a job that never ran.
 pub(crate) fn undo_output(out: &OutDir, created: bool, reserve: Option<Reserve>) {
-    if let Some(r) = reserve {
-        r.release(out);
-    }
+    drop(reserve);
     if created {
         let _ = std::fs::remove_dir_all(out.path());
     } else {
@@ -663,7 +620,7 @@ pub(crate) fn undo_output(out: &OutDir, created: bool, reserve: Option<Reserve>)
 pub(crate) fn finish_recording(
     rec: Recording,
     nvtx: Option<&mut NvtxCollector>,
-    out: &OutDir,
+    out: &Path,
     status: JobStatus,
     reason: &str,
     quiet: bool,
@@ -673,11 +630,11 @@ pub(crate) fn finish_recording(
         mut samplers,
         gpu,
         sink,
-        writer,
+        mut writer,
         stacks,
-        live,
-        reserve,
     } = rec;
+    let live = writer.take_live_lock();
+    let reserve = writer.take_reserve();
     if let Some(g) = gpu {
         g.stop();
     }
@@ -687,9 +644,7 @@ pub(crate) fn finish_recording(
         n.stop();
     }
     // The space kept for the end: the footer and the small outputs.
-    if let Some(r) = reserve {
-        r.release(out);
-    }
+    drop(reserve);
     let (cpu_ns, max_rss) = self_usage();
     let mut footer = Footer {
         t: MonoNs::now(),
@@ -709,7 +664,8 @@ pub(crate) fn finish_recording(
         outputs: outputs.clone(),
         ..Default::default()
     };
-    match writer.finish() {
+    let (finished, dir) = writer.finish();
+    match finished {
         Ok(stats) => {
             footer.recording_error = stats.error;
         }
@@ -724,20 +680,20 @@ pub(crate) fn finish_recording(
         JobStatus::StillRunning => "the job is still running".into(),
         JobStatus::EndedUnknown => "the job ended".into(),
     };
-    match crate::outputs::generate(out.path(), out, &opts) {
+    match crate::outputs::generate(dir.path(), &dir, &opts) {
         Ok(outcome) => {
             if !quiet {
                 eprint!("{}", outcome.terminal_summary);
             }
             if outcome.complete {
                 if !quiet {
-                    eprintln!("gpuprof: outputs in {}", out.path().display());
+                    eprintln!("gpuprof: outputs in {}", out.display());
                 }
             } else {
                 // Said even with --quiet: the run looks fine otherwise.
                 eprintln!(
                     "gpuprof: PROFILE INCOMPLETE ({job}; gpuprof exits with its status): what was written is in {}, report.json has \"complete\": false",
-                    out.path().display()
+                    out.display()
                 );
                 for w in &outcome.analysis.warnings {
                     eprintln!("gpuprof:   {w}");
@@ -746,7 +702,7 @@ pub(crate) fn finish_recording(
         }
         Err(e) => eprintln!(
             "gpuprof: PROFILE INCOMPLETE ({job}; gpuprof exits with its status): could not build the outputs from {}: {e:#}",
-            out.path().display()
+            out.display()
         ),
     }
     drop(live);
