@@ -466,6 +466,7 @@ fn bulk(path: &Path, hours: f64, slow: bool) {
             (4, "at::native::conv2d".into()),
             (5, "mkl_sgemm".into()),
         ],
+        unnamed: vec![],
     });
     o.ev(&Event::StackStats(StackStats {
         kind: Some(StackKind::Native),
@@ -482,6 +483,7 @@ fn bulk(path: &Path, hours: f64, slow: bool) {
         profiler_cpu_ns: 0,
         profiler_max_rss_bytes: 0,
         end_anchor: None,
+        recording_error: None,
     }));
     o.w.finish().unwrap().flush().unwrap();
 }
