@@ -416,6 +416,69 @@ fn two_nodes_merge_onto_one_timeline_and_name_the_slow_node() {
     );
     let md = std::fs::read_to_string(merged.join("summary.md")).unwrap();
     assert!(md.contains("node-b") && md.contains("exact"), "{md}");
+
+    // As if on two machines: no shared boot id, both clocks claimed
+    // synchronised within 200 ms, node-b's wall clock 120 ms ahead. The
+    // exact placement above is the truth; whichever method places node-b
+    // now (collective boundaries or wall clocks) must be within the
+    // uncertainty it states.
+    let exact_gap = gap;
+    for (name, skew_ns) in [("node-a", 0u64), ("node-b", 120_000_000)] {
+        rewrite_header(&tmp.join(name), |h| {
+            h["boot_id"] = Value::Null;
+            h["clock"] = serde_json::json!({
+                "synchronized": true, "max_error_us": 200_000,
+                "est_error_us": 1_000, "source": "test",
+            });
+            let rt = h["anchor_realtime_ns"].as_u64().unwrap();
+            h["anchor_realtime_ns"] = (rt + skew_ns).into();
+        });
+    }
+    let merged2 = tmp.join("merged-hosts");
+    let o = gpuprof()
+        .arg("merge")
+        .arg(tmp.join("node-a"))
+        .arg(tmp.join("node-b"))
+        .arg("-o")
+        .arg(&merged2)
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let r2 = report(&merged2);
+    let n2 = r2["nodes"].as_array().unwrap();
+    let method = n2[1]["clock"]["method"].as_str().unwrap();
+    assert!(
+        ["collective_boundaries", "wall_clock"].contains(&method),
+        "{}",
+        n2[1]
+    );
+    let unc2 = n2[1]["clock"]["uncertainty_s"]
+        .as_f64()
+        .expect("both clocks synchronised: a stated uncertainty");
+    assert!(unc2 < 0.4 + 0.01, "{}", n2[1]);
+    let gap2 = n2[1]["start_s"].as_f64().unwrap() - n2[0]["start_s"].as_f64().unwrap();
+    let err = (gap2 - exact_gap).abs();
+    assert!(
+        err <= unc2 + 2e-6,
+        "node-b placed {err} s from the truth by {method}, stated ±{unc2} s"
+    );
+    if method == "wall_clock" {
+        // The 120 ms skew is what is left.
+        assert!((err - 0.12).abs() < 0.005, "{err}");
+    }
+    let md = std::fs::read_to_string(merged2.join("summary.md")).unwrap();
+    let how = if method == "wall_clock" {
+        "wall-clock anchors"
+    } else {
+        "collective boundaries"
+    };
+    assert!(md.contains(how), "{md}");
+    eprintln!("two hosts: node-b placed by {method}, {err} s from the truth, stated ±{unc2} s");
     let _ = std::fs::remove_dir_all(&tmp);
 }
 
