@@ -274,6 +274,8 @@ pub struct RecordArgs {
     /// repeating range is chosen automatically.
     #[arg(long, value_name = "NAME")]
     pub step_range: Option<String>,
+    #[command(flatten)]
+    pub outputs: OutputArgs,
 
     /// Serve the job's live figures in the Prometheus text format at
     /// http://HOST:PORT/metrics while recording, e.g. `127.0.0.1:9464`
@@ -330,6 +332,50 @@ pub struct ReportArgs {
     /// given at record time).
     #[arg(long, value_name = "NAME")]
     pub step_range: Option<String>,
+    #[command(flatten)]
+    pub outputs: OutputArgs,
+}
+
+/// Options of the outputs, for recording and for `gpuprof report`.
+#[derive(Debug, Args)]
+pub struct OutputArgs {
+    /// Most bytes trace.json may take (JSON, before any compression):
+    /// beyond it the trace is made coarser, least important tracks first,
+    /// and says how (see docs/outputs.md), e.g. `100MB`, `1GB`, `512MiB`.
+    #[arg(long, value_name = "SIZE", default_value = "256MB")]
+    pub trace_max_size: String,
+
+    /// Write trace.json.gz (gzip; Perfetto opens it as is) instead of
+    /// trace.json.
+    #[arg(long)]
+    pub trace_gzip: bool,
+
+    /// Most bytes each flamegraph SVG may take: frames too narrow to see are
+    /// left out of the picture (the folded stacks keep all), e.g. `1MB`.
+    #[arg(long, value_name = "SIZE", default_value = "1MB")]
+    pub flame_max_size: String,
+}
+
+impl OutputArgs {
+    pub fn to_options(&self) -> Result<crate::outputs::OutputOptions, String> {
+        let size = |opt: &str, v: &str, min: u64| {
+            let b =
+                crate::export::trace_budget::parse_size(v).map_err(|e| format!("--{opt}: {e}"))?;
+            if b < min {
+                return Err(format!(
+                    "--{opt} {v} is too small: give at least {} kB",
+                    min / 1000
+                ));
+            }
+            Ok(b)
+        };
+        Ok(crate::outputs::OutputOptions {
+            trace_budget_bytes: size("trace-max-size", &self.trace_max_size, 1_000_000)?,
+            trace_gzip: self.trace_gzip,
+            flame_max_bytes: size("flame-max-size", &self.flame_max_size, 100_000)?,
+            ..Default::default()
+        })
+    }
 }
 
 /// Validated settings of a recording.
@@ -413,11 +459,13 @@ impl RecordArgs {
             o.validate()?;
             Some(o)
         };
+        let outputs = self.outputs.to_options()?;
         Ok(RecordConfig {
             stacks,
             outputs: crate::outputs::OutputOptions {
                 flame: self.flame,
                 step_range: None,
+                ..outputs
             },
             command: self.command,
             output: self.output,

@@ -48,6 +48,9 @@ fn report(args: gpuprof::cli::ReportArgs) -> anyhow::Result<i32> {
             args.dir.clone()
         }
     });
+    let mut outputs = args.outputs.to_options().map_err(anyhow::Error::msg)?;
+    outputs.flame = args.flame;
+    outputs.step_range = args.step_range.clone().filter(|s| !s.trim().is_empty());
     // The recording first: a wrong DIR must not create an output folder.
     gpuprof::record::events_path(&args.dir)?;
     let (dir, _) = gpuprof::outdir::OutDir::open(&out, true)?;
@@ -55,10 +58,7 @@ fn report(args: gpuprof::cli::ReportArgs) -> anyhow::Result<i32> {
         &args.dir,
         &dir,
         &gpuprof::outputs::GenerateOptions {
-            outputs: gpuprof::outputs::OutputOptions {
-                flame: args.flame,
-                step_range: args.step_range.clone().filter(|s| !s.trim().is_empty()),
-            },
+            outputs,
             ..Default::default()
         },
     )?;

@@ -2,10 +2,11 @@
 //! at the end of `gpuprof -- CMD` and by `gpuprof report`.
 //!
 //! Outputs are written smallest first (`report.json`, `summary.md`, the
-//! folded stacks and flamegraphs, `trace.json` last), each through a private
-//! temporary renamed into place (see [`crate::outdir`]). One that cannot be
-//! written (a full disk) leaves no temporary behind and does not stop the
-//! others; `report.json` then says which are missing and why.
+//! folded stacks and flamegraphs, `trace.json` last, then `report.json`
+//! again with what the trace holds), each through a private temporary
+//! renamed into place (see [`crate::outdir`]). One that cannot be written (a
+//! full disk, or a bug in its exporter) leaves no temporary behind and does
+//! not stop the others; `report.json` then says which are missing and why.
 //!
 //! A session and a `gpuprof report` of the same folder (run while the job is
 //! still going) never interleave: files are renamed into place under a lock
@@ -25,8 +26,9 @@ use crate::event::Footer;
 use crate::export;
 use crate::outdir::OutDir;
 
-/// Choices about what the outputs show (the recording is the same).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// Choices about what the outputs show and how large they may be (the
+/// recording is the same).
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OutputOptions {
     /// The view of the flamegraphs, the main folded files and the trace's
     /// stack slices (`--flame`).
@@ -35,6 +37,24 @@ pub struct OutputOptions {
     /// else the one recorded with `--step-range`, else chosen
     /// automatically).
     pub step_range: Option<String>,
+    /// Bound on the trace's JSON (uncompressed) size (`--trace-max-size`).
+    pub trace_budget_bytes: u64,
+    /// Write `trace.json.gz` instead of `trace.json` (`--trace-gzip`).
+    pub trace_gzip: bool,
+    /// Bound on each flamegraph SVG's size (`--flame-max-size`).
+    pub flame_max_bytes: u64,
+}
+
+impl Default for OutputOptions {
+    fn default() -> Self {
+        OutputOptions {
+            flame: View::default(),
+            step_range: None,
+            trace_budget_bytes: export::trace_budget::DEFAULT_TRACE_BUDGET_BYTES,
+            trace_gzip: false,
+            flame_max_bytes: export::flame::DEFAULT_SVG_MAX_BYTES,
+        }
+    }
 }
 
 pub struct Outcome {
@@ -66,6 +86,24 @@ pub struct GenerateOptions {
     pub outputs: OutputOptions,
 }
 
+/// Run one exporter so that a panic in it (a bug) costs that output only:
+/// the others are still written. The panic's message becomes the error.
+fn isolated<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(p) => {
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "unknown panic".into());
+            Err(anyhow::anyhow!(
+                "internal error while writing {what}: {msg} (please report it; the other outputs are complete)"
+            ))
+        }
+    }
+}
+
 /// Analyze the recording in `rec_dir` and write the outputs into `out`.
 pub fn generate(rec_dir: &Path, out: &OutDir, opts: &GenerateOptions) -> Result<Outcome> {
     let live_at_start = !opts.session && crate::record::session_is_live(rec_dir);
@@ -81,12 +119,47 @@ pub fn generate(rec_dir: &Path, out: &OutDir, opts: &GenerateOptions) -> Result<
     if !opts.problems.is_empty() {
         a.complete = false;
     }
-    let diagnosis = diagnose::diagnose_analysis(&a);
     let recording_bytes = crate::record::events_path(rec_dir)
         .ok()
         .and_then(|p| std::fs::metadata(p).ok())
         .map(|m| m.len());
-    let build_report = |a: &Analysis, missing: &[(String, String)]| {
+    write_outputs(
+        a,
+        recording_bytes,
+        out,
+        &opts.outputs,
+        live_at_start.then_some(rec_dir),
+    )
+}
+
+/// Write the outputs of an analysis into the folder `out_dir` (made if
+/// missing); see [`generate`].
+pub fn generate_from(
+    a: Analysis,
+    recording_bytes: Option<u64>,
+    out_dir: &Path,
+    opts: &OutputOptions,
+) -> Result<Outcome> {
+    let (out, _) = OutDir::open(out_dir, true)?;
+    write_outputs(a, recording_bytes, &out, opts, None)
+}
+
+/// Write every output; `live`: the recording of a session that was live
+/// when the analysis began (if it has finished since, nothing is written).
+fn write_outputs(
+    mut a: Analysis,
+    recording_bytes: Option<u64>,
+    out: &OutDir,
+    opts: &OutputOptions,
+    live: Option<&Path>,
+) -> Result<Outcome> {
+    let diagnosis = diagnose::diagnose_analysis(&a);
+    let trace_name = if opts.trace_gzip {
+        "trace.json.gz"
+    } else {
+        "trace.json"
+    };
+    let build_report = |a: &Analysis, missing: &[(String, String)], trace: &Value| {
         let mut report = export::report::build(a);
         export::report::add_diagnosis(&mut report, &diagnosis);
         if let (Some(n), Some(prof)) = (
@@ -105,6 +178,7 @@ pub fn generate(rec_dir: &Path, out: &OutDir, opts: &GenerateOptions) -> Result<
                         .collect(),
                 ),
             );
+            obj.insert("trace".into(), trace.clone());
         }
         report
     };
@@ -117,7 +191,7 @@ pub fn generate(rec_dir: &Path, out: &OutDir, opts: &GenerateOptions) -> Result<
     let terminal_summary = export::summary::terminal(&a, &diagnosis);
 
     let _lock = out.lock()?;
-    if live_at_start && !crate::record::session_is_live(rec_dir) {
+    if live.is_some_and(|rec| !crate::record::session_is_live(rec)) {
         return Ok(Outcome {
             complete: a.complete,
             analysis: a,
@@ -138,7 +212,8 @@ pub fn generate(rec_dir: &Path, out: &OutDir, opts: &GenerateOptions) -> Result<
     };
 
     // Smallest and most useful first: on a nearly full disk these still fit.
-    let report_bytes = render_report(&build_report(&a, &[]))?;
+    let mut trace_section = json!({"path": trace_name, "written": false});
+    let report_bytes = render_report(&build_report(&a, &[], &trace_section))?;
     put("report.json", &report_bytes);
     put("summary.md", md.as_bytes());
     let mut by_path = |p: &Path, bytes: &[u8]| -> Result<()> {
@@ -146,14 +221,46 @@ pub fn generate(rec_dir: &Path, out: &OutDir, opts: &GenerateOptions) -> Result<
         put(name, bytes);
         Ok(())
     };
-    let flame = opts.outputs.flame;
-    export::flame::write_role_outputs(&a.stacks, out.path(), flame, &mut by_path)?;
-    export::flame::write_gpu_idle(&a, out.path(), flame, &mut by_path)?;
-    match out.write_atomic("trace.json", |w| {
-        export::trace::write(&a, w, flame).map(|_| ())
-    }) {
-        Ok(_) => written.push(out.path().join("trace.json")),
-        Err(e) => missing.push(("trace.json".into(), e.to_string())),
+    let flame = opts.flame;
+    let flames = isolated("the flamegraphs", || {
+        export::flame::write_role_outputs(
+            &a.stacks,
+            out.path(),
+            flame,
+            opts.flame_max_bytes,
+            &mut by_path,
+        )?;
+        export::flame::write_gpu_idle(&a, out.path(), flame, opts.flame_max_bytes, &mut by_path)?;
+        Ok(())
+    });
+    if let Err(e) = flames {
+        missing.push(("flamegraphs".into(), format!("{e:#}")));
+    }
+    let traced = isolated(trace_name, || write_trace(&a, out, trace_name, opts));
+    match traced {
+        Ok(t) => {
+            written.push(out.path().join(trace_name));
+            trace_section = t.to_json();
+            if let Some(o) = trace_section.as_object_mut() {
+                o.insert("path".into(), trace_name.into());
+                o.insert("written".into(), true.into());
+                o.insert("gzip".into(), opts.trace_gzip.into());
+            }
+            // An older trace of the other form would contradict this one.
+            let other = if opts.trace_gzip {
+                "trace.json"
+            } else {
+                "trace.json.gz"
+            };
+            if out.exists(other) {
+                let _ = out.remove(other);
+            }
+        }
+        Err(e) => {
+            let e = format!("{e:#}");
+            trace_section["error"] = e.clone().into();
+            missing.push((trace_name.into(), e));
+        }
     }
 
     if !missing.is_empty() {
@@ -161,21 +268,22 @@ pub fn generate(rec_dir: &Path, out: &OutDir, opts: &GenerateOptions) -> Result<
         for (f, e) in &missing {
             a.warnings.push(format!("{f} could not be written: {e}"));
         }
-        // The first report.json could not know; the temporaries of the
-        // failed outputs are gone, so this small rewrite usually fits.
-        let fixed = render_report(&build_report(&a, &missing))?;
-        match out.write_atomic("report.json", |w| w.write_all(&fixed)) {
-            Ok(_) => {
-                let p = out.path().join("report.json");
-                if !written.contains(&p) {
-                    written.push(p);
-                }
-                missing.retain(|m| m.0 != "report.json");
+    }
+    // The first report.json could know neither what the trace holds nor
+    // what could not be written; the temporaries of the failed outputs are
+    // gone, so this small rewrite usually fits.
+    let fixed = render_report(&build_report(&a, &missing, &trace_section))?;
+    match out.write_atomic("report.json", |w| w.write_all(&fixed)) {
+        Ok(_) => {
+            let p = out.path().join("report.json");
+            if !written.contains(&p) {
+                written.push(p);
             }
-            Err(e) => {
-                if let Some(m) = missing.iter_mut().find(|m| m.0 == "report.json") {
-                    m.1 = e.to_string();
-                }
+            missing.retain(|m| m.0 != "report.json");
+        }
+        Err(e) => {
+            if let Some(m) = missing.iter_mut().find(|m| m.0 == "report.json") {
+                m.1 = e.to_string();
             }
         }
     }
@@ -188,4 +296,46 @@ pub fn generate(rec_dir: &Path, out: &OutDir, opts: &GenerateOptions) -> Result<
         terminal_summary,
         superseded: false,
     })
+}
+
+/// `trace.json` (or `trace.json.gz`) within the budget.
+fn write_trace(
+    a: &Analysis,
+    out: &OutDir,
+    name: &str,
+    opts: &OutputOptions,
+) -> Result<export::trace::TraceSummary> {
+    let topts = export::trace::TraceOptions {
+        budget_bytes: opts.trace_budget_bytes,
+        view: opts.flame,
+    };
+    let mut summary = None;
+    out.write_atomic(name, |w| {
+        if opts.trace_gzip {
+            let gz = flate2::write::GzEncoder::new(w, flate2::Compression::default());
+            let (gz, s) = export::trace::write(a, gz, &topts)?;
+            summary = Some(s);
+            gz.finish().map(|_| ())
+        } else {
+            let (_, s) = export::trace::write(a, w, &topts)?;
+            summary = Some(s);
+            Ok(())
+        }
+    })?;
+    summary.ok_or_else(|| anyhow::anyhow!("the trace writer returned no summary"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panicking_exporter_costs_only_its_output() {
+        let r: Result<()> = isolated("trace.json", || panic!("bug {}", 42));
+        let e = format!("{:#}", r.unwrap_err());
+        assert!(e.contains("trace.json") && e.contains("bug 42"), "{e}");
+        assert!(e.contains("the other outputs are complete"), "{e}");
+        let ok: Result<u32> = isolated("x", || Ok(7));
+        assert_eq!(ok.unwrap(), 7);
+    }
 }

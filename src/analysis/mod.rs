@@ -32,15 +32,88 @@ pub struct Thread {
     /// Time observed in each scheduler state (R, S, D, ...), in ns.
     pub state_ns: BTreeMap<char, u64>,
     /// Runs of R (running/runnable) and D (uninterruptible, usually IO)
-    /// state, capped at [`MAX_STATE_RUNS`] per thread.
-    pub state_runs: Vec<(MonoNs, MonoNs, char)>,
+    /// state in time order; at most [`MAX_STATE_RUNS`] per thread, merged
+    /// with their neighbours beyond that.
+    pub state_runs: Vec<StateRun>,
+    /// `state_runs` hit [`MAX_STATE_RUNS`] and neighbours were merged.
+    pub state_runs_merged: bool,
     base: Option<(u64, u64)>,
     last: Option<(MonoNs, u64, char)>,
 }
 
-/// Cap on recorded state runs per thread: keeps memory and the trace bounded
-/// on long runs (totals in `state_ns` stay exact).
-pub const MAX_STATE_RUNS: usize = 20_000;
+/// Bound on the state runs kept per thread: past it neighbouring runs are
+/// merged pairwise (each merged run keeps the time it holds in R and in D),
+/// so memory stays bounded on long runs; totals in `state_ns` stay exact.
+pub const MAX_STATE_RUNS: usize = 8192;
+
+/// A run of R (running or runnable) or D (uninterruptible) state, or
+/// several neighbouring runs merged (on long recordings): from `from` to
+/// `to` the thread spent `r_ns` in R and `d_ns` in D.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StateRun {
+    pub from: MonoNs,
+    pub to: MonoNs,
+    pub r_ns: u64,
+    pub d_ns: u64,
+}
+
+impl StateRun {
+    pub fn new(from: MonoNs, to: MonoNs, state: char) -> StateRun {
+        let ns = to.0.saturating_sub(from.0);
+        let (r_ns, d_ns) = if state == 'D' { (0, ns) } else { (ns, 0) };
+        StateRun {
+            from,
+            to,
+            r_ns,
+            d_ns,
+        }
+    }
+    pub fn len_ns(&self) -> u64 {
+        self.to.0.saturating_sub(self.from.0)
+    }
+    /// The state the run spent most of its time in.
+    pub fn state(&self) -> char {
+        if self.d_ns > self.r_ns {
+            'D'
+        } else {
+            'R'
+        }
+    }
+    /// Share (0..=1) of the run's span spent in `state`.
+    pub fn share(&self, state: char) -> f64 {
+        let ns = match state {
+            'R' => self.r_ns,
+            'D' => self.d_ns,
+            _ => 0,
+        };
+        ns as f64 / self.len_ns().max(1) as f64
+    }
+    /// One unmerged run: a single state throughout.
+    pub fn is_exact(&self) -> bool {
+        self.r_ns.max(self.d_ns) == self.len_ns() && self.r_ns.min(self.d_ns) == 0
+    }
+    pub fn merge(&self, next: &StateRun) -> StateRun {
+        StateRun {
+            from: self.from,
+            to: next.to,
+            r_ns: self.r_ns + next.r_ns,
+            d_ns: self.d_ns + next.d_ns,
+        }
+    }
+}
+
+/// Merge neighbouring runs pairwise (time order is kept).
+pub fn halve_runs(runs: &[StateRun]) -> Vec<StateRun> {
+    runs.chunks(2)
+        .map(|c| {
+            if c.len() == 2 {
+                c[0].merge(&c[1])
+            } else {
+                c[0]
+            }
+        })
+        .collect()
+}
 
 /// One process of the job's tree.
 #[derive(Debug, Clone)]
@@ -901,6 +974,7 @@ fn new_thread(tid: Tid, _t: MonoNs) -> Thread {
         cpu: Series::default(),
         state_ns: BTreeMap::new(),
         state_runs: Vec::new(),
+        state_runs_merged: false,
         base: None,
         last: None,
     }
@@ -912,11 +986,17 @@ fn account_state(th: &mut Thread, from: MonoNs, to: MonoNs, state: char) {
     }
     *th.state_ns.entry(state).or_default() += to.0 - from.0;
     if state == 'R' || state == 'D' {
-        let n = th.state_runs.len();
         match th.state_runs.last_mut() {
-            Some(last) if last.2 == state && last.1 == from => last.1 = to,
-            _ if n < MAX_STATE_RUNS => th.state_runs.push((from, to, state)),
-            _ => {}
+            Some(last) if last.is_exact() && last.state() == state && last.to == from => {
+                *last = last.merge(&StateRun::new(from, to, state))
+            }
+            _ => {
+                th.state_runs.push(StateRun::new(from, to, state));
+                if th.state_runs.len() > MAX_STATE_RUNS {
+                    th.state_runs = halve_runs(&th.state_runs);
+                    th.state_runs_merged = true;
+                }
+            }
         }
     }
 }

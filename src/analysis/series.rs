@@ -24,6 +24,8 @@ pub struct Series {
     pts: Vec<Point>,
     cap: usize,
     max: f64,
+    /// Times the points were merged pairwise (each halves the resolution).
+    halvings: u32,
 }
 
 pub const DEFAULT_CAP: usize = 8192;
@@ -40,6 +42,7 @@ impl Series {
             pts: Vec::new(),
             cap: cap.max(2),
             max: f64::NAN,
+            halvings: 0,
         }
     }
 
@@ -74,6 +77,13 @@ impl Series {
             }
         }
         self.pts = out;
+        self.halvings += 1;
+    }
+
+    /// How many times neighbouring points were merged pairwise to stay
+    /// within the cap (0: every pushed interval is kept).
+    pub fn halvings(&self) -> u32 {
+        self.halvings
     }
 
     pub fn points(&self) -> &[Point] {

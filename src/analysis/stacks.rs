@@ -34,10 +34,14 @@ pub const EVAL_FRAMES: &[&str] = &["_PyEval_EvalFrameDefault", "PyEval_EvalFrame
 const EVAL_LOOP: &str = "_PyEval_EvalFrameDefault";
 /// Same-instant Python frames that do not fit the native stack.
 pub const UNMATCHED: &str = "[python: unmatched]";
-/// Deepest frame kept in trace slices.
-pub const TRACE_MAX_DEPTH: usize = 64;
-/// Most stack slices put into the trace (about 100 bytes each: ~40 MB).
-pub const TRACE_MAX_SLICES: usize = 400_000;
+/// Deepest stack drawn in the trace (Perfetto keeps slices up to depth
+/// 512): deeper stacks keep their innermost frames under a marker frame.
+pub const TRACE_MAX_DEPTH: usize = 500;
+/// Name id of the marker frame standing for the outer frames of a stack
+/// deeper than [`TRACE_MAX_DEPTH`].
+pub const OUTER_FRAMES_CUT: u32 = u32::MAX;
+/// The coarsest trace level: a cell of 2^40 sampling periods.
+pub const MAX_TRACE_LEVEL: u32 = 40;
 /// Top functions listed per role.
 pub const TOP_FUNCTIONS: usize = 15;
 
@@ -69,22 +73,54 @@ struct RawSample {
     pid: Pid,
     tid: Tid,
     stack: u32,
-    /// Taken by the in-process agent (its stack holds the Python frames of
-    /// the same instant).
-    agent: bool,
-    /// The unwinder reached the end of the stack (framehop's verdict).
-    complete: bool,
+    /// How many recorded samples this one stands for (1 until the
+    /// analysis thins, at most [`MAX_WEIGHT`]), with [`INCOMPLETE`] set when
+    /// the unwinder stopped before the end of the stack (framehop's
+    /// verdict) and [`AGENT`] when the in-process agent took it (its stack
+    /// holds the Python frames of the same instant). Packed: a day-long
+    /// recording holds millions of these.
+    weight_flags: u32,
+}
+
+/// Flags in [`RawSample::weight_flags`]: the unwinding stopped early; taken
+/// by the in-process agent.
+const INCOMPLETE: u32 = 1 << 31;
+const AGENT: u32 = 1 << 30;
+const MAX_WEIGHT: u32 = AGENT - 1;
+
+impl RawSample {
+    fn weight(&self) -> u32 {
+        self.weight_flags & MAX_WEIGHT
+    }
+    fn complete(&self) -> bool {
+        self.weight_flags & INCOMPLETE == 0
+    }
+    fn agent(&self) -> bool {
+        self.weight_flags & AGENT != 0
+    }
+    fn with_weight(mut self, w: u32) -> RawSample {
+        self.weight_flags = (self.weight_flags & !MAX_WEIGHT) | w.min(MAX_WEIGHT);
+        self
+    }
 }
 
 /// Samples kept in memory by the analysis: at most [`ANALYSIS_MAX_SAMPLES`].
-/// Past that half of the kept samples are dropped and only one new sample in
-/// `stride` is kept, so a day-long recording is analysed in the same memory
-/// as a 20-minute one; shares (flamegraph widths, top functions) stay
-/// unbiased, absolute counts are divided by `stride` (reported).
+/// Past that, time is cut into buckets of `bucket_ns` (doubled as often as
+/// needed) and each thread keeps one sample per bucket, chosen at random
+/// (deterministically: outputs must be reproducible) among the samples
+/// that fell in it, and weighted by their number. So a day-long recording
+/// is analysed in the same memory as a 20-minute one, and:
+/// - counts (flamegraph widths, CPU-seconds, top functions) stay exact in
+///   expectation: every recorded sample is counted through a weight;
+/// - a thread on-CPU throughout still has a sample in every bucket, so the
+///   trace shows it running throughout, at the bucket's resolution.
 #[derive(Default)]
 struct Thinned {
     kept: Vec<RawSample>,
-    stride: u64,
+    /// 0 until the first thinning.
+    bucket_ns: u64,
+    /// Index in `kept` of each thread's newest sample (while thinning).
+    newest: HashMap<(Pid, Tid), usize>,
     seen: u64,
 }
 
@@ -92,22 +128,123 @@ struct Thinned {
 /// ~24 bytes each here and again once merged, so ~100 MB at the bound.
 pub const ANALYSIS_MAX_SAMPLES: usize = 2_000_000;
 
+/// The bucket never grows past this (about 13 days): a bound on the
+/// thinning loop whatever the input.
+const MAX_BUCKET_NS: u64 = 1 << 50;
+
 impl Thinned {
-    fn push(&mut self, s: RawSample) {
-        let stride = self.stride.max(1);
-        self.seen += 1;
-        // A pseudo-random (but deterministic: outputs must be reproducible)
-        // choice of which samples to keep: taking every k-th would alias
-        // with periodic work and bias the shares.
-        if splitmix64(self.seen) % stride != 0 {
-            return;
+    /// Add one thread's samples (in time order).
+    #[cfg(test)]
+    fn push_thread(&mut self, pid: Pid, tid: Tid, samples: impl Iterator<Item = RawSample>) {
+        let v: Vec<RawSample> = samples.collect();
+        self.push_slice(pid, tid, &v);
+    }
+
+    /// Add one thread's samples (in time order). Once thinning, the samples
+    /// of one bucket are taken as a run: the kept sample is drawn once for
+    /// the run (the same draw as one sample at a time: the run's samples
+    /// are equally likely, and the kept one stays with probability
+    /// weight / (weight + run)).
+    fn push_slice(&mut self, pid: Pid, tid: Tid, samples: &[RawSample]) {
+        let mut newest = if self.bucket_ns > 0 {
+            self.newest.get(&(pid, tid)).copied()
+        } else {
+            None
+        };
+        let mut i = 0;
+        while i < samples.len() {
+            if self.bucket_ns == 0 {
+                self.seen += 1;
+                self.kept.push(samples[i].with_weight(1));
+                newest = Some(self.kept.len() - 1);
+                i += 1;
+                if self.kept.len() >= ANALYSIS_MAX_SAMPLES {
+                    self.coarsen();
+                    newest = self.newest.get(&(pid, tid)).copied();
+                }
+                continue;
+            }
+            let bucket = samples[i].t.0 / self.bucket_ns;
+            let end = (bucket + 1).saturating_mul(self.bucket_ns);
+            let mut j = i + 1;
+            while j < samples.len() && samples[j].t.0 < end {
+                j += 1;
+            }
+            let run = (j - i) as u64;
+            self.seen += run;
+            let draw = splitmix64(self.seen);
+            match newest {
+                Some(k) if self.kept[k].t.0 / self.bucket_ns == bucket => {
+                    let w = self.kept[k].weight() as u64;
+                    let total = (w + run).min(MAX_WEIGHT as u64) as u32;
+                    let r = draw % (w + run);
+                    self.kept[k] = if r >= w {
+                        samples[i + (r - w) as usize]
+                    } else {
+                        self.kept[k]
+                    }
+                    .with_weight(total);
+                }
+                _ => {
+                    let pick = samples[i + (draw % run) as usize];
+                    self.kept
+                        .push(pick.with_weight(run.min(MAX_WEIGHT as u64) as u32));
+                    newest = Some(self.kept.len() - 1);
+                    if self.kept.len() >= ANALYSIS_MAX_SAMPLES {
+                        self.coarsen();
+                        newest = self.newest.get(&(pid, tid)).copied();
+                    }
+                }
+            }
+            i = j;
         }
-        self.kept.push(s);
-        if self.kept.len() >= ANALYSIS_MAX_SAMPLES {
-            let salt = stride.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-            self.kept
-                .retain(|k| splitmix64(k.t.0 ^ salt ^ ((k.tid.0 as u64) << 40)) & 1 == 0);
-            self.stride = stride * 2;
+        if let (Some(i), true) = (newest, self.bucket_ns > 0) {
+            self.newest.insert((pid, tid), i);
+        }
+    }
+
+    /// Double the bucket (the first time: twice the usual sampling period)
+    /// until at most 3/4 of the bound is kept.
+    fn coarsen(&mut self) {
+        self.kept.sort_unstable_by_key(|s| (s.pid, s.tid, s.t));
+        if self.bucket_ns == 0 {
+            let mut gaps: Vec<u64> = self
+                .kept
+                .windows(2)
+                .filter(|w| (w[0].pid, w[0].tid) == (w[1].pid, w[1].tid))
+                .map(|w| w[1].t.0 - w[0].t.0)
+                .filter(|g| *g > 0)
+                .collect();
+            gaps.sort_unstable();
+            let period = gaps.get(gaps.len() / 2).copied().unwrap_or(1_000_000);
+            self.bucket_ns = period.clamp(1_000, MAX_BUCKET_NS / 2);
+        }
+        while self.bucket_ns < MAX_BUCKET_NS {
+            self.bucket_ns *= 2;
+            let b = self.bucket_ns;
+            let mut out: Vec<RawSample> = Vec::with_capacity(self.kept.len() / 2 + 1);
+            for s in self.kept.drain(..) {
+                match out.last_mut() {
+                    Some(k) if (k.pid, k.tid) == (s.pid, s.tid) && k.t.0 / b == s.t.0 / b => {
+                        // Keep either with probability proportional to its
+                        // weight; the survivor stands for both.
+                        let (wk, ws) = (k.weight() as u64, s.weight() as u64);
+                        let total = (wk + ws).min(MAX_WEIGHT as u64) as u32;
+                        let pick = splitmix64(k.t.0 ^ s.t.0.rotate_left(17) ^ s.tid.0 as u64)
+                            % (wk + ws).max(1);
+                        *k = if pick < ws { s } else { *k }.with_weight(total);
+                    }
+                    _ => out.push(s),
+                }
+            }
+            self.kept = out;
+            if self.kept.len() <= ANALYSIS_MAX_SAMPLES / 4 * 3 {
+                break;
+            }
+        }
+        self.newest.clear();
+        for (i, s) in self.kept.iter().enumerate() {
+            self.newest.insert((s.pid, s.tid), i);
         }
     }
 }
@@ -132,6 +269,8 @@ pub struct StackData {
     py_nodes: HashMap<u32, (Option<u32>, u32)>,
     native: Thinned,
     python: Thinned,
+    /// Samples of one batch, reused.
+    scratch: Vec<RawSample>,
     stats: Vec<StackStats>,
     /// How each Python process's frames were obtained (the agent's word
     /// wins).
@@ -284,21 +423,31 @@ impl StackData {
                     StackKind::Native => &mut self.native,
                     StackKind::Python => &mut self.python,
                 };
-                let mut incomplete = b.incomplete.iter().peekable();
-                for (i, (t, s)) in b.times().zip(&b.stacks).enumerate() {
-                    let cut = incomplete.peek().is_some_and(|x| **x as usize == i);
-                    if cut {
-                        incomplete.next();
-                    }
-                    out.push(RawSample {
-                        t,
+                // A plain loop: this runs for every sample of the recording.
+                let scratch = &mut self.scratch;
+                scratch.clear();
+                let n = b.stacks.len().min(b.dt_us.len());
+                let mut us = b.t0.0 / 1000;
+                for i in 0..n {
+                    us += b.dt_us[i] as u64;
+                    scratch.push(RawSample {
+                        t: MonoNs(us * 1000),
                         pid: b.pid,
                         tid: b.tid,
-                        stack: *s,
-                        complete: !cut,
-                        agent: b.source == SampleSource::Agent,
+                        stack: b.stacks[i],
+                        weight_flags: if b.source == SampleSource::Agent {
+                            AGENT | 1
+                        } else {
+                            1
+                        },
                     });
                 }
+                for x in &b.incomplete {
+                    if let Some(s) = scratch.get_mut(*x as usize) {
+                        s.weight_flags |= INCOMPLETE;
+                    }
+                }
+                out.push_slice(b.pid, b.tid, scratch);
             }
             Event::Symbols { names, unnamed } => {
                 for (id, name) in names {
@@ -573,6 +722,10 @@ pub struct Sample {
     pub stack: u32,
     pub py_stack: u32,
     pub attribution: Attribution,
+    /// Recorded samples this one stands for: 1, or more when the analysis
+    /// thinned a long recording (see [`ANALYSIS_MAX_SAMPLES`]). Every count
+    /// sums weights.
+    pub weight: u32,
 }
 
 /// Counts of how native samples got their Python frames.
@@ -594,16 +747,21 @@ pub struct AttributionCounts {
 
 impl AttributionCounts {
     pub fn add(&mut self, a: Attribution) {
+        self.add_n(a, 1);
+    }
+
+    /// Count `n` samples (one analysed sample standing for `n` recorded).
+    pub fn add_n(&mut self, a: Attribution, n: u64) {
         match a {
-            Attribution::NativeOnly => self.native_only += 1,
-            Attribution::SameInstant => self.same_instant += 1,
-            Attribution::SameInstantPartial => self.same_instant_partial += 1,
+            Attribution::NativeOnly => self.native_only += n,
+            Attribution::SameInstant => self.same_instant += n,
+            Attribution::SameInstantPartial => self.same_instant_partial += n,
             Attribution::Unattributed(r) => {
-                self.unattributed += 1;
+                self.unattributed += n;
                 *self
                     .unattributed_by_reason
                     .entry(r.as_str().to_string())
-                    .or_default() += 1;
+                    .or_default() += n;
             }
         }
     }
@@ -782,10 +940,13 @@ pub struct StacksReport {
     pub python_from_perf_map: u64,
     /// CPU time of the samplers (perf reader + py-spy), in seconds.
     pub sampler_cpu_s: f64,
-    /// 1 normally; k when the recording held more native samples than the
-    /// analysis keeps in memory and only every k-th was analysed
-    /// (see [`ANALYSIS_MAX_SAMPLES`]). Counts here are of analysed samples.
+    /// 1 normally; about k when the recording held more native samples than
+    /// the analysis keeps in memory and each thread kept one sample per
+    /// `analysis_bucket_ms` standing for the k recorded in it (see
+    /// [`ANALYSIS_MAX_SAMPLES`]). Counts here are of recorded samples.
     pub analysis_stride: u64,
+    /// The bucket of that thinning (0 when every sample was analysed).
+    pub analysis_bucket_ms: f64,
     pub roles: BTreeMap<String, RoleStacks>,
 }
 
@@ -806,6 +967,9 @@ pub struct Stacks {
     pub procs: BTreeMap<Pid, ProcMeta>,
     /// Native sampling period in ns (0 when unknown).
     pub period_ns: u64,
+    /// Each thread has at most one sample per bucket of this width (ns)
+    /// when the analysis thinned the recording; 0 otherwise.
+    pub bucket_ns: u64,
     pub report: StacksReport,
 }
 
@@ -1176,7 +1340,7 @@ pub fn analyze(
     window: (MonoNs, MonoNs),
     meta: &dyn Fn(Pid) -> ProcMeta,
 ) -> Stacks {
-    let stride = d.native.stride.max(1);
+    let bucket_ns = d.native.bucket_ns;
     let mut native = std::mem::take(&mut d.native.kept);
     native.retain(|s| s.t >= window.0 && s.t <= window.1);
     native.sort_by_key(|s| (s.pid, s.tid, s.t));
@@ -1187,10 +1351,10 @@ pub fn analyze(
     let mut per_thread: BTreeMap<(Pid, Tid), (u64, u64)> = BTreeMap::new();
     for s in &native {
         let c = per_thread.entry((s.pid, s.tid)).or_default();
-        if s.agent {
-            c.0 += 1;
+        if s.agent() {
+            c.0 += s.weight() as u64;
         } else {
-            c.1 += 1;
+            c.1 += s.weight() as u64;
         }
     }
     let use_agent: BTreeMap<(Pid, Tid), bool> = per_thread
@@ -1208,7 +1372,7 @@ pub fn analyze(
                 .map(|(pid, _)| *pid),
         )
         .collect();
-    native.retain(|s| s.agent == use_agent[&(s.pid, s.tid)]);
+    native.retain(|s| s.agent() == use_agent[&(s.pid, s.tid)]);
 
     let mut r = Resolver {
         d,
@@ -1242,6 +1406,7 @@ pub fn analyze(
     type Key = (u32, bool, bool, Unattributed);
     let mut merged_cache: HashMap<Key, (u32, Attribution, bool, bool)> = HashMap::new();
     let mut rooted = 0u64;
+    let mut weights = 0u64;
     let mut per_proc: BTreeMap<Pid, AttributionCounts> = BTreeMap::new();
     for s in &native {
         let why = if agent_pids.contains(&s.pid) {
@@ -1249,7 +1414,7 @@ pub fn analyze(
         } else {
             Unattributed::NoAgent
         };
-        let key = (s.stack, s.agent, s.complete, why);
+        let key = (s.stack, s.agent(), s.complete(), why);
         let (id, attribution, root, perf_map) = if let Some(c) = merged_cache.get(&key) {
             *c
         } else {
@@ -1265,7 +1430,7 @@ pub fn analyze(
                     f.1 == Kind::Native && r.frames[f.0 as usize].class == FrameClass::Python
                 })
             };
-            let (m, how, perf_map) = if s.agent && has_python(&r) {
+            let (m, how, perf_map) = if s.agent() && has_python(&r) {
                 // The job runs with CPython's perf trampolines too: their
                 // frames are this instant's Python frames already.
                 (
@@ -1276,10 +1441,10 @@ pub fn analyze(
                     Attribution::SameInstant,
                     true,
                 )
-            } else if s.agent {
+            } else if s.agent() {
                 let is_eval = |n: u32| r.is_eval_loop(n);
                 let is_pm = |n: u32| r.frames[n as usize].class == FrameClass::Python;
-                let (m, how) = merge_same_instant(&nat, s.complete, &is_eval, &is_pm, &markers);
+                let (m, how) = merge_same_instant(&nat, s.complete(), &is_eval, &is_pm, &markers);
                 (m, how, false)
             } else if has_python(&r) {
                 // CPython's perf trampolines: the native stack carries its
@@ -1312,13 +1477,15 @@ pub fn analyze(
         // or the unwinder found the end of the stack there (the CFI of
         // `_start` and `clone3` marks the return address undefined; this
         // also covers roots that a stripped libc leaves unnamed).
-        if root || s.complete {
-            rooted += 1;
+        let w = s.weight() as u64;
+        weights += w;
+        if root || s.complete() {
+            rooted += w;
         }
         if perf_map {
-            rep.python_from_perf_map += 1;
+            rep.python_from_perf_map += w;
         }
-        per_proc.entry(s.pid).or_default().add(attribution);
+        per_proc.entry(s.pid).or_default().add_n(attribution, w);
         samples.push(Sample {
             t: s.t,
             pid: s.pid,
@@ -1326,6 +1493,7 @@ pub fn analyze(
             stack: id,
             py_stack: id,
             attribution,
+            weight: s.weight(),
         });
     }
 
@@ -1343,7 +1511,7 @@ pub fn analyze(
             stacks.push(frames);
             next
         });
-        *py_only_per_proc.entry(s.pid).or_default() += 1;
+        *py_only_per_proc.entry(s.pid).or_default() += s.weight() as u64;
         python_only.push(Sample {
             t: s.t,
             pid: s.pid,
@@ -1351,6 +1519,7 @@ pub fn analyze(
             stack: id,
             py_stack: id,
             attribution: Attribution::NativeOnly,
+            weight: s.weight(),
         });
     }
     python_only.sort_by_key(|s| (s.pid, s.tid, s.t));
@@ -1364,12 +1533,11 @@ pub fn analyze(
     }
     rep.python = python_report(d, &procs, &per_proc, &py_only_per_proc, &agent_pids);
 
-    rep.samples = samples.len() as u64;
-    rep.analysis_stride = stride;
-    rep.unwind_coverage = if samples.is_empty() {
+    rep.samples = weights;
+    rep.unwind_coverage = if weights == 0 {
         0.0
     } else {
-        round4(rooted as f64 / samples.len() as f64)
+        round4(rooted as f64 / weights as f64)
     };
     let mut period_ns = 0;
     for st in &d.stats {
@@ -1400,7 +1568,7 @@ pub fn analyze(
     } else {
         0.0
     };
-    if period_ns == 0 {
+    if period_ns == 0 && bucket_ns == 0 {
         // Older or partial recordings: infer from the samples.
         let mut gaps: Vec<u64> = samples
             .windows(2)
@@ -1421,13 +1589,20 @@ pub fn analyze(
         python_only,
         procs,
         period_ns,
+        bucket_ns,
         report: rep,
     };
+    st.report.analysis_stride = if bucket_ns > 0 && period_ns > 0 {
+        (bucket_ns as f64 / period_ns as f64).round().max(1.0) as u64
+    } else {
+        1
+    };
+    st.report.analysis_bucket_ms = round4(bucket_ns as f64 / 1e6);
     st.build_python_view();
     st.estimate_python_frames();
     let mut roles = BTreeMap::new();
     for role in Role::ALL {
-        let n = st.role_samples(Some(role)).count() as u64;
+        let n = st.role_weight(Some(role));
         st.report.samples_per_role.insert(role.to_string(), n);
         if n == 0 {
             continue;
@@ -1547,9 +1722,25 @@ impl Stacks {
 
     /// Samples of processes with `role` (None: every process).
     pub fn role_samples(&self, role: Option<Role>) -> impl Iterator<Item = &Sample> + '_ {
-        self.samples
-            .iter()
-            .filter(move |s| role.map_or(true, |r| self.role_of(s.pid) == r))
+        // Samples come grouped by process: look each process up once.
+        let mut last: Option<(Pid, bool)> = None;
+        self.samples.iter().filter(move |s| {
+            let Some(r) = role else { return true };
+            match last {
+                Some((pid, keep)) if pid == s.pid => keep,
+                _ => {
+                    let keep = self.role_of(s.pid) == r;
+                    last = Some((s.pid, keep));
+                    keep
+                }
+            }
+        })
+    }
+
+    /// Recorded samples of processes with `role` (None: every process):
+    /// the sum of the analysed samples' weights.
+    pub fn role_weight(&self, role: Option<Role>) -> u64 {
+        self.role_samples(role).map(|s| s.weight as u64).sum()
     }
 
     /// py-spy's Python-only stacks of processes with `role` (None: every
@@ -1855,14 +2046,14 @@ impl Stacks {
         let mut launchers: BTreeSet<Launcher> = BTreeSet::new();
         let mut sum = FoldSummary::default();
         for s in samples {
-            sum.samples += 1;
+            sum.samples += s.weight as u64;
             if !self.python_pids.contains(&s.pid) {
                 continue;
             }
             let Some(n) = self.fold_notes.get(&s.stack) else {
                 continue;
             };
-            sum.python_samples += 1;
+            sum.python_samples += s.weight as u64;
             if !seen.insert(s.stack) {
                 continue;
             }
@@ -1895,7 +2086,7 @@ impl Stacks {
             let root = roots.get(&s.pid).map_or("?", |r| r.as_str());
             *counts
                 .entry((root, self.view_stack(s, opts.view)))
-                .or_default() += 1;
+                .or_default() += s.weight as u64;
         }
         let mut lines: BTreeMap<String, u64> = BTreeMap::new();
         for ((root, stack), n) in counts {
@@ -2007,17 +2198,25 @@ impl Stacks {
         let mut total_n: HashMap<u32, u64> = HashMap::new();
         let mut count = 0u64;
         let mut seen: Vec<u32> = Vec::new();
+        // Weights per stack first: far fewer stacks than samples.
+        let mut per_stack = vec![0u64; self.stacks.len()];
         for s in samples {
-            count += 1;
-            let frames = &self.stacks[s.py_stack as usize];
+            per_stack[s.py_stack as usize] += s.weight as u64;
+        }
+        for (stack, &w) in per_stack.iter().enumerate() {
+            if w == 0 {
+                continue;
+            }
+            count += w;
+            let frames = &self.stacks[stack];
             if let Some(leaf) = frames.last() {
-                *self_n.entry(*leaf).or_default() += 1;
+                *self_n.entry(*leaf).or_default() += w;
             }
             seen.clear();
             for f in frames {
                 if !seen.contains(f) {
                     seen.push(*f);
-                    *total_n.entry(*f).or_default() += 1;
+                    *total_n.entry(*f).or_default() += w;
                 }
             }
         }
@@ -2049,104 +2248,170 @@ impl Stacks {
             .collect()
     }
 
-    /// Nested slices per thread for the trace, within [`TRACE_MAX_SLICES`]:
-    /// when the full-resolution slices would exceed it, every k-th sample of
-    /// each thread is kept (k returned) and each counts for k periods.
-    pub fn trace_slices(&self, view: View) -> (Vec<TraceSlice>, u64) {
-        let mut k = 1u64;
-        loop {
-            let (slices, complete) = self.slices_with_stride(k, TRACE_MAX_SLICES, view);
-            if complete {
-                return (slices, k);
+    /// Width of the trace's time cells at reduction `level`: each thread
+    /// shows at most one stack per cell. Level 0 is the sampling period (or
+    /// the analysis bucket when the recording was thinned); each level
+    /// doubles it.
+    pub fn cell_ns(&self, level: u32) -> u64 {
+        let base = self.bucket_ns.max(self.period_ns).max(1);
+        base.saturating_mul(1u64 << level.min(MAX_TRACE_LEVEL))
+    }
+
+    /// The coarsest level worth drawing: one cell spans every sample.
+    pub fn max_level(&self) -> u32 {
+        let span = match (
+            self.samples.iter().map(|s| s.t).min(),
+            self.samples.iter().map(|s| s.t).max(),
+        ) {
+            (Some(a), Some(b)) => b.0 - a.0,
+            _ => 0,
+        };
+        (0..MAX_TRACE_LEVEL)
+            .find(|l| self.cell_ns(*l) > span)
+            .unwrap_or(MAX_TRACE_LEVEL)
+    }
+
+    /// Each sampled thread with its samples (in time order).
+    pub fn threads(&self) -> impl Iterator<Item = &[Sample]> + '_ {
+        let mut i = 0;
+        std::iter::from_fn(move || {
+            let first = self.samples.get(i)?;
+            let n = self.samples[i..]
+                .iter()
+                .take_while(|s| (s.pid, s.tid) == (first.pid, first.tid))
+                .count();
+            let out = &self.samples[i..i + n];
+            i += n;
+            Some(out)
+        })
+    }
+
+    /// The nested slices of one thread's samples at reduction `level`,
+    /// handed to `f` as they close (children before parents).
+    ///
+    /// Sample times are put on a grid of [`Stacks::cell_ns`]: the
+    /// frequency-driven kernel sometimes samples twice within a period, and
+    /// a slice shorter than a period would claim a precision sampling does
+    /// not have. Of several samples in one cell one is drawn, chosen at
+    /// random (deterministically) by weight. A thread with no sample in two
+    /// cells in a row did not run (or was not sampled): everything ends one
+    /// cell after its last sample rather than bridging the gap. Stacks
+    /// deeper than [`TRACE_MAX_DEPTH`] keep their innermost frames under a
+    /// marker frame ([`OUTER_FRAMES_CUT`]).
+    pub fn walk_slices(
+        &self,
+        thread: &[Sample],
+        view: View,
+        level: u32,
+        f: &mut dyn FnMut(TraceSlice),
+    ) {
+        let Some(first) = thread.first() else {
+            return;
+        };
+        let (pid, tid) = (first.pid, first.tid);
+        let cell = self.cell_ns(level);
+        let at = |slot: u64| MonoNs(slot.saturating_mul(cell));
+        let mut open: Vec<(u32, MonoNs)> = Vec::new();
+        let close = |open: &mut Vec<(u32, MonoNs)>,
+                     keep: usize,
+                     end: MonoNs,
+                     f: &mut dyn FnMut(TraceSlice)| {
+            while open.len() > keep {
+                let (name, start) = open.pop().expect("non-empty");
+                f(TraceSlice {
+                    pid,
+                    tid,
+                    depth: open.len() as u32,
+                    name,
+                    start,
+                    end,
+                });
             }
-            k *= 2;
+        };
+        let mut prev_slot: Option<u64> = None;
+        let mut frames: Vec<u32> = Vec::new();
+        let mut i = 0;
+        while i < thread.len() {
+            // The samples of one cell, one of them drawn by weight.
+            let slot = thread[i].t.0 / cell;
+            let n = thread[i..]
+                .iter()
+                .take_while(|s| s.t.0 / cell == slot)
+                .count();
+            let cell_samples = &thread[i..i + n];
+            i += n;
+            let chosen = if n == 1 {
+                cell_samples[0]
+            } else {
+                let total: u64 = cell_samples.iter().map(|s| s.weight.max(1) as u64).sum();
+                let mut pick = splitmix64(slot ^ ((tid.0 as u64) << 32) ^ pid.0 as u64) % total;
+                *cell_samples
+                    .iter()
+                    .find(|s| {
+                        let w = s.weight.max(1) as u64;
+                        if pick < w {
+                            true
+                        } else {
+                            pick -= w;
+                            false
+                        }
+                    })
+                    .unwrap_or(&cell_samples[n - 1])
+            };
+            if let Some(p) = prev_slot {
+                if slot > p + 2 {
+                    close(&mut open, 0, at(p + 1), f);
+                }
+            }
+            let stack = &self.stacks[self.view_stack(&chosen, view) as usize];
+            frames.clear();
+            if stack.len() > TRACE_MAX_DEPTH {
+                frames.push(OUTER_FRAMES_CUT);
+                frames.extend_from_slice(&stack[stack.len() - (TRACE_MAX_DEPTH - 1)..]);
+            } else {
+                frames.extend_from_slice(stack);
+            }
+            let common = open
+                .iter()
+                .zip(&frames)
+                .take_while(|(o, f)| o.0 == **f)
+                .count();
+            close(&mut open, common, at(slot), f);
+            for fr in &frames[common..] {
+                open.push((*fr, at(slot)));
+            }
+            prev_slot = Some(slot);
+        }
+        if let Some(p) = prev_slot {
+            close(&mut open, 0, at(p + 1), f);
         }
     }
 
-    fn slices_with_stride(&self, k: u64, limit: usize, view: View) -> (Vec<TraceSlice>, bool) {
-        let period = self.period_ns.max(1) * k;
+    /// One thread's slices at `level`, sorted by (start, depth): parents
+    /// before their children, as trace readers expect at equal times.
+    pub fn thread_slices(&self, thread: &[Sample], view: View, level: u32) -> Vec<TraceSlice> {
         let mut out = Vec::new();
-        let mut i = 0;
-        while i < self.samples.len() {
-            let (pid, tid) = (self.samples[i].pid, self.samples[i].tid);
-            let mut j = i;
-            while j < self.samples.len() && self.samples[j].pid == pid && self.samples[j].tid == tid
-            {
-                j += 1;
-            }
-            let thread: Vec<&Sample> = self.samples[i..j].iter().step_by(k as usize).collect();
-            // Sample times are put on a grid of one period from the thread's
-            // first sample: the frequency-driven kernel sometimes samples
-            // twice within a period, and a slice shorter than a period would
-            // claim a precision sampling does not have. A second sample in
-            // the same grid cell is skipped.
-            let base = thread.first().map_or(0, |s| s.t.0);
-            let at = |slot: u64| MonoNs(base + slot * period);
-            // Open slices: (name id, start).
-            let mut open: Vec<(u32, MonoNs)> = Vec::new();
-            let mut prev_slot: Option<u64> = None;
-            let close = |open: &mut Vec<(u32, MonoNs)>,
-                         keep: usize,
-                         end: MonoNs,
-                         out: &mut Vec<TraceSlice>| {
-                while open.len() > keep {
-                    let (name, start) = open.pop().expect("non-empty");
-                    out.push(TraceSlice {
-                        pid,
-                        tid,
-                        depth: open.len() as u32,
-                        name,
-                        start,
-                        end,
-                    });
-                }
-            };
-            for s in thread {
-                let slot = (s.t.0 - base) / period;
-                if let Some(p) = prev_slot {
-                    if slot == p {
-                        continue;
-                    }
-                    if slot > p + 2 {
-                        // The thread did not run (or was not sampled) in
-                        // between: end everything one period after the
-                        // last sample rather than bridging the gap.
-                        close(&mut open, 0, at(p + 1), &mut out);
-                    }
-                }
-                let frames: Vec<u32> = self.stacks[self.view_stack(s, view) as usize]
-                    .iter()
-                    .take(TRACE_MAX_DEPTH)
-                    .copied()
-                    .collect();
-                let common = open
-                    .iter()
-                    .zip(&frames)
-                    .take_while(|(o, f)| o.0 == **f)
-                    .count();
-                close(&mut open, common, at(slot), &mut out);
-                for f in &frames[common..] {
-                    open.push((*f, at(slot)));
-                }
-                prev_slot = Some(slot);
-                if out.len() > limit {
-                    return (out, false);
-                }
-            }
-            if let Some(p) = prev_slot {
-                close(&mut open, 0, at(p + 1), &mut out);
-            }
-            i = j;
-        }
-        if out.len() > limit {
-            return (out, false);
-        }
-        out.sort_by_key(|s| (s.pid, s.tid, s.start, s.depth));
-        (out, true)
+        self.walk_slices(thread, view, level, &mut |s| out.push(s));
+        out.sort_by_key(|s| (s.start, s.depth));
+        out
+    }
+
+    /// Frame ids of a merged stack, outermost first (see
+    /// [`Stacks::name`]).
+    pub fn stack_ids(&self, id: u32) -> &[u32] {
+        &self.stacks[id as usize]
+    }
+
+    /// Number of frames (ids are 0..name_count, and [`OUTER_FRAMES_CUT`]).
+    pub fn name_count(&self) -> usize {
+        self.frames.len()
     }
 
     /// Label of a frame (a slice's name).
     pub fn name(&self, id: u32) -> &str {
+        if id == OUTER_FRAMES_CUT {
+            return "[outer frames not shown]";
+        }
         &self.frames[id as usize].label
     }
 }
@@ -2278,17 +2543,21 @@ mod tests {
     #[test]
     fn analysis_keeps_a_bounded_unbiased_share_of_samples() {
         let mut t = Thinned::default();
-        let n = ANALYSIS_MAX_SAMPLES as u64 * 5;
-        for i in 0..n {
-            t.push(RawSample {
-                t: MonoNs(i),
-                pid: Pid(1),
-                tid: Tid(1),
-                // Two stacks, one in four samples on stack 1.
-                stack: (i % 4 == 0) as u32,
-                complete: true,
-                agent: false,
-            });
+        // Two threads sampled every 10 ms, 5x the bound in all; stack 1 in
+        // one sample of four. Thread 2 stops for 10 s in the middle.
+        let n = ANALYSIS_MAX_SAMPLES as u64 * 5 / 2;
+        let period = 10_000_000;
+        for tid in [1, 2] {
+            let samples = (0..n)
+                .filter(|i| tid == 1 || !(n / 2..n / 2 + 1000).contains(i))
+                .map(|i| RawSample {
+                    t: MonoNs(i * period),
+                    pid: Pid(1),
+                    tid: Tid(tid),
+                    stack: (i % 4 == 0) as u32,
+                    weight_flags: 1,
+                });
+            t.push_thread(Pid(1), Tid(tid), samples);
         }
         assert!(t.kept.len() < ANALYSIS_MAX_SAMPLES);
         assert!(
@@ -2296,11 +2565,71 @@ mod tests {
             "kept {}",
             t.kept.len()
         );
-        assert!(t.stride >= 4);
-        let ones = t.kept.iter().filter(|s| s.stack == 1).count() as f64;
-        let share = ones / t.kept.len() as f64;
+        assert!(t.bucket_ns >= 4 * period, "bucket {}", t.bucket_ns);
+        // Weights: every recorded sample is counted.
+        let total: u64 = t.kept.iter().map(|s| s.weight() as u64).sum();
+        assert_eq!(total, 2 * n - 1000);
+        let ones: u64 = t
+            .kept
+            .iter()
+            .filter(|s| s.stack == 1)
+            .map(|s| s.weight() as u64)
+            .sum();
+        let share = ones as f64 / total as f64;
         assert!((share - 0.25).abs() < 0.01, "share {share}");
-        assert!(t.kept.windows(2).all(|w| w[0].t < w[1].t));
+        // Thread 1 ran throughout: one sample in every bucket.
+        let mut buckets: Vec<u64> = t
+            .kept
+            .iter()
+            .filter(|s| s.tid == Tid(1))
+            .map(|s| s.t.0 / t.bucket_ns)
+            .collect();
+        buckets.sort_unstable();
+        let (lo, hi) = (buckets[0], *buckets.last().unwrap());
+        assert_eq!(
+            buckets.len() as u64,
+            hi - lo + 1,
+            "a bucket without a sample"
+        );
+        // Thread 2's 10 s stop left empty buckets.
+        let t2 = t.kept.iter().filter(|s| s.tid == Tid(2)).count() as u64;
+        assert!(t2 < hi - lo + 1 - 10_000_000_000 / t.bucket_ns + 2);
+    }
+
+    #[test]
+    fn a_thread_on_cpu_throughout_is_one_slice_per_frame_after_thinning() {
+        let mut d = data();
+        // Replace the samples: one thread on the deep stack (node 4) every
+        // 10 ms for 10 hours, thinned by the analysis.
+        d.native = Thinned::default();
+        d.python = Thinned::default();
+        let n = 3_600_000u64;
+        d.native.push_thread(
+            Pid(10),
+            Tid(10),
+            (0..n).map(|i| RawSample {
+                t: MonoNs(1_000_000_000 + i * 10_000_000),
+                pid: Pid(10),
+                tid: Tid(10),
+                stack: 4,
+                weight_flags: 1,
+            }),
+        );
+        let mut st = analyze_all(&mut d);
+        st.period_ns = 10_000_000;
+        assert!(st.bucket_ns > 0);
+        assert_eq!(st.report.samples, n, "weights count every sample");
+        assert!(st.report.analysis_bucket_ms >= 20.0);
+        let thread = st.threads().next().unwrap();
+        for level in [0, 1, 5] {
+            let slices = st.thread_slices(thread, View::Native, level);
+            let roots: Vec<_> = slices.iter().filter(|s| s.depth == 0).collect();
+            assert_eq!(roots.len(), 1, "level {level}: {} root slices", roots.len());
+            let covered = roots[0].end.0 - roots[0].start.0;
+            assert!(covered as f64 >= 0.999 * (n * 10_000_000) as f64);
+            // One slice per frame of the stack.
+            assert_eq!(slices.len(), 5);
+        }
     }
 
     fn data() -> StackData {
@@ -2617,8 +2946,8 @@ mod tests {
         let mut d = data();
         let mut st = analyze_all(&mut d);
         st.period_ns = 10_000_000;
-        let (slices, k) = st.trace_slices(View::Native);
-        assert_eq!(k, 1);
+        let thread = st.threads().next().unwrap();
+        let slices = st.thread_slices(thread, View::Native, 0);
         // Samples at 0, 10, 20 ms (deep, deep, shallow) then at 70 ms.
         let root: Vec<_> = slices.iter().filter(|s| s.depth == 0).collect();
         assert_eq!(root.len(), 2, "{slices:?}");
@@ -2628,6 +2957,33 @@ mod tests {
         assert_eq!(root[1].end, MonoNs(1_080_000_000));
         // No slice is shorter than one period.
         assert!(slices.iter().all(|s| s.end.0 - s.start.0 >= 10_000_000));
+        // Sorted by start, parents first.
+        assert!(slices
+            .windows(2)
+            .all(|w| (w[0].start, w[0].depth) <= (w[1].start, w[1].depth)));
+        // One level up, cells of 20 ms: the 40 ms pause is one empty cell
+        // in a row at most, so it is bridged.
+        let coarse = st.thread_slices(thread, View::Native, 1);
+        assert_eq!(coarse.iter().filter(|s| s.depth == 0).count(), 1);
+    }
+
+    #[test]
+    fn deep_stacks_keep_their_innermost_frames() {
+        let mut d = data();
+        let mut st = analyze_all(&mut d);
+        st.period_ns = 10_000_000;
+        let deep: Vec<u32> = (0..TRACE_MAX_DEPTH as u32 + 100).map(|i| i % 3).collect();
+        st.stacks[st.samples[0].stack as usize] = deep.clone();
+        let thread = st.threads().next().unwrap();
+        let slices = st.thread_slices(thread, View::Native, 0);
+        let first: Vec<_> = slices
+            .iter()
+            .filter(|s| s.start == MonoNs(1_000_000_000))
+            .collect();
+        assert_eq!(first.len(), TRACE_MAX_DEPTH);
+        assert_eq!(first[0].name, OUTER_FRAMES_CUT);
+        assert_eq!(st.name(first[0].name), "[outer frames not shown]");
+        assert_eq!(first.last().unwrap().name, *deep.last().unwrap());
     }
 
     #[test]

@@ -426,7 +426,9 @@ type StackSteps = (Vec<(MonoNs, MonoNs)>, String, String, Pid, Tid);
 fn from_stacks(a: &Analysis) -> Option<StackSteps> {
     let st = &a.stacks;
     let (pid, tid) = loop_thread(a)?;
-    let period = st.period_ns.max(1);
+    // The spacing of the analysed samples: the sampling period, or the
+    // analysis bucket on a thinned (long) recording.
+    let period = st.cell_ns(0);
     let samples: Vec<&super::stacks::Sample> = st
         .samples
         .iter()
@@ -569,9 +571,12 @@ impl Context<'_> {
                 }
             }
             for th in p.threads.values() {
-                for &(f, t, st) in &th.state_runs {
-                    if st == 'D' && t > s && f < e {
-                        m.io_wait_s += t.min(e).0.saturating_sub(f.max(s).0) as f64 / 1e9;
+                // A merged run (long recordings) holds D for a share of it.
+                for run in th.state_runs.iter().filter(|r| r.d_ns > 0) {
+                    let (f, t) = (run.from, run.to);
+                    if t > s && f < e {
+                        m.io_wait_s +=
+                            t.min(e).0.saturating_sub(f.max(s).0) as f64 / 1e9 * run.share('D');
                     }
                 }
             }

@@ -332,10 +332,12 @@ pub fn stacks_by_scope(a: &Analysis, per_rank: bool) -> BTreeMap<Option<u32>, St
                 }
             })
         });
+        // A sample of a thinned (long) recording stands for `weight`.
+        let w = smp.weight as u64;
         let e = counts.entry(key).or_default();
-        e.0 += 1;
+        e.0 += w;
         if let Some(f) = f {
-            *e.1.entry(f).or_default() += 1;
+            *e.1.entry(f).or_default() += w;
         }
     }
     for ((scope, role), (count, frames)) in counts {
@@ -359,9 +361,10 @@ pub fn stacks_by_scope(a: &Analysis, per_rank: bool) -> BTreeMap<Option<u32>, St
                 .iter()
                 .filter(|x| key_of(&x.pid) == Some((scope, role)))
             {
-                n += 1;
+                let w = smp.weight as u64;
+                n += w;
                 if let Some(f) = s.stack(smp.stack).last() {
-                    *py_only.entry(f.to_string()).or_default() += 1;
+                    *py_only.entry(f.to_string()).or_default() += w;
                 }
             }
             for (name, k) in py_only {

@@ -770,24 +770,27 @@ fn oversubscribed(a: &Analysis, tl: &Timeline, gpu: Option<&GpuEvidence>) -> Opt
 
 /// Seconds of `state` runs falling inside `spans` (both sorted by time).
 fn runs_in_spans(
-    runs: &[(crate::event::MonoNs, crate::event::MonoNs, char)],
+    runs: &[crate::analysis::StateRun],
     state: char,
     spans: &[(crate::event::MonoNs, crate::event::MonoNs)],
 ) -> f64 {
     let mut total = 0.0;
-    for (a, b, s) in runs {
-        if *s != state {
+    for run in runs {
+        // A merged run (long recordings) holds the state for a share of it.
+        let share = run.share(state);
+        if share <= 0.0 {
             continue;
         }
-        let first = spans.partition_point(|sp| sp.1 <= *a);
+        let (a, b) = (run.from, run.to);
+        let first = spans.partition_point(|sp| sp.1 <= a);
         for sp in &spans[first..] {
-            if sp.0 >= *b {
+            if sp.0 >= b {
                 break;
             }
-            let lo = (*a).max(sp.0);
-            let hi = (*b).min(sp.1);
+            let lo = a.max(sp.0);
+            let hi = b.min(sp.1);
             if hi > lo {
-                total += hi.secs_since(lo);
+                total += hi.secs_since(lo) * share;
             }
         }
     }

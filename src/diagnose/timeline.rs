@@ -171,11 +171,13 @@ impl Sums {
     ) -> InputThread {
         let (from, to) = p.lifetime(end);
         spread(&mut self.alive, start, bin_ns, from, to, 1.0);
-        for (a, b, s) in &t.state_runs {
-            match s {
-                'R' => spread(&mut self.r, start, bin_ns, *a, *b, 1.0),
-                'D' => spread(&mut self.d, start, bin_ns, *a, *b, 1.0),
-                _ => {}
+        for run in &t.state_runs {
+            // A merged run (long recordings) holds both states in part.
+            if run.r_ns > 0 {
+                spread(&mut self.r, start, bin_ns, run.from, run.to, run.share('R'));
+            }
+            if run.d_ns > 0 {
+                spread(&mut self.d, start, bin_ns, run.from, run.to, run.share('D'));
             }
         }
         for pt in t.cpu.points() {
@@ -262,10 +264,15 @@ impl Timeline {
         let mut job_runnable = vec![0.0f32; n];
         for p in a.processes.values() {
             for t in p.threads.values() {
-                for (x, y, s) in &t.state_runs {
-                    if *s == 'R' {
-                        spread(&mut job_runnable, start, bin_ns, *x, *y, 1.0);
-                    }
+                for run in t.state_runs.iter().filter(|r| r.r_ns > 0) {
+                    spread(
+                        &mut job_runnable,
+                        start,
+                        bin_ns,
+                        run.from,
+                        run.to,
+                        run.share('R'),
+                    );
                 }
             }
         }

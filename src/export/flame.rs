@@ -1,8 +1,13 @@
 //! Stack outputs: `stacks-<role>.folded` (+ `-native`),
 //! `flame-{main,workers,other,all}.svg`, `flame-workers-per-process.svg`,
-//! `flame-gpu-idle.svg`, and the per-thread stack slices of the trace — in
-//! the Python view by default, every frame with `--flame native` (see
-//! [`crate::analysis::fold`]).
+//! `flame-gpu-idle.svg` — in the Python view by default, every frame with
+//! `--flame native` (see [`crate::analysis::fold`]); the trace's stack
+//! slices are in `trace_stacks`.
+//!
+//! SVGs stay small enough to attach to a pull request (1 MB by default):
+//! frames narrower than a pixel are not drawn, and when the file would
+//! still be larger the threshold doubles; the subtitle says how many
+//! frames were left out. The folded files keep every stack.
 //!
 //! All outputs are deterministic: folded lines are sorted, inferno colours
 //! frames by a hash of their name (`deterministic`), and nothing depends on
@@ -12,11 +17,9 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 use inferno::flamegraph::{self, color::BasicPalette, color::Palette, Options};
-use serde_json::json;
 
 use crate::analysis::stacks::{AttributionCounts, FoldOptions, Sample, Stacks, View};
 use crate::analysis::{Analysis, Role};
-use crate::export::trace::TraceWriter;
 
 /// (role, folded file, SVG file, title) of the per-role outputs; role None
 /// is every process.
@@ -48,20 +51,27 @@ pub const ROLE_OUTPUTS: &[(Option<Role>, &str, &str, &str)] = &[
     (None, "stacks-all.folded", "flame-all.svg", "all processes"),
 ];
 
-/// Write an SVG flamegraph of folded lines. Empty input → `Ok(false)`,
-/// nothing written.
+/// Default bound on each SVG's size.
+pub const DEFAULT_SVG_MAX_BYTES: u64 = 1_000_000;
+/// Width of the picture, in pixels (inferno's default).
+const IMAGE_WIDTH_PX: f64 = 1200.0;
+
+/// Write an SVG flamegraph of folded lines (frames narrower than a pixel
+/// left out). Empty input → `Ok(false)`, nothing written.
 pub fn svg<W: Write>(folded: &str, title: &str, subtitle: &str, w: W) -> io::Result<bool> {
-    svg_in_units(folded, title, subtitle, "samples", 1.0, w)
+    svg_in_units(folded, title, subtitle, "samples", 1.0, 1.0, w)
 }
 
 /// As [`svg`], with counts in other units: the graph shows count ×
-/// `factor` `count_name` (e.g. µs counts shown as ms: factor 0.001).
+/// `factor` `count_name` (e.g. µs counts shown as ms: factor 0.001); frames
+/// narrower than `min_px` pixels are not drawn.
 pub fn svg_in_units<W: Write>(
     folded: &str,
     title: &str,
     subtitle: &str,
     count_name: &str,
     factor: f64,
+    min_px: f64,
     w: W,
 ) -> io::Result<bool> {
     if folded.trim().is_empty() {
@@ -74,10 +84,71 @@ pub fn svg_in_units<W: Write>(
     opts.deterministic = true;
     opts.count_name = count_name.into();
     opts.factor = factor;
+    // inferno's minimum width is a percentage of the picture's width.
+    opts.min_width = min_px * 100.0 / IMAGE_WIDTH_PX;
     flamegraph::from_lines(&mut opts, folded.lines(), w)
         .map_err(|e| io::Error::other(format!("flamegraph: {e}")))?;
     Ok(true)
 }
+
+/// Frames of the flamegraph of `folded` (one per distinct call path), and
+/// how many of them are narrower than `min_px` pixels.
+fn frames_narrower(folded: &str, min_px: f64) -> (usize, usize) {
+    use std::collections::HashMap;
+    let mut paths: HashMap<u64, u64> = HashMap::new();
+    let mut total = 0u64;
+    for line in folded.lines() {
+        let Some((stack, n)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let Ok(n) = n.parse::<u64>() else { continue };
+        total += n;
+        let mut h = 0xcbf2_9ce4_8422_2325u64;
+        for f in stack.split(';') {
+            for b in f.bytes().chain(std::iter::once(b';')) {
+                h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+            }
+            *paths.entry(h).or_default() += n;
+        }
+    }
+    let min = total as f64 * min_px / IMAGE_WIDTH_PX;
+    let narrow = paths.values().filter(|n| (**n as f64) < min).count();
+    (paths.len(), narrow)
+}
+
+/// An SVG of at most `max_bytes` (unless even 64-pixel frames do not fit):
+/// frames narrower than one pixel are left out, then 2, 4, ... pixels until
+/// it fits, and the subtitle says how many. Counts as in [`svg_in_units`].
+/// `None` for empty input.
+pub fn svg_capped(
+    folded: &str,
+    title: &str,
+    subtitle: &str,
+    (count_name, factor): (&str, f64),
+    max_bytes: u64,
+) -> io::Result<Option<Vec<u8>>> {
+    let mut min_px = 1.0;
+    loop {
+        let (frames, narrow) = frames_narrower(folded, min_px);
+        let note = if narrow > 0 {
+            format!(
+                "{subtitle} · {narrow} of {frames} frames under {min_px:.0} px not drawn (all in .folded)"
+            )
+        } else {
+            subtitle.to_string()
+        };
+        let mut buf = Vec::new();
+        if !svg_in_units(folded, title, &note, count_name, factor, min_px, &mut buf)? {
+            return Ok(None);
+        }
+        if buf.len() as u64 <= max_bytes || min_px >= 64.0 {
+            return Ok(Some(buf));
+        }
+        min_px *= 2.0;
+    }
+}
+
+const SAMPLES: (&str, f64) = ("samples", 1.0);
 
 /// The per-process variant of the workers' flamegraph (written when workers
 /// of one name were merged into one tower).
@@ -103,10 +174,12 @@ fn titles<'a>(
     per_process: Option<&str>,
 ) -> (String, String) {
     let samples: Vec<&Sample> = samples.collect();
+    // Weighted: counts of every recorded sample, also on thinned (long)
+    // recordings.
     let sum = st.fold_summary(samples.iter().copied());
     let mut counts = AttributionCounts::default();
     for s in &samples {
-        counts.add(s.attribution);
+        counts.add_n(s.attribution, s.weight as u64);
     }
     let n = sum.samples;
     let hz = st.report.frequency_hz;
@@ -191,12 +264,13 @@ pub fn write_role_outputs(
     st: &Stacks,
     dir: &Path,
     view: View,
+    max_bytes: u64,
     write: &mut dyn FnMut(&Path, &[u8]) -> anyhow::Result<()>,
 ) -> anyhow::Result<Vec<PathBuf>> {
     let mut written = Vec::new();
     let groups = st.worker_groups();
     for (role, folded_name, svg_name, title) in ROLE_OUTPUTS {
-        let n = st.role_samples(*role).count();
+        let n = st.role_weight(*role);
         if n == 0 {
             continue;
         }
@@ -222,9 +296,8 @@ pub fn write_role_outputs(
         written.push(p);
         let per_process =
             (*role == Some(Role::Worker) && !groups.is_empty()).then_some(WORKERS_PER_PROCESS_SVG);
-        let mut buf = Vec::new();
         let (title, sub) = titles(st, title, st.role_samples(*role), view, merged, per_process);
-        if svg(&folded, &title, &sub, &mut buf)? {
+        if let Some(buf) = svg_capped(&folded, &title, &sub, SAMPLES, max_bytes)? {
             let p = dir.join(svg_name);
             write(&p, &buf)?;
             written.push(p);
@@ -237,7 +310,6 @@ pub fn write_role_outputs(
                     merge_workers: false,
                 },
             );
-            let mut buf = Vec::new();
             let (title, sub) = titles(
                 st,
                 "workers, one tower per process",
@@ -246,7 +318,7 @@ pub fn write_role_outputs(
                 &[],
                 None,
             );
-            if svg(&folded, &title, &sub, &mut buf)? {
+            if let Some(buf) = svg_capped(&folded, &title, &sub, SAMPLES, max_bytes)? {
                 let p = dir.join(name);
                 write(&p, &buf)?;
                 written.push(p);
@@ -266,16 +338,16 @@ pub fn write_role_outputs(
         let p = dir.join(PYTHON_ONLY_FOLDED);
         write(&p, folded.as_bytes())?;
         written.push(p);
-        let mut buf = Vec::new();
         let subtitle = format!(
             "{} Python stacks read by py-spy, not matched to CPU samples in time",
-            st.python_only.len()
+            st.python_only.iter().map(|s| s.weight as u64).sum::<u64>()
         );
-        if svg(
+        if let Some(buf) = svg_capped(
             &folded,
             "Python stacks (Python-only view)",
             &subtitle,
-            &mut buf,
+            SAMPLES,
+            max_bytes,
         )? {
             let p = dir.join(PYTHON_ONLY_SVG);
             write(&p, &buf)?;
@@ -305,6 +377,7 @@ pub fn write_gpu_idle(
     a: &Analysis,
     dir: &Path,
     view: View,
+    max_bytes: u64,
     write: &mut dyn FnMut(&Path, &[u8]) -> anyhow::Result<()>,
 ) -> anyhow::Result<Vec<PathBuf>> {
     let st = &a.stacks;
@@ -324,7 +397,8 @@ pub fn write_gpu_idle(
         .samples
         .iter()
         .filter_map(|s| {
-            let w = a.gpu.idle_weight_at(s.t)?;
+            // A sample of a thinned (long) recording stands for `weight`.
+            let w = a.gpu.idle_weight_at(s.t)? * s.weight as f64;
             (w > 0.0).then_some((s, w))
         })
         .collect();
@@ -360,8 +434,7 @@ pub fn write_gpu_idle(
         Some((_, view_part)) => format!("{head} · {view_part}"),
         None => head,
     };
-    let mut buf = Vec::new();
-    if svg_in_units(&folded, &title, &sub, "ms", 1e-3, &mut buf)? {
+    if let Some(buf) = svg_capped(&folded, &title, &sub, ("ms", 1e-3), max_bytes)? {
         let p = dir.join("stacks-gpu-idle.folded");
         write(&p, folded.as_bytes())?;
         written.push(p);
@@ -373,50 +446,4 @@ pub fn write_gpu_idle(
         written.push(p);
     }
     Ok(written)
-}
-
-/// The stack slices of every sampled thread, on the thread's own track, in
-/// `view`. Returns trace metadata about them (count, thinning, budget).
-pub fn write_trace<W: Write>(
-    a: &Analysis,
-    tw: &mut TraceWriter<W>,
-    view: View,
-) -> io::Result<serde_json::Value> {
-    let st = &a.stacks;
-    if st.samples.is_empty() {
-        return Ok(serde_json::Value::Null);
-    }
-    // Threads that the /proc sampler never saw still need a track name.
-    let mut named = std::collections::BTreeSet::new();
-    for s in &st.samples {
-        let known = a
-            .processes
-            .get(&s.pid)
-            .is_some_and(|p| p.threads.contains_key(&s.tid));
-        if !known && named.insert((s.pid, s.tid)) {
-            let pid = s.pid.0 as i64;
-            if !a.processes.contains_key(&s.pid) && named.insert((s.pid, crate::event::Tid(-1))) {
-                tw.process_name(pid, &st.root_frame(s.pid), 3000)?;
-            }
-            tw.thread_name(pid, s.tid.0 as i64, &format!("thread {}", s.tid), 0)?;
-        }
-    }
-    let (slices, thinned) = st.trace_slices(view);
-    for sl in &slices {
-        tw.slice(
-            sl.pid.0 as i64,
-            sl.tid.0 as i64,
-            st.name(sl.name),
-            sl.start,
-            sl.end,
-            None,
-        )?;
-    }
-    Ok(json!({
-        "slices": slices.len(),
-        "budget": crate::analysis::stacks::TRACE_MAX_SLICES,
-        "max_depth": crate::analysis::stacks::TRACE_MAX_DEPTH,
-        "thinned_every_nth_sample": thinned,
-        "view": view.as_str(),
-    }))
 }

@@ -8,6 +8,8 @@ pub mod report_gpu;
 pub mod report_nvtx;
 pub mod summary;
 pub mod trace;
+pub mod trace_budget;
 pub mod trace_fragment;
 pub mod trace_gpu;
 pub mod trace_nvtx;
+pub mod trace_stacks;

@@ -44,6 +44,8 @@ pub struct Fragment {
 struct Agg {
     pid: i64,
     name: String,
+    /// The counter's arg key (Perfetto names the track "<name> <key>").
+    key: String,
     /// The event as received (pid and names already moved).
     template: Value,
     bucket: f64,
@@ -202,7 +204,12 @@ impl Fragment {
         let name = v["name"].as_str().unwrap_or("").to_string();
         let mut n = 0;
         if v["ph"] == "C" {
-            if let (Some(t), Some(val)) = (ts, v["args"]["value"].as_f64()) {
+            // One value per counter event, under the key that names it.
+            let arg = v["args"]
+                .as_object()
+                .and_then(|o| o.iter().next())
+                .and_then(|(k, x)| Some((k.clone(), x.as_f64()?)));
+            if let (Some(t), Some((key, val))) = (ts, arg) {
                 let same = self
                     .agg
                     .as_ref()
@@ -212,6 +219,7 @@ impl Fragment {
                     self.agg = Some(Agg {
                         pid,
                         name,
+                        key,
                         template: v,
                         bucket,
                         b0: (t / bucket).floor() * bucket,
@@ -255,7 +263,7 @@ impl Agg {
         }
         self.emitted = Some(value);
         let mut v = self.template.clone();
-        v["args"] = json!({ "value": value });
+        v["args"] = json!({ self.key.as_str(): value });
         Fragment::line(w, Some((t * 10.0).round() / 10.0), &v)?;
         Ok(1)
     }

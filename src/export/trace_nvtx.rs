@@ -251,6 +251,46 @@ pub fn write_nvtx<W: Write>(a: &Analysis, tw: &mut TraceWriter<W>) -> io::Result
     }))
 }
 
+/// The NVTX parts of the trace (see `trace_budget`): ranges and marks, and
+/// the steps, in the class of the main threads' stacks. They are written
+/// whole (`write_nvtx` bounds the ranges itself); the planner may leave
+/// them out only as a last resort. Their metadata goes into `meta`
+/// ("nvtx", "steps").
+pub fn parts<'a>(
+    a: &'a Analysis,
+    meta: &'a std::cell::RefCell<serde_json::Map<String, Value>>,
+) -> Vec<super::trace_budget::Part<'a>> {
+    use super::trace_budget::{Class, Part};
+    let mut out = Vec::new();
+    if !a.nvtx.ranges.is_empty() || !a.nvtx.marks.is_empty() {
+        out.push(Part {
+            class: Class::MainStacks,
+            name: "NVTX ranges".into(),
+            max_level: 0,
+            floor_level: 0,
+            write: Box::new(move |_, tw| {
+                let v = write_nvtx(a, tw)?;
+                meta.borrow_mut().insert("nvtx".into(), v);
+                Ok(None)
+            }),
+        });
+    }
+    if !a.steps.intervals.is_empty() {
+        out.push(Part {
+            class: Class::MainStacks,
+            name: "steps".into(),
+            max_level: 0,
+            floor_level: 0,
+            write: Box::new(move |_, tw| {
+                let v = write_steps(a, tw)?;
+                meta.borrow_mut().insert("steps".into(), v);
+                Ok(None)
+            }),
+        });
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

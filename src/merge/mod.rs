@@ -32,7 +32,7 @@ use crate::analysis::{self, Role};
 use crate::diagnose::{self, ranks::RankFigures, Finding, FindingKind};
 use crate::event::{Header, MonoNs};
 use crate::export::report::r;
-use crate::export::trace::{Fragment, TraceWriter};
+use crate::export::trace::Fragment;
 use crate::outdir::OutDir;
 use crate::record::{self, RecordingReader};
 
@@ -164,16 +164,16 @@ fn analyse(path: &Path, slot: u32, fragment: &Path, budget: Option<u64>) -> Resu
     exits.truncate(align::MAX_EXITS);
     let file =
         File::create(fragment).with_context(|| format!("cannot create {}", fragment.display()))?;
-    let tw = TraceWriter::fragment(
-        BufWriter::with_capacity(1 << 16, file),
-        a.start,
-        Fragment::new(slot, String::new(), 0, bucket_us(&a, budget)),
-    );
     // Names and sort order are finished at assembly, when every node's
     // label and place are known.
-    crate::export::trace::write_with(&a, tw, Default::default())
-        .and_then(|w| w.into_inner().map_err(|e| e.into_error()))
-        .with_context(|| format!("cannot write {}", fragment.display()))?;
+    crate::export::trace::write_fragment(
+        &a,
+        BufWriter::with_capacity(1 << 16, file),
+        Fragment::new(slot, String::new(), 0, bucket_us(&a, budget)),
+        &Default::default(),
+    )
+    .and_then(|w| w.into_inner().map_err(|e| e.into_error()))
+    .with_context(|| format!("cannot write {}", fragment.display()))?;
     Ok(Node {
         path: path.to_path_buf(),
         label: a.header.host.clone(),
