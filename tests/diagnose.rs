@@ -53,6 +53,7 @@ fn check_recorded(o: &Output, out: &Path) -> Value {
     );
     let report: Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap()).unwrap();
+    common::check_outputs(out);
     let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
     assert!(summary.contains("## Diagnosis"), "{summary}");
     report
@@ -171,6 +172,7 @@ fn preprocessing_in_the_main_process() {
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    common::check_outputs(&again);
     let r2: Value =
         serde_json::from_str(&std::fs::read_to_string(again.join("report.json")).unwrap()).unwrap();
     assert_eq!(findings(&r2), findings(&report));

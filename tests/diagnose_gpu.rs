@@ -45,6 +45,7 @@ fn run(out: &Path, scenario: &str, env: &[(&str, &Path)], job: &[&str]) -> Value
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "gpuprof failed: {stderr}");
     assert!(stderr.contains("== gpuprof diagnosis =="), "{stderr}");
+    check_outputs(out);
     let r = report(out);
     assert_eq!(r["diagnosis"]["gpu_measured"], true, "{}", r["diagnosis"]);
     r

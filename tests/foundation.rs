@@ -323,15 +323,13 @@ fn workers_are_found_and_named() {
         "CPU iowait %",
     ] {
         assert!(
-            evs.iter().any(|e| e["ph"] == "C" && e["name"] == name),
+            evs.iter()
+                .any(|e| counter_track(e).as_deref() == Some(name)),
             "no {name} counter"
         );
     }
-    assert!(evs.iter().any(|e| e["ph"] == "C"
-        && e["name"]
-            .as_str()
-            .unwrap()
-            .starts_with("CPU % pt_data_worker")));
+    assert!(evs.iter().any(|e| counter_track(e)
+        .is_some_and(|t| t.starts_with("pt_data_worker ") && t.ends_with(" CPU %"))));
 }
 
 #[test]
@@ -383,6 +381,7 @@ fn report_rebuilds_outputs_from_a_copied_recording() {
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    check_outputs(&copy);
     for f in ["trace.json", "report.json", "summary.md"] {
         let a = std::fs::read(out.join(f)).unwrap();
         let b = std::fs::read(copy.join(f)).unwrap();

@@ -72,6 +72,7 @@ fn run_with(
         "no report.json; stderr:\n{}",
         String::from_utf8_lossy(&o.stderr)
     );
+    check_outputs(out);
     o
 }
 
@@ -179,7 +180,7 @@ fn two_gpus_job_attributed_to_gpu0_with_tracks_and_counters() {
     assert!(names.iter().any(|n| n.starts_with("GPU 1: ")), "{names:?}");
     let counter = |pid: i64, name: &str| {
         evs.iter()
-            .any(|e| e["ph"] == "C" && e["pid"].as_i64() == Some(pid) && e["name"] == name)
+            .any(|e| e["pid"].as_i64() == Some(pid) && counter_track(e).as_deref() == Some(name))
     };
     let gpu0 = 0x7100_0000;
     for c in [
@@ -211,6 +212,7 @@ fn two_gpus_job_attributed_to_gpu0_with_tracks_and_counters() {
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    check_outputs(&again);
     assert_eq!(report(&again)["gpus"], r["gpus"]);
     let _ = std::fs::remove_dir_all(&tmp);
 }

@@ -42,6 +42,7 @@ fn record(name: &str, args: &[&str], job: &[&str]) -> (PathBuf, i32) {
         .args(job)
         .status()
         .expect("run gpuprof");
+    common::check_outputs(&out);
     (out, st.code().unwrap_or(-1))
 }
 
@@ -156,8 +157,7 @@ fn worker_and_main_functions_with_native_leaves() {
     let top = s["roles"]["worker"]["top_functions"].as_array().unwrap();
     assert!(!top.is_empty());
     // Every sampled thread has stack slices in the trace.
-    let trace: Value =
-        serde_json::from_slice(&std::fs::read(out.join("trace.json")).unwrap()).unwrap();
+    let trace = common::check_trace(&out.join("trace.json"));
     let slices = trace["traceEvents"]
         .as_array()
         .unwrap()
@@ -166,17 +166,17 @@ fn worker_and_main_functions_with_native_leaves() {
         .count();
     assert!(slices >= 2, "worker slices in the trace: {slices}");
     // No stack slice is shorter than one sampling period (99 Hz: 10.1 ms);
-    // thread-state tracks live at tid + 2^30 and are not stack slices.
+    // thread-state tracks live at tid + 10^9 and are not stack slices.
     let shortest = trace["traceEvents"]
         .as_array()
         .unwrap()
         .iter()
-        .filter(|e| e["ph"] == "X" && e["tid"].as_i64().unwrap() < (1 << 30))
+        .filter(|e| e["ph"] == "X" && e["tid"].as_i64().unwrap() < 1_000_000_000)
         .map(|e| e["dur"].as_f64().unwrap())
         .fold(f64::MAX, f64::min);
     assert!(shortest >= 10_100.0, "a stack slice of {shortest} µs");
     assert!(
-        trace["metadata"]["stack_slices"]["slices"]
+        trace["metadata"]["stack_slices"]["stack slices (main, worker)"]["slices"]
             .as_u64()
             .unwrap()
             > 0

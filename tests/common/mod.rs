@@ -37,6 +37,7 @@ pub fn record(tmp: &Path, name: &str, extra: &[&str], job: &[&str]) -> (PathBuf,
         .arg("--")
         .args(job);
     let o = c.output().expect("run gpuprof");
+    check_outputs(&out);
     (out, o)
 }
 
@@ -58,60 +59,464 @@ pub fn job_process(report: &Value) -> &Value {
         .expect("job process in report")
 }
 
-/// Check a Chrome trace: parses, has metadata, and every `X` slice nests
-/// properly within its thread. Returns the trace.
-pub fn check_trace(path: &Path) -> Value {
-    let t = read_json(path);
-    let evs = t["traceEvents"].as_array().expect("traceEvents array");
-    assert!(
-        evs.iter()
-            .any(|e| e["ph"] == "M" && e["name"] == "process_name"),
-        "no process_name metadata"
-    );
-    assert!(
-        evs.iter()
-            .any(|e| e["ph"] == "M" && e["name"] == "thread_name"),
-        "no thread_name metadata"
-    );
-    assert!(
-        evs.iter()
-            .any(|e| e["ph"] == "M" && e["name"] == "process_sort_index"),
-        "no sort index metadata"
-    );
-    assert!(
-        t["metadata"]["anchor_realtime_ns"].as_u64().is_some(),
-        "no clock anchor in metadata"
-    );
-    let mut by_thread: HashMap<(i64, i64), Vec<(f64, f64)>> = HashMap::new();
-    for e in evs {
-        if e["ph"] == "X" {
-            let ts = e["ts"].as_f64().expect("X has ts");
-            let dur = e["dur"].as_f64().expect("X has dur");
-            assert!(dur >= 0.0 && ts >= 0.0, "negative time in {e}");
-            by_thread
-                .entry((e["pid"].as_i64().unwrap(), e["tid"].as_i64().unwrap()))
-                .or_default()
-                .push((ts, ts + dur));
+/// What [`check_trace_file`] found in a trace.
+#[derive(Debug, Default)]
+pub struct TraceFacts {
+    /// Bytes of the JSON (uncompressed).
+    pub bytes: u64,
+    pub events: u64,
+    pub slices: u64,
+    pub counters: u64,
+    /// Flows (one per `bind_id`) and how many of them were checked
+    /// against the target their cause slice names.
+    pub flows: u64,
+    pub flows_checked: u64,
+    pub metadata: Value,
+    /// (pid, tid) → thread name.
+    pub thread_names: HashMap<(i64, i64), String>,
+    /// pid → process name.
+    pub process_names: HashMap<i64, String>,
+    /// Root (depth 0) slices per (pid, tid): (start, end) in 0.1 µs.
+    pub roots: HashMap<(i64, i64), Vec<(i64, i64)>>,
+    /// Names of the counter tracks, as Perfetto names them, per pid.
+    pub counter_tracks: HashMap<i64, std::collections::BTreeSet<String>>,
+}
+
+/// GPU processes of the trace (src/export/trace_gpu.rs).
+const GPU_PID_BASE: i64 = 0x7100_0000;
+
+/// Check a trace (`trace.json` or `trace.json.gz`) against the rules of
+/// Perfetto's JSON importer (google/perfetto,
+/// src/trace_processor/importers/json/ and common/slice_tracker.cc,
+/// flow_tracker.cc), reading it as a stream (bounded memory):
+/// - the top level is an object with a `traceEvents` array and metadata
+///   (clock anchor, trace budget);
+/// - every event has a known phase; metadata names processes and threads,
+///   and thread names do not repeat the tid (Perfetto shows it);
+/// - `X` slices have finite, non-negative times, nest properly on their
+///   track (or the importer moves them to an error track) and stay below
+///   depth 512 (deeper ones are dropped); names have no control
+///   characters (older versions reject the file);
+/// - `C` counters carry one finite number, and the track name Perfetto
+///   builds ("<name> <arg key>") does not end in "value";
+/// - flows (`bind_id`): one `flow_out` and at least one `flow_in` per id,
+///   on X slices of non-zero duration, the `flow_in` ends starting strictly
+///   after the `flow_out` one (the importer pairs them in time order), and
+///   a cause slice's flow lands on the very slice its `linked_slice` names
+///   (pid, tid, start, name and depth);
+/// - GPU processes sort before every other process;
+/// - the file is within its budget and every reduced or dropped part is
+///   listed among the reductions.
+pub fn check_trace_file(path: &Path) -> TraceFacts {
+    use serde::de::{DeserializeSeed, MapAccess, SeqAccess, Visitor};
+    use std::io::Read;
+
+    struct Events<'a>(&'a mut dyn FnMut(Value));
+    impl<'de> DeserializeSeed<'de> for Events<'_> {
+        type Value = ();
+        fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+            d.deserialize_seq(self)
         }
     }
-    for (k, mut v) in by_thread {
-        // Sort by start, longer first, then check stack discipline.
-        v.sort_by(|a, b| a.0.total_cmp(&b.0).then(b.1.total_cmp(&a.1)));
-        let mut stack: Vec<f64> = Vec::new();
-        for (s, e) in v {
-            while stack.last().is_some_and(|&end| end <= s + 1e-6) {
+    impl<'de> Visitor<'de> for Events<'_> {
+        type Value = ();
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("an array of trace events")
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+            while let Some(v) = seq.next_element::<Value>()? {
+                (self.0)(v);
+            }
+            Ok(())
+        }
+    }
+    struct Top<'a>(&'a mut dyn FnMut(Value), Value, bool);
+    impl<'de> Visitor<'de> for &mut Top<'_> {
+        type Value = ();
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a trace object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+            while let Some(k) = map.next_key::<String>()? {
+                match k.as_str() {
+                    "traceEvents" => {
+                        map.next_value_seed(Events(&mut *self.0))?;
+                        self.2 = true;
+                    }
+                    "metadata" => self.1 = map.next_value()?,
+                    _ => {
+                        map.next_value::<serde::de::IgnoredAny>()?;
+                    }
+                }
+            }
+            Ok(())
+        }
+    }
+
+    struct Counted<R>(R, u64);
+    impl<R: Read> Read for Counted<R> {
+        fn read(&mut self, b: &mut [u8]) -> std::io::Result<usize> {
+            let n = self.0.read(b)?;
+            self.1 += n as u64;
+            Ok(n)
+        }
+    }
+    let file = std::fs::File::open(path).unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
+    let gz = path.extension().is_some_and(|e| e == "gz");
+    let reader: Box<dyn Read> = if gz {
+        Box::new(flate2::read::GzDecoder::new(file))
+    } else {
+        Box::new(file)
+    };
+    // Counted below the buffer: serde_json reads byte by byte.
+    let mut counted = std::io::BufReader::with_capacity(1 << 20, Counted(reader, 0));
+
+    // (pid, tid) → slices (start, end, index in `flagged` or usize::MAX).
+    type Track = Vec<(i64, i64, usize)>;
+    let mut tracks: HashMap<(i64, i64), Track> = HashMap::new();
+    // Slices with a flow or a cause: (pid, tid, ts, dur, name, bind_id, out, linked).
+    struct Flagged {
+        pid: i64,
+        tid: i64,
+        ts: i64,
+        dur: i64,
+        name: String,
+        bind: Option<(u64, bool)>,
+        linked: Option<Value>,
+        depth: usize,
+    }
+    let mut flagged: Vec<Flagged> = Vec::new();
+    let mut facts = TraceFacts::default();
+    let mut sort_index: HashMap<i64, i64> = HashMap::new();
+    let mut problems: Vec<String> = Vec::new();
+    let mut problem = |p: String| {
+        if problems.len() < 20 {
+            problems.push(p);
+        }
+    };
+    let tenths = |v: &Value, what: &str, e: &Value| -> i64 {
+        let x = v
+            .as_f64()
+            .unwrap_or_else(|| panic!("{what} is not a number in {e}"));
+        assert!(x.is_finite() && x >= 0.0, "{what} {x} in {e}");
+        (x * 10.0).round() as i64
+    };
+    let clean = |s: &str| !s.chars().any(|c| (c as u32) < 0x20 || c == '\u{7f}');
+    let mut on_event = |e: Value| {
+        facts.events += 1;
+        let ph = e["ph"]
+            .as_str()
+            .unwrap_or_else(|| panic!("event without ph: {e}"));
+        let pid = e["pid"]
+            .as_i64()
+            .unwrap_or_else(|| panic!("event without an integer pid: {e}"));
+        let tid = e["tid"].as_i64().unwrap_or(0);
+        let name = e["name"].as_str().unwrap_or("");
+        if !clean(name) {
+            problem(format!("control character in a name: {e}"));
+        }
+        match ph {
+            "M" => {
+                let arg = &e["args"];
+                match name {
+                    "process_name" => {
+                        let n = arg["name"].as_str().expect("process name").to_string();
+                        assert!(clean(&n), "control character in {e}");
+                        facts.process_names.insert(pid, n);
+                    }
+                    "thread_name" => {
+                        let n = arg["name"].as_str().expect("thread name").to_string();
+                        assert!(clean(&n), "control character in {e}");
+                        if n.ends_with(&format!(" {tid}")) || n.ends_with(&format!("({tid})")) {
+                            problem(format!(
+                                "thread name repeats its tid (Perfetto shows it): {e}"
+                            ));
+                        }
+                        facts.thread_names.insert((pid, tid), n);
+                    }
+                    "process_sort_index" => {
+                        sort_index.insert(pid, arg["sort_index"].as_i64().expect("sort index"));
+                    }
+                    "thread_sort_index" => {}
+                    _ => problem(format!("unknown metadata event {e}")),
+                }
+            }
+            "X" => {
+                facts.slices += 1;
+                assert!(!name.is_empty(), "slice without a name: {e}");
+                let ts = tenths(&e["ts"], "ts", &e);
+                let dur = tenths(&e["dur"], "dur", &e);
+                let bind = e.get("bind_id").map(|b| {
+                    let id = b
+                        .as_u64()
+                        .unwrap_or_else(|| panic!("bind_id not an integer: {e}"));
+                    let (i, o) = (e["flow_in"] == true, e["flow_out"] == true);
+                    assert!(
+                        i != o,
+                        "a flow end must be exactly one of flow_in, flow_out: {e}"
+                    );
+                    assert!(dur > 0, "a flow bound to a zero-length slice: {e}");
+                    (id, o)
+                });
+                let linked = e["args"].get("linked_slice").cloned();
+                let idx = if bind.is_some() || linked.is_some() {
+                    flagged.push(Flagged {
+                        pid,
+                        tid,
+                        ts,
+                        dur,
+                        name: name.to_string(),
+                        bind,
+                        linked,
+                        depth: 0,
+                    });
+                    flagged.len() - 1
+                } else {
+                    usize::MAX
+                };
+                tracks
+                    .entry((pid, tid))
+                    .or_default()
+                    .push((ts, ts + dur, idx));
+            }
+            "C" => {
+                facts.counters += 1;
+                let args = e["args"]
+                    .as_object()
+                    .unwrap_or_else(|| panic!("counter without args: {e}"));
+                assert_eq!(args.len(), 1, "one value per counter event: {e}");
+                let (k, v) = args.iter().next().unwrap();
+                let v = v
+                    .as_f64()
+                    .unwrap_or_else(|| panic!("counter value is not a number: {e}"));
+                assert!(v.is_finite(), "counter value not finite: {e}");
+                let track = format!("{name} {k}");
+                if k == "value" || track.ends_with(" value") {
+                    problem(format!("counter track named \"{track}\": {e}"));
+                }
+                tenths(&e["ts"], "ts", &e);
+                facts.counter_tracks.entry(pid).or_default().insert(track);
+            }
+            other => problem(format!("unexpected phase {other}: {e}")),
+        }
+    };
+    let mut top = Top(&mut on_event, Value::Null, false);
+    {
+        let mut de = serde_json::Deserializer::from_reader(&mut counted);
+        serde::Deserializer::deserialize_map(&mut de, &mut top)
+            .unwrap_or_else(|e| panic!("parse {}: {e}", path.display()));
+        de.end()
+            .unwrap_or_else(|e| panic!("trailing data in {}: {e}", path.display()));
+    }
+    let (meta, had_events) = (top.1, top.2);
+    assert!(had_events, "no traceEvents array");
+    facts.bytes = counted.get_ref().1;
+    assert!(
+        problems.is_empty(),
+        "{}:\n{}",
+        path.display(),
+        problems.join("\n")
+    );
+    assert!(!facts.process_names.is_empty(), "no process_name metadata");
+    assert!(!facts.thread_names.is_empty(), "no thread_name metadata");
+    assert!(!sort_index.is_empty(), "no sort index metadata");
+    assert!(
+        meta["anchor_realtime_ns"].as_u64().is_some(),
+        "no clock anchor in metadata"
+    );
+
+    // Nesting, per track, as the importer sees it: by start, longer first.
+    for (k, v) in tracks.iter_mut() {
+        v.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+        let mut stack: Vec<i64> = Vec::new();
+        for &(s, e, idx) in v.iter() {
+            while stack.last().is_some_and(|&end| end <= s) {
                 stack.pop();
             }
             if let Some(&end) = stack.last() {
                 assert!(
-                    e <= end + 1e-6,
-                    "slice [{s}, {e}] overlaps its parent ending at {end} on {k:?}"
+                    e <= end,
+                    "slice [{s}, {e}] (0.1 µs) overlaps its parent ending at {end} on {k:?}"
                 );
+            }
+            assert!(stack.len() < 512, "slice deeper than 512 on {k:?}");
+            if idx != usize::MAX {
+                flagged[idx].depth = stack.len();
+            }
+            if stack.is_empty() {
+                facts.roots.entry(*k).or_default().push((s, e));
             }
             stack.push(e);
         }
     }
-    t
+    // Flows.
+    let mut by_id: HashMap<u64, Vec<usize>> = HashMap::new();
+    for (i, f) in flagged.iter().enumerate() {
+        if let Some((id, _)) = f.bind {
+            by_id.entry(id).or_default().push(i);
+        }
+    }
+    for (id, ends) in &by_id {
+        let outs: Vec<&Flagged> = ends
+            .iter()
+            .map(|i| &flagged[*i])
+            .filter(|f| f.bind.unwrap().1)
+            .collect();
+        let ins: Vec<&Flagged> = ends
+            .iter()
+            .map(|i| &flagged[*i])
+            .filter(|f| !f.bind.unwrap().1)
+            .collect();
+        assert_eq!(outs.len(), 1, "flow {id}: {} flow_out ends", outs.len());
+        assert!(!ins.is_empty(), "flow {id} has no flow_in end");
+        for i in &ins {
+            assert!(
+                i.ts > outs[0].ts,
+                "flow {id}: the flow_in end starts at {} (0.1 µs), not after the flow_out end at {}",
+                i.ts,
+                outs[0].ts
+            );
+        }
+        facts.flows += 1;
+        // A cause slice names its target: the other end must be that slice.
+        for (a, b) in [(outs[0], ins[0]), (ins[0], outs[0])] {
+            if let Some(l) = &a.linked {
+                assert_eq!(
+                    l["pid"].as_i64(),
+                    Some(b.pid),
+                    "flow {id} lands on pid {}",
+                    b.pid
+                );
+                assert_eq!(
+                    l["tid"].as_i64(),
+                    Some(b.tid),
+                    "flow {id} lands on tid {}",
+                    b.tid
+                );
+                assert_eq!(
+                    l["name"].as_str(),
+                    Some(b.name.as_str()),
+                    "flow {id} lands on {}",
+                    b.name
+                );
+                let lts = (l["ts"].as_f64().unwrap() * 10.0).round() as i64;
+                assert_eq!(lts, b.ts, "flow {id}: target start");
+                assert_eq!(
+                    l["depth"].as_u64(),
+                    Some(b.depth as u64),
+                    "flow {id}: target depth"
+                );
+                assert!(b.dur > 0);
+                facts.flows_checked += 1;
+            }
+        }
+    }
+    for f in &flagged {
+        if f.linked.is_some() {
+            assert!(
+                f.bind.is_some(),
+                "a cause slice names a target but has no flow: {}",
+                f.name
+            );
+        }
+    }
+    // GPUs sort first.
+    let gpu_max = sort_index
+        .iter()
+        .filter(|(p, _)| **p >= GPU_PID_BASE && **p < GPU_PID_BASE + 4096)
+        .map(|x| *x.1)
+        .max();
+    let other_min = sort_index
+        .iter()
+        .filter(|(p, _)| !(**p >= GPU_PID_BASE && **p < GPU_PID_BASE + 4096))
+        .map(|x| *x.1)
+        .min();
+    if let (Some(g), Some(o)) = (gpu_max, other_min) {
+        assert!(
+            g < o,
+            "GPU processes must sort before the others ({g} >= {o})"
+        );
+    }
+    // Budget and reductions.
+    let b = &meta["trace_budget"];
+    let budget = b["budget_bytes"]
+        .as_u64()
+        .expect("trace_budget.budget_bytes in metadata");
+    assert!(
+        facts.bytes <= budget,
+        "trace of {} bytes over its budget of {budget}",
+        facts.bytes
+    );
+    assert_eq!(b["within_budget"], true);
+    let reductions: Vec<&str> = b["reductions"]
+        .as_array()
+        .expect("trace_budget.reductions")
+        .iter()
+        .map(|r| r.as_str().expect("reduction text"))
+        .collect();
+    for p in b["parts"].as_array().expect("trace_budget.parts") {
+        let name = p["part"].as_str().unwrap();
+        if p["level"].as_u64().unwrap_or(0) > 0 || p["dropped"] == true {
+            assert!(
+                p["dropped"] == true || p["reduction"].is_string(),
+                "part {name} reduced without saying how: {p}"
+            );
+            assert!(
+                reductions.iter().any(|r| r.starts_with(name)),
+                "reduction of {name} missing from the metadata's reductions"
+            );
+        }
+    }
+    assert_eq!(
+        b["flows"].as_u64(),
+        Some(facts.flows),
+        "flows in the metadata and in the trace"
+    );
+    facts.metadata = meta;
+    facts
+}
+
+/// The track a counter event goes to, as Perfetto names it:
+/// "<event name> <arg key>"; `None` for other events.
+pub fn counter_track(e: &Value) -> Option<String> {
+    if e["ph"] != "C" {
+        return None;
+    }
+    let (k, _) = e["args"].as_object()?.iter().next()?;
+    Some(format!("{} {k}", e["name"].as_str()?))
+}
+
+/// Check a Chrome trace (see [`check_trace_file`]) and return it parsed.
+pub fn check_trace(path: &Path) -> Value {
+    check_trace_file(path);
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    let bytes = if path.extension().is_some_and(|e| e == "gz") {
+        let mut out = Vec::new();
+        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&bytes[..]), &mut out)
+            .expect("gunzip trace");
+        out
+    } else {
+        bytes
+    };
+    serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("parse {}: {e}", path.display()))
+}
+
+/// Check every output a run left in `dir` that has rules of its own: the
+/// trace (`trace.json` or `trace.json.gz`) and the flamegraphs' size
+/// (at most 1 MB each, the default bound). Returns the trace's facts.
+pub fn check_outputs(dir: &Path) -> Option<TraceFacts> {
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        if name.ends_with(".svg") {
+            let len = e.metadata().map(|m| m.len()).unwrap_or(0);
+            assert!(len <= 1_000_000, "{name} is {len} bytes, over 1 MB");
+        }
+    }
+    ["trace.json", "trace.json.gz"]
+        .iter()
+        .map(|n| dir.join(n))
+        .find(|p| p.is_file())
+        .map(|p| check_trace_file(&p))
 }
 
 /// Build both fake NVML drivers (`tests/fake-nvml`, `tests/fake-nvml-old`)
