@@ -151,6 +151,7 @@ impl<'a> Context<'a> {
             "max_depth".into(),
             json!(crate::analysis::stacks::TRACE_MAX_DEPTH),
         );
+        m.insert("view".into(), json!(self.view.as_str()));
         json!(m)
     }
 
