@@ -179,7 +179,14 @@ fn outputs(input: &str) -> BTreeMap<String, Vec<u8>> {
             out.insert(format!("{suffix}{name}"), bytes.to_vec());
             Ok(())
         };
-        flame::write_role_outputs(&st, Path::new("/"), view, &mut write).unwrap();
+        flame::write_role_outputs(
+            &st,
+            Path::new("/"),
+            view,
+            flame::DEFAULT_SVG_MAX_BYTES,
+            &mut write,
+        )
+        .unwrap();
     }
     // The native-view run writes the same folded files with every frame;
     // keep its SVGs only.

@@ -118,14 +118,20 @@ fn header() -> Header {
         start: MonoNs(T0),
         anchor_realtime_ns: 1_800_000_000 * S,
         anchor_monotonic_ns: T0,
+        anchor_error_ns: 0,
         interval_ns: TICK,
         cpus: 16,
         page_size: 4096,
         clock_ticks_per_s: 100,
         rank: None,
+        rank_env: Default::default(),
+        boot_id: None,
+        clock: None,
         job_pid: rank_pid(0),
         boottime_offset_ns: 0,
         gpu_idle_threshold_pct: None,
+        step_range: None,
+        attached: None,
     }
 }
 
@@ -170,6 +176,7 @@ fn events(native_samples: &std::cell::Cell<u64>) -> impl Iterator<Item = Event> 
             comm: comm.to_string(),
             cmdline: cmd.clone(),
             exe: None,
+            rank_env: None,
         });
         first.push(Event::Thread {
             t: MonoNs(T0 + 1),
@@ -229,7 +236,7 @@ fn events(native_samples: &std::cell::Cell<u64>) -> impl Iterator<Item = Event> 
     }
     first.push(Event::StackFile {
         id: 0,
-        path: "/usr/bin/python3".into(),
+        path: "/opt/train/libtrain.so".into(),
     });
 
     let mut cpu_ns: BTreeMap<Pid, u64> = BTreeMap::new();
@@ -271,6 +278,7 @@ fn events(native_samples: &std::cell::Cell<u64>) -> impl Iterator<Item = Event> 
                     comm: "nvidia-smi".into(),
                     cmdline: vec!["nvidia-smi".into(), "-q".into()],
                     exe: None,
+                    rank_env: None,
                 });
                 out.push(Event::Thread {
                     t: MonoNs(s0 + 50_000_000),
@@ -476,6 +484,7 @@ fn events(native_samples: &std::cell::Cell<u64>) -> impl Iterator<Item = Event> 
             dropped_events: 0,
             profiler_cpu_ns: 0,
             profiler_max_rss_bytes: 0,
+            end_anchor: None,
         }),
     ];
     first.into_iter().chain(by_second).chain(last)
@@ -602,7 +611,7 @@ fn a_day_long_recording_fits_the_budget_and_keeps_every_thread_whole() {
     let svg = std::fs::read_to_string(out.join("flame-all.svg")).unwrap();
     let cpu_s = native as f64 / HZ as f64;
     assert!(
-        svg.contains(&format!("~{cpu_s:.1} CPU-seconds")),
+        svg.contains(&format!("~{cpu_s:.1} CPU-s)")),
         "subtitle with {cpu_s:.1} CPU-seconds"
     );
 
@@ -641,8 +650,10 @@ fn a_day_long_recording_fits_the_budget_and_keeps_every_thread_whole() {
     // keep that quarter (or all they need).
     let (gl, _, _) = part("GPU idle gaps and their causes");
     let (_, sb, sf) = part("stack slices (main, worker)");
+    // (Levels halve the resolution: the size can fall by more than half at
+    // one step, so the share kept is between a quarter and a twentieth.)
     assert!(
-        sb >= sf.min(small / 10),
+        sb >= sf.min(small / 20),
         "main stacks kept {sb} of {sf} bytes"
     );
     if gl > 0 {

@@ -449,6 +449,33 @@ mod tests {
     }
 
     #[test]
+    fn the_gpu_class_is_not_kept_whole_at_the_price_of_the_stacks() {
+        // A GPU part alone larger than the budget, and main stacks as large.
+        let parts = vec![
+            part(Class::Gpu, 10_000, 10, 0),
+            part(Class::MainStacks, 10_000, 10, 2),
+        ];
+        let one = {
+            let mut s = Sizes {
+                parts: &parts,
+                start: MonoNs(0),
+                cache: HashMap::new(),
+            };
+            s.of(0, 0).unwrap()
+        };
+        let room = one * 8 / 10;
+        let p = plan(&parts, MonoNs(0), METADATA_RESERVE + room).unwrap();
+        assert!(p.levels[0].unwrap() >= 1, "the GPU part had to shrink");
+        // The stacks keep about their guaranteed quarter, not a crumb.
+        assert!(
+            p.planned[1] * 8 >= room,
+            "stacks kept {} of {room}",
+            p.planned[1]
+        );
+        assert!(p.planned.iter().sum::<u64>() <= room);
+    }
+
+    #[test]
     fn sizes_parse_with_their_units() {
         assert_eq!(parse_size("256MB"), Ok(256_000_000));
         assert_eq!(parse_size("1MiB"), Ok(1 << 20));

@@ -91,7 +91,8 @@ const GPU_PID_BASE: i64 = 0x7100_0000;
 /// flow_tracker.cc), reading it as a stream (bounded memory):
 /// - the top level is an object with a `traceEvents` array and metadata
 ///   (clock anchor, trace budget);
-/// - every event has a known phase; metadata names processes and threads,
+/// - every event has a known phase (M, X, C, and i instants); metadata
+///   names processes and threads,
 ///   and thread names do not repeat the tid (Perfetto shows it);
 /// - `X` slices have finite, non-negative times, nest properly on their
 ///   track (or the importer moves them to an error track) and stay below
@@ -296,6 +297,19 @@ pub fn check_trace_file(path: &Path) -> TraceFacts {
                 }
                 tenths(&e["ts"], "ts", &e);
                 facts.counter_tracks.entry(pid).or_default().insert(track);
+            }
+            "i" | "I" => {
+                // An instant: a zero-length slice on its thread's track
+                // (scope "t", the default), or on a process / global track.
+                let ts = tenths(&e["ts"], "ts", &e);
+                match e["s"].as_str().unwrap_or("t") {
+                    "t" => tracks
+                        .entry((pid, tid))
+                        .or_default()
+                        .push((ts, ts, usize::MAX)),
+                    "p" | "g" => {}
+                    s => problem(format!("unknown instant scope {s}: {e}")),
+                }
             }
             other => problem(format!("unexpected phase {other}: {e}")),
         }
