@@ -391,6 +391,7 @@ fn events(native_samples: &std::cell::Cell<u64>) -> impl Iterator<Item = Event> 
                 dt_us,
                 stacks,
                 incomplete: vec![],
+                source: Default::default(),
             }))
         };
         for g in 0..GPUS {
