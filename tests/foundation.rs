@@ -496,3 +496,69 @@ fn duration_window_stops_recording_but_not_the_job() {
         r["duration_s"]
     );
 }
+
+#[test]
+fn trace_options_gzip_and_a_small_budget() {
+    let d = tmp();
+    let (out, o) = record(
+        d.path(),
+        "o",
+        &["--trace-gzip", "--trace-max-size", "1MB"],
+        &[
+            "python3",
+            "-c",
+            "import time; t=time.time()\nwhile time.time()-t<1.5: pass",
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(out.join("trace.json.gz").is_file());
+    assert!(!out.join("trace.json").exists());
+    // check_outputs (in record) read the gzip; its facts again:
+    let facts = check_outputs(&out).expect("a trace");
+    assert!(facts.bytes <= 1_000_000);
+    let r = report(&out);
+    assert_eq!(r["trace"]["path"], "trace.json.gz");
+    assert_eq!(r["trace"]["gzip"], true);
+    assert_eq!(r["trace"]["written"], true);
+    assert_eq!(r["trace"]["budget_bytes"], 1_000_000);
+    assert_eq!(r["trace"], {
+        let mut m = facts.metadata["trace_budget"].clone();
+        for (k, v) in [
+            ("path", "trace.json.gz".into()),
+            ("written", true.into()),
+            ("gzip", true.into()),
+        ] {
+            m[k] = v;
+        }
+        m
+    });
+    // Rebuilt without gzip: trace.json replaces trace.json.gz.
+    let o = gpuprof()
+        .arg("report")
+        .arg("-q")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(out.join("trace.json").is_file());
+    assert!(!out.join("trace.json.gz").exists());
+    check_outputs(&out);
+
+    // A bad size is a one-line error naming the option.
+    for (opt, v) in [
+        ("--trace-max-size", "12 parsecs"),
+        ("--flame-max-size", "10kB"),
+    ] {
+        let o = gpuprof()
+            .arg("report")
+            .arg(opt)
+            .arg(v)
+            .arg(&out)
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(err.contains(opt), "{err}");
+    }
+}

@@ -2968,6 +2968,24 @@ mod tests {
     }
 
     #[test]
+    fn levels_are_bounded_whatever_the_period() {
+        let mut d = data();
+        let mut st = analyze_all(&mut d);
+        for period in [0, 1, u64::MAX / 3] {
+            st.period_ns = period;
+            // No overflow, no division by zero, however coarse.
+            for level in [0, 1, MAX_TRACE_LEVEL, u32::MAX] {
+                let cell = st.cell_ns(level);
+                assert!(cell >= 1);
+                let thread = st.threads().next().unwrap();
+                let slices = st.thread_slices(thread, View::Native, level);
+                assert!(!slices.is_empty());
+            }
+            assert!(st.max_level() <= MAX_TRACE_LEVEL);
+        }
+    }
+
+    #[test]
     fn deep_stacks_keep_their_innermost_frames() {
         let mut d = data();
         let mut st = analyze_all(&mut d);
