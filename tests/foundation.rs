@@ -103,6 +103,7 @@ fn stdin_passes_through_unchanged() {
     writer.join().unwrap().unwrap();
     assert_eq!(o.status.code(), Some(0));
     assert!(o.stdout == input, "stdout differs from stdin");
+    check_outputs(&d.path().join("o"));
 }
 
 #[test]

@@ -312,7 +312,7 @@ fn idle_time_follows_the_jobs_activity() {
              implied by the activity log, tolerance {tol:.3} s ({} gaps × {period_s} s)",
             long.len()
         );
-        let t = read_json(&out.join("trace.json"));
+        let t = check_trace(&out.join("trace.json"));
         let t0 = t["metadata"]["start_monotonic_ns"].as_u64().unwrap();
         let steps = activity_steps(log);
         for e in t["traceEvents"].as_array().unwrap() {

@@ -336,6 +336,9 @@ fn on_pty(args: &[&str]) -> String {
         let all = reader.join().unwrap();
         let text = String::from_utf8_lossy(&all).into_owned();
         assert!(st.success(), "{text}");
+        if let Some(i) = args.iter().position(|a| *a == "-o") {
+            check_outputs(Path::new(args[i + 1]));
+        }
         text
     }
 }
@@ -401,6 +404,7 @@ fn progress_line_on_a_terminal_only() {
         .output()
         .unwrap();
     assert!(o.status.success());
+    check_outputs(&tmp.path().join("c"));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!err.contains(LINE) && !err.contains('\x1b'), "{err}");
 }
@@ -455,6 +459,7 @@ fn early_warnings_name_the_finding() {
         }
         let o = c.args(["--", "sleep", "6"]).output().unwrap();
         assert!(o.status.success());
+        check_outputs(&tmp.path().join(dir));
         String::from_utf8_lossy(&o.stderr).into_owned()
     };
     let err = run(false, "a");

@@ -214,6 +214,9 @@ fn another_tools_injection_is_left_in_place() {
         .output()
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "inj=");
+    for out in ["out2", "out3"] {
+        check_outputs(&tmp.path().join(out));
+    }
 }
 
 fn bench_line(stdout: &[u8]) -> f64 {

@@ -573,8 +573,7 @@ fn python_view_folds_the_interpreter_and_keeps_library_leaves() {
         &["worker (mixed_workers.py)"],
     );
     // The trace's stack slices use the same view.
-    let trace: Value =
-        serde_json::from_slice(&std::fs::read(out.join("trace.json")).unwrap()).unwrap();
+    let trace = common::check_trace(&out.join("trace.json"));
     assert_eq!(trace["metadata"]["stack_slices"]["view"], "python");
     let evs = trace["traceEvents"].as_array().unwrap();
     assert!(evs
@@ -592,8 +591,7 @@ fn python_view_folds_the_interpreter_and_keeps_library_leaves() {
     assert!(st.success());
     let svg = std::fs::read_to_string(out.join("flame-workers.svg")).unwrap();
     assert!(svg.contains("_PyEval_EvalFrameDefault") && svg.contains("every frame as sampled"));
-    let trace: Value =
-        serde_json::from_slice(&std::fs::read(out.join("trace.json")).unwrap()).unwrap();
+    let trace = common::check_trace(&out.join("trace.json"));
     assert_eq!(trace["metadata"]["stack_slices"]["view"], "native");
     // A bad view is a one-line error.
     let o = Command::new(BIN)

@@ -46,7 +46,11 @@ pub fn read_json(p: &Path) -> Value {
     serde_json::from_str(&s).unwrap_or_else(|e| panic!("parse {}: {e}", p.display()))
 }
 
+/// The report.json of an output folder; the folder's trace and flamegraphs
+/// are checked on the way (`check_outputs`), so every test that reads a
+/// report checks the trace beside it.
 pub fn report(dir: &Path) -> Value {
+    check_outputs(dir);
     read_json(&dir.join("report.json"))
 }
 
