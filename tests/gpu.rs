@@ -397,20 +397,17 @@ fn idle_time_follows_the_jobs_activity() {
     // The trace shows the idle share beside the gaps: 100 − utilization,
     // point for point.
     let t = check_trace(&tmp.join("gpu-bound").join("trace.json"));
+    // Perfetto names a counter track "<event name> <arg key>".
     let track = |name: &str| -> Vec<(f64, f64)> {
+        let (head, key) = name.rsplit_once(' ').unwrap();
         t["traceEvents"]
             .as_array()
             .unwrap()
             .iter()
             .filter(|e| {
-                e["ph"] == "C" && e["pid"].as_i64() == Some(0x7100_0000) && e["name"] == name
+                e["ph"] == "C" && e["pid"].as_i64() == Some(0x7100_0000) && e["name"] == head
             })
-            .map(|e| {
-                (
-                    e["ts"].as_f64().unwrap(),
-                    e["args"]["value"].as_f64().unwrap(),
-                )
-            })
+            .map(|e| (e["ts"].as_f64().unwrap(), e["args"][key].as_f64().unwrap()))
             .collect()
     };
     let (idle, util) = (track("idle %"), track("utilization %"));

@@ -441,6 +441,9 @@ pub struct GapFinder {
     /// The open run of idle samples: (start incl. the previous sample's
     /// idle share, end).
     run: Option<(u64, u64)>,
+    /// End of the last gap counted: a partly busy sample between two runs
+    /// gives its idle share once, so gaps never overlap.
+    last_end: u64,
     pub gaps: Vec<(MonoNs, MonoNs)>,
     lens: Vec<f64>,
     count: usize,
@@ -455,6 +458,7 @@ impl GapFinder {
             threshold_pct,
             prev: None,
             run: None,
+            last_end: 0,
             gaps: Vec::new(),
             lens: Vec::new(),
             count: 0,
@@ -477,6 +481,7 @@ impl GapFinder {
         if let Some((s, e)) = self.run.take() {
             let e = e + extend_ns;
             if e.saturating_sub(s) >= self.period_ns {
+                self.last_end = e;
                 let len = (e - s) as f64 / 1e9;
                 self.count += 1;
                 self.total_s += len;
@@ -503,7 +508,8 @@ impl GapFinder {
                         Some(p) if adjacent => Self::idle_share(&p),
                         _ => 0,
                     };
-                    self.run = Some((w.start.0.saturating_sub(before), w.end.0));
+                    let start = w.start.0.saturating_sub(before).max(self.last_end);
+                    self.run = Some((start, w.end.0));
                 }
             }
         } else if self.run.is_some() {
@@ -1182,6 +1188,31 @@ mod tests {
         let ws = [w(0, 100), w(10, 5), w(20, 100)];
         assert_eq!(idle_gaps(&ws, P, 5.0).len(), 1);
         assert!(idle_gaps(&ws, P, 4.0).is_empty());
+    }
+
+    #[test]
+    fn a_partly_busy_sample_between_two_gaps_is_shared_once() {
+        // Idle, 20% busy, idle: the first gap takes the busy sample's idle
+        // share, the second starts where the first ended, never inside it.
+        let ws = [w(0, 100), w(10, 0), w(20, 20), w(30, 0), w(40, 100)];
+        let g = idle_gaps(&ws, P, 5.0);
+        assert_eq!(
+            g,
+            [
+                (MonoNs(10_000_000), MonoNs(28_000_000)),
+                (MonoNs(28_000_000), MonoNs(40_000_000))
+            ]
+        );
+        // A long partly busy window (a late poll) too.
+        let long = UtilWindow {
+            start: MonoNs(20_000_000),
+            end: MonoNs(45_000_000),
+            pct: 20.0,
+        };
+        let ws = [w(0, 100), w(10, 0), long, w(45, 0), w(55, 100)];
+        let g = idle_gaps(&ws, P, 5.0);
+        assert_eq!(g.len(), 2);
+        assert!(g[0].1 <= g[1].0, "{g:?}");
     }
 
     #[test]

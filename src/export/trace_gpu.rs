@@ -117,7 +117,9 @@ pub fn spans(d: &GpuDeviceAnalysis, level: u32) -> Vec<Span> {
     for (i, &(s, e)) in d.idle_gaps.iter().enumerate() {
         let len = e.0.saturating_sub(s.0);
         match out.last_mut() {
-            Some(last) if gap > 0 && s.0.saturating_sub(last.end.0) < gap => {
+            // Overlapping gaps (never from the analysis) merge too: slices
+            // on one track must nest.
+            Some(last) if s < last.end || (gap > 0 && s.0.saturating_sub(last.end.0) < gap) => {
                 last.end = last.end.max(e);
                 last.idle_ns += len;
                 last.gaps += 1;

@@ -207,6 +207,8 @@ pub fn check_trace_file(path: &Path) -> TraceFacts {
         (x * 10.0).round() as i64
     };
     let clean = |s: &str| !s.chars().any(|c| (c as u32) < 0x20 || c == '\u{7f}');
+    // Processes with events other than metadata.
+    let mut pids: std::collections::HashSet<i64> = Default::default();
     let mut on_event = |e: Value| {
         facts.events += 1;
         let ph = e["ph"]
@@ -219,6 +221,9 @@ pub fn check_trace_file(path: &Path) -> TraceFacts {
         let name = e["name"].as_str().unwrap_or("");
         if !clean(name) {
             problem(format!("control character in a name: {e}"));
+        }
+        if ph != "M" {
+            pids.insert(pid);
         }
         match ph {
             "M" => {
@@ -335,8 +340,21 @@ pub fn check_trace_file(path: &Path) -> TraceFacts {
         path.display(),
         problems.join("\n")
     );
+    // Every process and every thread track is named (a job too short to
+    // have its threads seen has no thread tracks at all).
     assert!(!facts.process_names.is_empty(), "no process_name metadata");
-    assert!(!facts.thread_names.is_empty(), "no thread_name metadata");
+    for pid in &pids {
+        assert!(
+            facts.process_names.contains_key(pid),
+            "events of process {pid}, which has no process_name"
+        );
+    }
+    for track in tracks.keys() {
+        assert!(
+            facts.thread_names.contains_key(track),
+            "slices on thread {track:?}, which has no thread_name"
+        );
+    }
     assert!(!sort_index.is_empty(), "no sort index metadata");
     assert!(
         meta["anchor_realtime_ns"].as_u64().is_some(),
