@@ -169,16 +169,24 @@ impl<'a> Context<'a> {
         }
     }
 
-    /// Names of processes that only perf saw (too short-lived for /proc).
+    /// Names of processes and threads that only perf saw (too short-lived
+    /// for /proc): every track of stack slices is named.
     pub fn write_names(&self, tw: &mut TraceWriter<&mut dyn Write>) -> io::Result<()> {
         let mut named = BTreeSet::new();
-        for (pid, _, _, _, _) in &self.threads {
-            if !self.a.processes.contains_key(pid) && named.insert(*pid) {
+        for (pid, tid, _, _, _) in &self.threads {
+            let p = self.a.processes.get(pid);
+            if p.is_none() && named.insert(*pid) {
                 tw.process_name(
                     pid.0 as i64,
                     &self.st.root_frame(*pid),
                     super::trace::SORT_PERF_ONLY + pid.0 as i64,
                 )?;
+            }
+            if !p.is_some_and(|p| p.threads.contains_key(tid)) {
+                let label = p.map(|p| p.comm.as_str()).filter(|c| !c.is_empty());
+                // After the threads /proc saw (4 tracks each).
+                let sort = p.map_or(0, |p| p.threads.len() * 4) as i64 + 4;
+                tw.thread_name(pid.0 as i64, tid.0 as i64, label.unwrap_or("thread"), sort)?;
             }
         }
         Ok(())
