@@ -286,7 +286,7 @@ fn analyse(dir: &Path, full: bool) -> Result<Option<Value>, String> {
     gpuprof::export::report::add_diagnosis(&mut r, &d);
     let _ = gpuprof::export::summary::markdown(&a, &d);
     let _ = gpuprof::export::summary::terminal(&a, &d);
-    gpuprof::export::trace::write(&a, std::io::sink(), Default::default())
+    gpuprof::export::trace::write(&a, std::io::sink(), &Default::default())
         .map_err(|e| e.to_string())?;
     if full {
         let out = dir.join("out");

@@ -222,6 +222,7 @@ fn events(secs: u64, native_samples: &std::cell::Cell<u64>) -> impl Iterator<Ite
         });
         first.push(Event::Symbols {
             names: vec![(id, name.into())],
+            unnamed: vec![],
         });
     }
     first.push(Event::StackFile {
@@ -476,6 +477,7 @@ fn events(secs: u64, native_samples: &std::cell::Cell<u64>) -> impl Iterator<Ite
             profiler_cpu_ns: 0,
             profiler_max_rss_bytes: 0,
             end_anchor: None,
+            recording_error: None,
         }),
     ];
     first.into_iter().chain(by_second).chain(last)
@@ -556,7 +558,7 @@ fn long_recording(secs: u64, budgets: &[u64]) {
             ..Default::default()
         };
         let o = gpuprof::outputs::generate_from(a, None, &out, &opts).unwrap();
-        assert!(o.errors.is_empty(), "{:?}", o.errors);
+        assert!(o.missing.is_empty(), "{:?}", o.missing);
         a = o.analysis;
         let (written, cpu_outputs) = (t.elapsed(), cpu_s() - cpu);
         let facts = common::check_outputs(&out).expect("a trace");
