@@ -389,6 +389,20 @@ fn two_nodes_merge_onto_one_timeline_and_name_the_slow_node() {
         (rank0 - rank1).abs() < 3e6,
         "both ranks start after the rendezvous: {rank0} {rank1}"
     );
+    // Every event of both nodes (stack slices, gap causes and their flows)
+    // is a trace Perfetto's importer reads as the nodes' own.
+    let full = tmp.join("merged-full");
+    let o = gpuprof()
+        .args(["merge", "-q", "--full-trace"])
+        .arg(tmp.join("node-a"))
+        .arg(tmp.join("node-b"))
+        .arg("-o")
+        .arg(&full)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let facts = check_outputs(&full).expect("a merged trace");
+    assert!(facts.slices > 0 && facts.flows_checked == facts.flows);
 
     let ranks = r["ranks"].as_array().unwrap();
     assert_eq!(ranks.len(), 2, "{ranks:?}");

@@ -151,6 +151,21 @@ impl Fragment {
                 o.insert(k.into(), json!(((self.slot as u64 + 1) << 40) | i));
             }
         }
+        // The slice a gap's cause links to moves with its thread.
+        if let Some(l) = o
+            .get_mut("args")
+            .and_then(|a| a.get_mut("linked_slice"))
+            .and_then(|l| l.as_object_mut())
+        {
+            for (k, f) in [
+                ("pid", Self::pid as fn(&Self, i64) -> i64),
+                ("tid", Self::tid),
+            ] {
+                if let Some(x) = l.get(k).and_then(|x| x.as_i64()) {
+                    l.insert(k.into(), json!(f(self, x)));
+                }
+            }
+        }
         self.rename(v);
     }
 

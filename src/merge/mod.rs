@@ -170,7 +170,12 @@ fn analyse(path: &Path, slot: u32, fragment: &Path, budget: Option<u64>) -> Resu
         &a,
         BufWriter::with_capacity(1 << 16, file),
         Fragment::new(slot, String::new(), 0, bucket_us(&a, budget)),
-        &Default::default(),
+        // Its share of the merged trace's budget; without one (a full
+        // merge), every event.
+        &crate::export::trace::TraceOptions {
+            budget_bytes: budget.unwrap_or(u64::MAX),
+            ..Default::default()
+        },
     )
     .and_then(|w| w.into_inner().map_err(|e| e.into_error()))
     .with_context(|| format!("cannot write {}", fragment.display()))?;
@@ -358,6 +363,9 @@ fn merge_into(
             .map(|_| out.path().join(name))
     };
     written.push(put("trace.json", &mut |w| {
+        let mut w = Counting(w, 0);
+        let w = &mut w;
+        let mut flows = 0u64;
         w.write_all(b"{\"traceEvents\":[\n")?;
         let mut first = true;
         for (k, ((slot, n), p)) in nodes.iter().zip(&places).enumerate() {
@@ -368,10 +376,13 @@ fn merge_into(
                 (k as i64 + 1) * 1_000_000,
                 None,
             );
-            copy_fragment(&n.fragment, shift_us, &fix, w, &mut first)?;
+            copy_fragment(&n.fragment, shift_us, &fix, w, &mut first, &mut flows)?;
         }
         w.write_all(b"\n],\"displayTimeUnit\":\"ms\",\"metadata\":")?;
-        serde_json::to_writer(&mut *w, &trace_metadata(&nodes, &places, origin))?;
+        let mut meta = trace_metadata(&nodes, &places, origin);
+        meta["trace_budget"] = budget_json(opts.trace_budget, w.1);
+        meta["trace_budget"]["flows"] = json!(flows);
+        serde_json::to_writer(&mut *w, &meta)?;
         w.write_all(b"}\n")
     })?);
 
@@ -433,6 +444,7 @@ fn copy_fragment(
     fix: &Fragment,
     w: &mut impl Write,
     first: &mut bool,
+    flows: &mut u64,
 ) -> std::io::Result<()> {
     let rd = BufReader::with_capacity(1 << 16, File::open(frag)?);
     for line in rd.lines() {
@@ -448,9 +460,20 @@ fn copy_fragment(
         }
         *first = false;
         let needs_fix = ev.contains("\"process_name\"") || ev.contains("\"process_sort_index\"");
-        let ev: std::borrow::Cow<str> = if needs_fix {
+        // A gap's cause names the slice its flow lands on: on the merged
+        // axis too.
+        let linked = ev.contains("\"linked_slice\"");
+        if ev.contains("\"flow_out\":true") {
+            *flows += 1;
+        }
+        let ev: std::borrow::Cow<str> = if needs_fix || linked {
             let mut v: Value = serde_json::from_str(ev).map_err(std::io::Error::other)?;
             fix.rename(&mut v);
+            if let Some(l) = v["args"].get_mut("linked_slice") {
+                if let Some(t) = l["ts"].as_f64() {
+                    l["ts"] = json!(((t + shift_us) * 10.0).round() / 10.0);
+                }
+            }
             serde_json::to_string(&v)
                 .map_err(std::io::Error::other)?
                 .into()
@@ -523,6 +546,42 @@ fn node_json(n: &Node, p: &align::Placement, origin: i128) -> Value {
         },
         "collective_boundaries": n.exits.len(),
         "findings": n.findings.len(),
+    })
+}
+
+/// Counts the bytes written through it.
+struct Counting<W>(W, u64);
+
+impl<W: Write> Write for Counting<W> {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        let n = self.0.write(b)?;
+        self.1 += n as u64;
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush()
+    }
+}
+
+/// The merged trace's budget in the shape of a recording's trace metadata
+/// (`trace_budget`): `bytes` are those of its events.
+fn budget_json(budget: Option<u64>, bytes: u64) -> Value {
+    let reductions: Vec<String> = match budget {
+        Some(_) => vec![
+            "timeline level of detail: each recording keeps its processes', GPUs' and machine's \
+             counters (averaged over buckets sized to fit its share of the budget), GPU idle gaps \
+             and steps; stack slices, thread states, per-thread and per-CPU counters and NVTX \
+             ranges stay in its own trace.json"
+                .into(),
+        ],
+        None => Vec::new(),
+    };
+    json!({
+        "budget_bytes": budget,
+        "bytes": bytes,
+        "within_budget": budget.is_none_or(|b| bytes <= b),
+        "parts": [],
+        "reductions": reductions,
     })
 }
 
