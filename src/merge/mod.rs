@@ -579,7 +579,7 @@ fn budget_json(budget: Option<u64>, bytes: u64) -> Value {
     json!({
         "budget_bytes": budget,
         "bytes": bytes,
-        "within_budget": budget.is_none_or(|b| bytes <= b),
+        "within_budget": budget.map_or(true, |b| bytes <= b),
         "parts": [],
         "reductions": reductions,
     })
