@@ -290,7 +290,7 @@ pub fn compare(a: &Run, b: &Run) -> Comparison {
         )
     };
     rows.push(row("read from storage", read(ra), read(rb), &|v| {
-        format!("{:.1} MB", v / 1e6)
+        crate::units::bytes(v)
     }));
     rows.push(row(
         "iowait (mean)",

@@ -531,9 +531,9 @@ fn data_checks(p: &Path, out: &mut Vec<Check>) {
         let total = s.blocks() as f64 * s.fragment_size() as f64;
         let free = s.blocks_available() as f64 * s.fragment_size() as f64;
         let what = format!(
-            "{shown}: {:.1} GB free of {:.1} GB",
-            free / 1e9,
-            total / 1e9
+            "{shown}: {} free of {}",
+            crate::units::bytes(free),
+            crate::units::bytes(total)
         );
         if total > 0.0 && free / total < LOW_FREE_SHARE {
             out.push(with_fix(
@@ -560,16 +560,17 @@ fn data_checks(p: &Path, out: &mut Vec<Check>) {
                 "data",
                 Status::Ok,
                 format!(
-                    "{}: only {:.1} MB to read, too little to measure the read speed",
+                    "{}: only {} to read, too little to measure the read speed",
                     f.display(),
-                    n as f64 / 1e6
+                    crate::units::bytes(n as f64)
                 ),
             )),
             Ok((n, mbs)) => {
                 let what = format!(
-                    "sequential read of {}: {mbs:.0} MB/s ({:.0} MB read, page cache dropped first)",
+                    "sequential read of {}: {} ({} read, page cache dropped first)",
                     f.display(),
-                    n as f64 / 1e6
+                    crate::units::rate(mbs * 1e6),
+                    crate::units::bytes(n as f64)
                 );
                 if mbs < SLOW_READ_MB_S {
                     out.push(with_fix(

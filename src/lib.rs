@@ -22,3 +22,4 @@ pub mod outputs;
 pub mod placeholders;
 pub mod record;
 pub mod session;
+pub mod units;

@@ -611,11 +611,7 @@ impl Context<'_> {
 }
 
 fn mb(b: f64) -> String {
-    if b >= 1e6 {
-        format!("{:.1} MB", b / 1e6)
-    } else {
-        format!("{:.0} kB", b / 1e3)
-    }
+    crate::units::bytes(b)
 }
 
 fn med_of(v: impl Iterator<Item = f64>) -> f64 {

@@ -24,6 +24,7 @@ use crate::event::Pid;
 use super::evidence::GpuEvidence;
 use super::thresholds as th;
 use super::{Basis, Finding, FindingKind, GpuTime, Severity};
+use crate::units::pct;
 
 /// One rank's figures, as report.json lists them under `ranks`.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -267,10 +268,6 @@ fn rank_figures(a: &Analysis, gpu: Option<&GpuEvidence>, r: u32) -> RankFigures 
                 .sum()
         }),
     }
-}
-
-fn pct(x: f64) -> String {
-    format!("{:.0}%", x * 100.0)
 }
 
 /// "rank 0", "ranks 0 and 2", "ranks 0, 2 and 3", "15 ranks".

@@ -204,7 +204,7 @@ pub fn summary_lines(a: &Analysis) -> Vec<String> {
                     what.push(format!("rank {r}"));
                 }
                 if let Some(m) = p.mem_max {
-                    what.push(format!("{:.1} GB", m as f64 / 1e9));
+                    what.push(crate::units::bytes(m as f64));
                 }
                 if what.is_empty() {
                     p.pid.to_string()

@@ -6,14 +6,7 @@ use crate::diagnose::{Diagnosis, Severity};
 use crate::event::JobStatus;
 
 fn mb(b: u64) -> String {
-    let v = b as f64 / 1e6;
-    if v >= 100.0 {
-        format!("{v:.0} MB")
-    } else if v >= 1.0 {
-        format!("{v:.1} MB")
-    } else {
-        format!("{:.0} kB", b as f64 / 1e3)
-    }
+    crate::units::bytes(b as f64)
 }
 
 /// "8 processes: 2 main, 2 workers, 1 launcher, 3 other." and, with ranks,
