@@ -344,6 +344,32 @@ pub struct DiskCounters {
     pub io_ms: u64,
 }
 
+/// The CPU limit (CFS quota) of the cgroup the job runs in, with its
+/// cumulative throttling counters (cgroup v1 `cpu.cfs_quota_us` /
+/// `cpu.cfs_period_us` / `cpu.stat`, v2 `cpu.max` / `cpu.stat`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CgroupCpu {
+    /// The cgroup holding the limit (the job's, or an ancestor's), as
+    /// `/proc/PID/cgroup` names it.
+    pub path: String,
+    pub v2: bool,
+    pub quota_us: u64,
+    pub period_us: u64,
+    pub nr_periods: u64,
+    pub nr_throttled: u64,
+    pub throttled_ns: u64,
+}
+
+/// The memory limit of the cgroup the job runs in and its usage (page
+/// cache included).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CgroupMemory {
+    pub path: String,
+    pub v2: bool,
+    pub limit_bytes: u64,
+    pub usage_bytes: u64,
+}
+
 /// Cumulative stall time from one `/proc/pressure/*` file, in µs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Psi {
@@ -716,6 +742,15 @@ pub enum Event {
         io: Option<Psi>,
         memory: Option<Psi>,
     },
+    /// Limits of the cgroup most of the job's processes run in: emitted
+    /// when a figure changed, only while a limit exists.
+    Cgroup {
+        t: MonoNs,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cpu: Option<CgroupCpu>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        memory: Option<CgroupMemory>,
+    },
     /// A file whose code was sampled (an executable mapping), or a pseudo
     /// file such as `[vdso]` or `[anon]`.
     StackFile {
@@ -1021,6 +1056,7 @@ impl Event {
             | SystemCpu { t, .. }
             | Disks { t, .. }
             | Pressure { t, .. }
+            | Cgroup { t, .. }
             | Memory { t, .. }
             | GpuDriver { t, .. }
             | GpuDevice { t, .. }

@@ -13,6 +13,7 @@ use nix::sys::wait::{waitid, waitpid, Id, WaitPidFlag, WaitStatus};
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::cli::RecordConfig;
+use crate::collect::cgroup::CgroupCollector;
 use crate::collect::files::FilesCollector;
 use crate::collect::gpu::{GpuCollector, GpuOptions};
 use crate::collect::nvtx::{self, NvtxCollector, NvtxPlan};
@@ -30,6 +31,7 @@ pub(crate) struct Samplers {
     tree: TreeCollector,
     system: SystemCollector,
     files: FilesCollector,
+    cgroup: CgroupCollector,
 }
 
 impl Samplers {
@@ -38,6 +40,7 @@ impl Samplers {
         self.system.tick();
         let live = self.tree.live_pids();
         self.files.tick(&live);
+        self.cgroup.tick(&live);
     }
 }
 
@@ -65,6 +68,7 @@ impl SamplerThread {
             tree,
             system: SystemCollector::new(sink.clone()),
             files: FilesCollector::new(sink.clone()),
+            cgroup: CgroupCollector::new(sink.clone()),
         })));
         let stop = Arc::new(AtomicBool::new(false));
         let active = Arc::new(AtomicBool::new(active));

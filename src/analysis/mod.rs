@@ -213,9 +213,81 @@ pub struct System {
     pub swap_out_bps: Series,
     pub swap_in_bytes: u64,
     pub swap_out_bytes: u64,
+    /// The limits of the cgroup the job ran in, when it had any.
+    pub cgroup: CgroupLimits,
     last_cpu: Option<(MonoNs, CpuTimes)>,
     last_per_cpu: Vec<Option<(MonoNs, CpuTimes)>>,
     last_swap: Option<(MonoNs, u64, u64)>,
+}
+
+/// The CPU and memory limits of the job's cgroup, and what the CPU limit
+/// cost (from the cgroup's own throttling counters).
+#[derive(Debug, Clone, Default)]
+pub struct CgroupLimits {
+    /// The cgroup holding the CPU limit (`/proc/PID/cgroup` path), and
+    /// whether it is cgroup v2.
+    pub cpu_path: Option<String>,
+    pub cpu_v2: bool,
+    /// The quota in cores (quota / period); the tightest seen.
+    pub cpu_quota_cores: Option<f64>,
+    pub cpu_period_us: u64,
+    /// Share of the cgroup's scheduling periods in which it was throttled
+    /// (it used up its quota and waited for the next period), over time.
+    pub throttled_share: Series,
+    /// Over the recording: periods, throttled periods, seconds throttled.
+    pub periods: u64,
+    pub throttled_periods: u64,
+    pub throttled_s: f64,
+    pub memory_path: Option<String>,
+    pub memory_v2: bool,
+    pub memory_limit_bytes: Option<u64>,
+    /// Memory the cgroup used (page cache included), over time.
+    pub memory_usage: Series,
+    pub memory_usage_max: u64,
+    last_cpu: Option<(MonoNs, crate::event::CgroupCpu)>,
+    last_memory: Option<(MonoNs, u64)>,
+}
+
+impl CgroupLimits {
+    /// Counters change only while the cgroup runs, and events come only on
+    /// change: a change seen at `t` happened within the last `interval`.
+    fn cpu(&mut self, t: MonoNs, c: &crate::event::CgroupCpu, interval: u64) {
+        let cores = c.quota_us as f64 / c.period_us.max(1) as f64;
+        self.cpu_quota_cores = Some(self.cpu_quota_cores.map_or(cores, |x| x.min(cores)));
+        self.cpu_period_us = c.period_us;
+        self.cpu_v2 = c.v2;
+        match &self.last_cpu {
+            // The same cgroup: counters continue.
+            Some((pt, p)) if p.path == c.path => {
+                let dp = c.nr_periods.saturating_sub(p.nr_periods);
+                let dt = c.nr_throttled.saturating_sub(p.nr_throttled);
+                self.periods += dp;
+                self.throttled_periods += dt;
+                self.throttled_s += c.throttled_ns.saturating_sub(p.throttled_ns) as f64 / 1e9;
+                let share = if dp > 0 { dt as f64 / dp as f64 } else { 0.0 };
+                let from = MonoNs(pt.0.max(t.0.saturating_sub(interval)));
+                self.throttled_share.push(*pt, from, 0.0);
+                self.throttled_share.push(from, t, share.min(1.0));
+            }
+            // First seen, or the job moved: a new baseline.
+            _ => self.cpu_path = Some(c.path.clone()),
+        }
+        self.last_cpu = Some((t, c.clone()));
+    }
+
+    fn memory(&mut self, t: MonoNs, m: &crate::event::CgroupMemory) {
+        self.memory_path = Some(m.path.clone());
+        self.memory_v2 = m.v2;
+        self.memory_limit_bytes = Some(
+            self.memory_limit_bytes
+                .map_or(m.limit_bytes, |x| x.min(m.limit_bytes)),
+        );
+        self.memory_usage_max = self.memory_usage_max.max(m.usage_bytes);
+        if let Some((pt, v)) = self.last_memory {
+            self.memory_usage.push(pt, t, v as f64);
+        }
+        self.last_memory = Some((t, m.usage_bytes));
+    }
 }
 
 /// Everything derived from a recording.
@@ -795,6 +867,15 @@ impl Builder {
                         );
                     }
                     disk.last = Some((t, d.read_bytes, d.write_bytes, d.io_ms));
+                }
+            }
+            Event::Cgroup { t, cpu, memory } => {
+                let cg = &mut self.a.system.cgroup;
+                if let Some(c) = &cpu {
+                    cg.cpu(t, c, interval);
+                }
+                if let Some(m) = &memory {
+                    cg.memory(t, m);
                 }
             }
             Event::Pressure { t, cpu, io, memory } => {

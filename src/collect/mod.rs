@@ -4,6 +4,7 @@
 //! [`Event`]: crate::event::Event
 //! [`Sink`]: crate::record::Sink
 
+pub mod cgroup;
 pub mod clock;
 pub mod files;
 pub mod gpu;

@@ -158,6 +158,33 @@ fn omitted_processes(ps: &[&Process]) -> Value {
     })
 }
 
+/// The job's cgroup limits (null when it had none).
+fn cgroup_json(c: &crate::analysis::CgroupLimits) -> Value {
+    let cpu = c.cpu_quota_cores.map(|q| {
+        json!({
+            "path": c.cpu_path,
+            "cgroup_v2": c.cpu_v2,
+            "quota_cores": r(q, 3),
+            "period_us": c.cpu_period_us,
+            "periods": c.periods,
+            "throttled_periods": c.throttled_periods,
+            "throttled_s": r(c.throttled_s, 3),
+        })
+    });
+    let memory = c.memory_limit_bytes.map(|l| {
+        json!({
+            "path": c.memory_path,
+            "cgroup_v2": c.memory_v2,
+            "limit_bytes": l,
+            "usage_max_bytes": c.memory_usage_max,
+        })
+    });
+    if cpu.is_none() && memory.is_none() {
+        return Value::Null;
+    }
+    json!({"cpu": cpu, "memory": memory})
+}
+
 fn process_json(a: &Analysis, p: &Process, max_threads: usize) -> Value {
     let (from, to) = p.lifetime(a.end);
     let mut listed: Vec<&crate::analysis::Thread> = p.threads.values().collect();
@@ -298,6 +325,7 @@ pub fn build(a: &Analysis) -> Value {
             "swap_in_bytes": s.swap_in_bytes,
             "swap_out_bytes": s.swap_out_bytes,
         },
+        "cgroup": cgroup_json(&s.cgroup),
     });
     let coverage: Vec<Value> = a
         .coverage
