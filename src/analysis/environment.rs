@@ -250,6 +250,9 @@ impl Environment {
     /// [`is_code_or_environment`]).
     pub fn files_by_mount(&self, pids: &BTreeSet<Pid>) -> Vec<FilesOnMount<'_>> {
         let mut by_dev: BTreeMap<String, FilesOnMount<'_>> = BTreeMap::new();
+        // A file several processes held open (every DataLoader worker opens
+        // the dataset) counts once.
+        let mut seen: BTreeSet<(&str, &str)> = BTreeSet::new();
         for (pid, files) in &self.open_files {
             if !pids.contains(pid) {
                 continue;
@@ -266,9 +269,11 @@ impl Environment {
                     example: f.path.clone(),
                     pids: BTreeSet::new(),
                 });
-                e.files += 1;
-                e.bytes += f.size;
                 e.pids.insert(*pid);
+                if seen.insert((f.dev.as_str(), f.path.as_str())) {
+                    e.files += 1;
+                    e.bytes += f.size;
+                }
             }
         }
         by_dev.into_values().collect()

@@ -403,6 +403,27 @@ impl GpuAnalysis {
         merge(all)
     }
 
+    /// The first moment from `t` on (within `within`) when the job's GPUs
+    /// were more busy than idle; None without GPU data (or never).
+    pub fn busy_again_after(&self, t: MonoNs, within: u64) -> Option<MonoNs> {
+        let devs = self.job_devices();
+        let step = devs
+            .iter()
+            .filter(|d| d.util_samples > 0)
+            .map(|d| d.resolution_ns)
+            .min()?
+            .max(2_000_000)
+            / 2;
+        let mut at = t;
+        while at.0 <= t.0 + within {
+            if self.idle_weight_at(at).is_some_and(|w| w < 0.5) {
+                return Some(at);
+            }
+            at = MonoNs(at.0 + step);
+        }
+        None
+    }
+
     /// How idle the job's GPUs were at `t`: the mean over them of the idle
     /// share of the driver sample covering `t` (the expected share of the
     /// job's GPU capacity that sat idle then). None when no GPU of the job

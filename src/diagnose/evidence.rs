@@ -275,7 +275,7 @@ fn device(d: &GpuDeviceAnalysis) -> GpuDeviceEvidence {
 }
 
 /// Is a merged frame name a Python function (`name (file.py)`)?
-fn is_python_frame(name: &str) -> bool {
+pub(super) fn is_python_frame(name: &str) -> bool {
     name.ends_with(".py)") || name.ends_with(".pyx)")
 }
 

@@ -15,6 +15,8 @@
 //! measured. [`diagnose`] takes them as `Option`s, so every CPU-side rule
 //! works without them.
 
+mod accounting;
+mod causes;
 mod evidence;
 pub mod ranks;
 mod rules;
@@ -38,32 +40,44 @@ pub enum FindingKind {
     StragglerRank,
     ThermalThrottling,
     PowerCapped,
+    CpuLimit,
+    HostMemoryPressure,
+    WorkerRestarts,
     IoBound,
+    WriteStall,
     SlowStorage,
     MainProcessPreprocessing,
     TooFewWorkers,
     InputPipelineBound,
     CpuOversubscribed,
+    TrainingLoop,
     GpuMemoryPressure,
     PcieDegraded,
+    GpuIdleUnexplained,
     LowSampleCoverage,
 }
 
 impl FindingKind {
-    pub const ALL: [FindingKind; 14] = [
+    pub const ALL: [FindingKind; 20] = [
         FindingKind::CudaDriverMismatch,
         FindingKind::GpuNotUsed,
         FindingKind::StragglerRank,
         FindingKind::ThermalThrottling,
         FindingKind::PowerCapped,
+        FindingKind::CpuLimit,
+        FindingKind::HostMemoryPressure,
+        FindingKind::WorkerRestarts,
         FindingKind::IoBound,
+        FindingKind::WriteStall,
         FindingKind::SlowStorage,
         FindingKind::MainProcessPreprocessing,
         FindingKind::TooFewWorkers,
         FindingKind::InputPipelineBound,
         FindingKind::CpuOversubscribed,
+        FindingKind::TrainingLoop,
         FindingKind::GpuMemoryPressure,
         FindingKind::PcieDegraded,
+        FindingKind::GpuIdleUnexplained,
         FindingKind::LowSampleCoverage,
     ];
 
@@ -84,6 +98,12 @@ impl FindingKind {
             FindingKind::CpuOversubscribed => "cpu-oversubscribed",
             FindingKind::LowSampleCoverage => "low-sample-coverage",
             FindingKind::StragglerRank => "straggler-rank",
+            FindingKind::CpuLimit => "cpu-limit",
+            FindingKind::HostMemoryPressure => "host-memory-pressure",
+            FindingKind::WorkerRestarts => "worker-restarts",
+            FindingKind::WriteStall => "write-stall",
+            FindingKind::TrainingLoop => "training-loop",
+            FindingKind::GpuIdleUnexplained => "gpu-idle-unexplained",
         }
     }
 
@@ -335,10 +355,10 @@ impl EnvironmentSummary {
                 ""
             };
             out.push(format!(
-                "Data files such as `{}` ({} seen, {:.1} MB) on {} ({}{}{kind}).",
+                "Data files such as `{}` ({} seen, {}) on {} ({}{}{kind}).",
                 d.example,
                 d.files,
-                d.bytes as f64 / 1e6,
+                crate::units::bytes(d.bytes as f64),
                 d.mount_point.as_deref().unwrap_or("an unknown mount"),
                 d.fs_type.as_deref().unwrap_or("?"),
                 d.disk
@@ -366,9 +386,12 @@ pub fn diagnose(
 ) -> Diagnosis {
     let tl = Timeline::build(a);
     let scopes = rules::scopes(a, gpu, stacks);
-    let mut findings = rules::all(a, &tl, &scopes, gpu, stacks);
+    let mut findings = rules::all(a, &tl, &scopes, gpu);
     let rank_figures = ranks::figures(a, gpu);
     findings.extend(ranks::straggler(&rank_figures));
+    let unexplained = rules::unexplained(a, &scopes, &findings);
+    findings.extend(unexplained);
+    findings.extend(rules::coverage_finding(a, gpu, stacks));
     findings.sort_by(|x, y| {
         let (xs, xv) = x.rank_key();
         let (ys, yv) = y.rank_key();
@@ -386,25 +409,6 @@ pub fn diagnose(
         );
     } else if let Some(g) = gpu {
         notes.extend(rules::edge_gap_notes(a, g));
-        let unexplained: f64 = if scopes.len() > 1 {
-            scopes
-                .iter()
-                .filter_map(|sc| {
-                    sc.gpu
-                        .as_ref()
-                        .map(|g| rules::unexplained_gap_s(a, &sc.tl, g))
-                })
-                .sum()
-        } else {
-            rules::unexplained_gap_s(a, &tl, g)
-        };
-        if unexplained > thresholds::MIN_SHARE * a.duration_s() {
-            notes.push(format!(
-                "{unexplained:.1} s of GPU idle time is not explained by any finding \
-                 (the CPU side looked idle then: synchronisation, logging, checkpointing, \
-                 or a cause gpuprof does not detect)."
-            ));
-        }
     }
     Diagnosis {
         findings,

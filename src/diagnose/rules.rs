@@ -6,10 +6,12 @@ use std::collections::BTreeSet;
 
 use crate::analysis::environment::is_network_fs;
 use crate::analysis::{Analysis, Role};
+use crate::units::{bytes as mb, pct, plural};
 
 use super::evidence::{GpuDeviceEvidence, GpuEvidence, StackEvidence, ThrottleEvidence};
 use super::thresholds as th;
 use super::timeline::{Cause, InputThread, Timeline};
+use super::{accounting, causes};
 use super::{Basis, Finding, FindingKind, GpuTime, Severity};
 
 /// What the input-side rules look at: the whole job, or one rank of it.
@@ -68,29 +70,18 @@ pub fn all(
     tl: &Timeline,
     scopes: &[Scope],
     gpu: Option<&GpuEvidence>,
-    stacks: Option<&StackEvidence>,
 ) -> Vec<Finding> {
     let mut out = Vec::new();
     for sc in scopes {
         let (g, st) = (sc.gpu.as_ref(), sc.stacks.as_ref());
         let mut found = Vec::new();
         found.extend(io_bound(a, &sc.tl, g, st));
+        found.extend(causes::write_stall(a, &sc.tl, g));
+        found.extend(causes::worker_restarts(a, &sc.tl, g));
         found.extend(main_preprocessing(a, &sc.tl, g, st));
         found.extend(pipeline(a, &sc.tl, g, st));
-        if let Some(r) = sc.rank {
-            for f in &mut found {
-                f.rank = Some(r);
-                // "Rank 1: the input pipeline …" (but "Rank 1: IO-bound …").
-                let mut cs = f.title.chars();
-                let title = match (cs.next(), cs.next()) {
-                    (Some(a), Some(b)) if b.is_lowercase() => {
-                        format!("{}{b}{}", a.to_lowercase(), cs.as_str())
-                    }
-                    _ => f.title.clone(),
-                };
-                f.title = format!("Rank {r}: {title}");
-            }
-        }
+        found.extend(causes::training_loop(a, &sc.tl, g));
+        scope_titles(&mut found, sc.rank);
         out.extend(found);
     }
     let io = out
@@ -100,6 +91,8 @@ pub fn all(
         .cloned();
     out.extend(slow_storage(a, tl, io.as_ref()));
     out.extend(oversubscribed(a, tl, gpu));
+    out.extend(causes::cpu_limit(a, tl, gpu));
+    out.extend(causes::host_memory(a, tl, gpu));
     if let Some(g) = gpu {
         out.extend(gpu_not_used(a, g));
         out.extend(cuda_mismatch(a, g));
@@ -107,37 +100,50 @@ pub fn all(
         out.extend(memory_pressure(a, g));
         out.extend(pcie(g));
     }
-    out.extend(coverage(a, gpu, stacks));
     out
 }
 
-/// "1 worker", "3 workers", "2 processes".
-fn plural(n: usize, what: &str) -> String {
-    if n == 1 {
-        format!("1 {what}")
-    } else if what.ends_with('s') {
-        format!("{n} {what}es")
-    } else {
-        format!("{n} {what}s")
+/// The unexplained-idle findings of every scope, given all other findings.
+pub fn unexplained(a: &Analysis, scopes: &[Scope], findings: &[Finding]) -> Vec<Finding> {
+    let mut out = Vec::new();
+    for sc in scopes {
+        let mut f: Vec<Finding> = accounting::unexplained(a, sc, findings)
+            .into_iter()
+            .collect();
+        scope_titles(&mut f, sc.rank);
+        out.extend(f);
+    }
+    out
+}
+
+/// Per-rank findings say which rank: "Rank 1: the input pipeline …" (but
+/// "Rank 1: IO-bound …").
+fn scope_titles(found: &mut [Finding], rank: Option<u32>) {
+    let Some(r) = rank else { return };
+    for f in found {
+        f.rank = Some(r);
+        let mut cs = f.title.chars();
+        let title = match (cs.next(), cs.next()) {
+            (Some(a), Some(b)) if b.is_lowercase() => {
+                format!("{}{b}{}", a.to_lowercase(), cs.as_str())
+            }
+            _ => f.title.clone(),
+        };
+        f.title = format!("Rank {r}: {title}");
     }
 }
 
-fn pct(x: f64) -> String {
-    format!("{:.0}%", x * 100.0)
-}
-
-fn mb(b: f64) -> String {
-    if b >= 1e9 {
-        format!("{:.1} GB", b / 1e9)
-    } else if b >= 1e6 {
-        format!("{:.0} MB", b / 1e6)
-    } else {
-        format!("{:.0} kB", b / 1e3)
-    }
+/// The coverage finding (what was not measured).
+pub fn coverage_finding(
+    a: &Analysis,
+    gpu: Option<&GpuEvidence>,
+    stacks: Option<&StackEvidence>,
+) -> Option<Finding> {
+    coverage(a, gpu, stacks)
 }
 
 /// The GPU devices whose idle gaps count, when GPU time was measured.
-fn measured_devices(gpu: Option<&GpuEvidence>) -> Vec<&GpuDeviceEvidence> {
+pub(super) fn measured_devices(gpu: Option<&GpuEvidence>) -> Vec<&GpuDeviceEvidence> {
     gpu.map(|g| {
         g.job_devices()
             .into_iter()
@@ -149,7 +155,7 @@ fn measured_devices(gpu: Option<&GpuEvidence>) -> Vec<&GpuDeviceEvidence> {
 
 /// Steady-state idle seconds (utilization deficit; start-up and shutdown
 /// left out) of one measured GPU, by the cause of the bins they fell in.
-fn device_idle_by_cause(
+pub(super) fn device_idle_by_cause(
     a: &Analysis,
     tl: &Timeline,
     d: &GpuDeviceEvidence,
@@ -160,7 +166,7 @@ fn device_idle_by_cause(
     }
 }
 
-fn idle_of(by_cause: &[(Option<Cause>, f64)], cause: Option<Cause>) -> f64 {
+pub(super) fn idle_of(by_cause: &[(Option<Cause>, f64)], cause: Option<Cause>) -> f64 {
     by_cause
         .iter()
         .filter(|(c, _)| *c == cause)
@@ -170,7 +176,7 @@ fn idle_of(by_cause: &[(Option<Cause>, f64)], cause: Option<Cause>) -> f64 {
 
 /// "utilization deficit: each of the 167 ms driver utilization samples
 /// counts (1 − utilization) of its window as idle".
-fn idle_measure_text(d: &GpuDeviceEvidence) -> String {
+pub(super) fn idle_measure_text(d: &GpuDeviceEvidence) -> String {
     let source = if d.source.is_empty() {
         format!("{:.0} ms driver utilization samples", d.resolution_s * 1e3)
     } else {
@@ -184,7 +190,7 @@ fn idle_measure_text(d: &GpuDeviceEvidence) -> String {
 /// GPU time explained by the bins of `cause`: the measured GPUs' idle
 /// time (utilization deficit) inside them, else `estimate` seconds
 /// described by `method`.
-fn gpu_time(
+pub(super) fn gpu_time(
     a: &Analysis,
     tl: &Timeline,
     gpu: Option<&GpuEvidence>,
@@ -217,15 +223,6 @@ fn gpu_time(
     }
 }
 
-/// GPU idle time of the steady state (start-up and shutdown left out) in
-/// no cause's bins.
-pub fn unexplained_gap_s(a: &Analysis, tl: &Timeline, g: &GpuEvidence) -> f64 {
-    measured_devices(Some(g))
-        .iter()
-        .map(|d| idle_of(&device_idle_by_cause(a, tl, d), None))
-        .sum()
-}
-
 /// Start-up and shutdown idle time per measured GPU, for the notes.
 pub fn edge_gap_notes(a: &Analysis, g: &GpuEvidence) -> Vec<String> {
     measured_devices(Some(g))
@@ -243,7 +240,7 @@ pub fn edge_gap_notes(a: &Analysis, g: &GpuEvidence) -> Vec<String> {
 }
 
 /// "GPU 0 idle 68% of its sampled time (4.1 s …); 3.9 s of that idle time fell while …".
-fn gpu_gap_lines(
+pub(super) fn gpu_gap_lines(
     a: &Analysis,
     tl: &Timeline,
     gpu: Option<&GpuEvidence>,
@@ -270,13 +267,13 @@ fn gpu_gap_lines(
     out
 }
 
-fn stack_line(stacks: Option<&StackEvidence>, role: Role, who: &str) -> Option<String> {
+pub(super) fn stack_line(stacks: Option<&StackEvidence>, role: Role, who: &str) -> Option<String> {
     stacks
         .and_then(|s| s.hot_functions_text(role, 3))
         .map(|t| format!("Stack samples of the {who}: {t}."))
 }
 
-fn describe_threads(ths: &[InputThread]) -> String {
+pub(super) fn describe_threads(ths: &[InputThread]) -> String {
     let mut names: Vec<String> = ths
         .iter()
         .map(|t| format!("`{}`", t.name))
@@ -293,7 +290,7 @@ fn describe_threads(ths: &[InputThread]) -> String {
 
 /// Most worker processes alive at once (workers restarted per epoch are
 /// not counted twice).
-fn concurrent_workers(tl: &Timeline) -> usize {
+pub(super) fn concurrent_workers(tl: &Timeline) -> usize {
     (0..tl.n)
         .map(|i| tl.workers_alive[i])
         .fold(0.0f32, f32::max)
@@ -352,9 +349,6 @@ fn io_bound(
         .filter_map(|p| Timeline::mean_over(&p.write_bps, &spans))
         .sum();
     let read_total: u64 = a.processes.values().map(|p| p.read_bytes).sum();
-    // Blocked while writing more than reading: checkpoints or logs, not
-    // the dataset.
-    let writes = write_bps > read_bps;
     ev.push(format!(
         "The job read {} from storage in all; while blocked its input processes read {}/s and wrote {}/s.",
         mb(read_total as f64),
@@ -375,6 +369,7 @@ fn io_bound(
             mb(rd)
         ));
     }
+    ev.extend(causes::page_cache_thrash(a, tl));
     let mut throttled_hint = false;
     if busiest_disk < 50.0 {
         throttled_hint = true;
@@ -421,14 +416,10 @@ fn io_bound(
         "time most input threads were blocked waiting for storage (nothing was being prepared for the GPU)",
     );
     let mem = a.system.mem_total as f64;
-    let mut fix = if writes {
-        "The waits are writes (checkpoints, logs, dumps): write them less often, from a background thread or process, or to faster local storage and copy them off afterwards.".to_string()
-    } else {
-        format!(
+    let mut fix = format!(
         "Feed the GPU from faster storage: copy the dataset to local NVMe, or keep it in the page cache when it fits (this machine has {} of RAM); pack many small files into large preprocessed shards (WebDataset, TFRecord, LMDB) read sequentially; overlap reads with more DataLoader workers or a larger `prefetch_factor`.",
         mb(mem)
-    )
-    };
+    );
     if throttled_hint {
         fix.push_str(" Check for an IO limit on the job's cgroup or volume.");
     }
@@ -437,8 +428,7 @@ fn io_bound(
         rank: None,
         severity: Severity::from_share(gt.share),
         title: format!(
-            "IO-bound: the input threads waited for storage {} {} of the run",
-            if writes { "writes" } else { "reads" },
+            "IO-bound: the input threads waited for storage reads {} of the run",
             pct(io_s / dur)
         ),
         gpu_time: Some(gt),
@@ -769,7 +759,7 @@ fn oversubscribed(a: &Analysis, tl: &Timeline, gpu: Option<&GpuEvidence>) -> Opt
 }
 
 /// Seconds of `state` runs falling inside `spans` (both sorted by time).
-fn runs_in_spans(
+pub(super) fn runs_in_spans(
     runs: &[crate::analysis::StateRun],
     state: char,
     spans: &[(crate::event::MonoNs, crate::event::MonoNs)],

@@ -17,9 +17,32 @@ pub const SATURATED_R_SHARE: f64 = 0.75;
 /// The input pipeline is at capacity when at least this share of its
 /// workers is saturated.
 pub const SATURATED_WORKERS_SHARE: f64 = 0.75;
-/// The main thread computes (preprocessing in the main process) when it
-/// uses at least half a core.
-pub const MAIN_BUSY_CORES: f64 = 0.5;
+/// The main thread computes (preprocessing in the main process, or the
+/// training loop's own work) when it is running or waiting for a CPU (state
+/// R) at least half of an interval. R rather than CPU used: on a loaded
+/// machine a busy thread waits for a core, and that wait is part of what
+/// the GPU waits for.
+pub const MAIN_BUSY_SHARE: f64 = 0.5;
+/// Tasks stalled on memory (PSI memory "some") at least this share of an
+/// interval: reclaim or swap-in is on the critical path of the job's
+/// threads (a healthy machine shows 0–1%).
+pub const MEMORY_PSI_SHARE: f64 = 0.10;
+/// The job's cgroup was throttled in at least this share of its scheduling
+/// periods (100 ms each by default) during an interval: its CPU limit, not
+/// the machine, capped it (an occasional throttled period is a burst).
+pub const CPU_THROTTLED_SHARE: f64 = 0.25;
+/// A thread blocked on storage is waiting for writes when its process
+/// wrote more than it read in this many seconds up to then: buffered
+/// writes are counted when dirtied, and the wait (fsync, close, dirty
+/// limits) comes later.
+pub const WRITE_LOOKBACK_S: f64 = 2.0;
+/// Input workers that start within this many seconds of each other are
+/// one generation (a DataLoader starts all of its workers at once).
+pub const WORKER_GENERATION_S: f64 = 1.0;
+/// A worker restart lasts at most this long: from the old generation's
+/// first exit (at most this long before the new start) to the new one
+/// being ready (at most this long after it).
+pub const RESTART_WINDOW_S: f64 = 30.0;
 /// Input threads blocked in uninterruptible sleep (D, almost always
 /// waiting for storage) for at least half of an interval make it IO-bound.
 pub const IO_D_SHARE: f64 = 0.5;
@@ -47,6 +70,20 @@ pub const SLOW_STORAGE_MIN_READ_BYTES: u64 = 10_000_000;
 pub const DATASET_MIN_BYTES: u64 = 10_000_000;
 /// ... or are at least this many distinct files (small-file datasets).
 pub const DATASET_MIN_FILES: usize = 16;
+/// The input processes read at least this many times the size of the data
+/// files they held open from storage: the dataset was read from disk more
+/// than once, so it did not stay in the page cache (a second epoch served
+/// from the cache reads nothing from storage).
+pub const PAGE_CACHE_REREAD: f64 = 1.5;
+/// The findings must account for at least this share of the GPU's
+/// steady-state idle time; below it, `gpu-idle-unexplained` says how much
+/// is left (a remainder this small is within what 100 ms bins and 1/6 s
+/// driver samples can attribute).
+pub const EXPLAINED_IDLE_SHARE: f64 = 0.8;
+/// A GPU busy at least this share of its sampled time is the bottleneck:
+/// the idle time left unexplained is per-step launch and synchronisation
+/// overhead, reported as info rather than as a warning.
+pub const GPU_BOUND_BUSY_SHARE: f64 = 0.7;
 /// Recordings shorter than this many sampling intervals give too few
 /// samples for shares to mean anything.
 pub const MIN_INTERVALS: f64 = 20.0;

@@ -14,20 +14,65 @@ use super::thresholds as th;
 /// Bins per run at most: bounds memory and time on day-long recordings.
 pub const MAX_BINS: usize = 20_000;
 
-/// What kept the input side from feeding the GPU in a bin. Exclusive: a
-/// bin has one cause, in this order of precedence (a thread blocked on IO
-/// cannot be computing, and a pipeline starved of CPU by oversubscription
-/// looks saturated without being short of workers).
+/// What kept the GPU from being fed in a bin. Exclusive: a bin has one
+/// cause, in this order of precedence (the order of the variants): what
+/// starves the whole job — memory stalls, the cgroup's CPU limit — before
+/// what it shows as (threads blocked, workers saturated); workers
+/// restarting before the IO and CPU their start-up causes; a thread blocked
+/// on IO cannot be computing; a pipeline starved of CPU by
+/// oversubscription looks saturated without being short of workers; the
+/// training loop's own work only when the input keeps up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Cause {
-    /// Input threads mostly blocked in D state.
+    /// Tasks stalled on memory (PSI memory): reclaim, swapping, a page
+    /// cache too small for the dataset.
+    MemoryPressure,
+    /// The job's cgroup used up its CPU quota and waited for the next
+    /// period.
+    CpuLimited,
+    /// Between one generation of input workers and the next being ready
+    /// (workers restarted, e.g. every epoch).
+    WorkerRestart,
+    /// Input threads mostly blocked in D state, reading.
     Io,
+    /// The main thread (or the input threads) blocked in D state while
+    /// writing: checkpoints, logs.
+    WriteStall,
     /// No workers; the main thread computing.
     MainPreprocessing,
     /// The job's runnable threads far exceed the cores.
     Oversubscribed,
     /// The workers all want a whole core.
     PipelineSaturated,
+    /// The workers keep up (not saturated) while the main thread computes:
+    /// the training loop's own host work between steps.
+    TrainingLoop,
+}
+
+impl Cause {
+    pub const ALL: [Cause; 9] = [
+        Cause::MemoryPressure,
+        Cause::CpuLimited,
+        Cause::WorkerRestart,
+        Cause::Io,
+        Cause::WriteStall,
+        Cause::MainPreprocessing,
+        Cause::Oversubscribed,
+        Cause::PipelineSaturated,
+        Cause::TrainingLoop,
+    ];
+}
+
+/// A restart of the input workers: the previous generation began to exit
+/// at `down`, the new one started at `up` (and is `size` workers).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Restart {
+    pub down: MonoNs,
+    pub up: MonoNs,
+    /// When the new generation had its first batch out, as far as the
+    /// recording tells: see [`restarts`].
+    pub ready: MonoNs,
+    pub size: usize,
 }
 
 /// One thread feeding the GPU: a worker's busiest thread, or the main
@@ -75,8 +120,30 @@ pub struct Timeline {
     pub mains: Vec<InputThread>,
     /// Worker processes alive in the bin (fractional at their edges).
     pub workers_alive: Vec<f32>,
-    /// Mean cores used by the main threads alive in the bin.
+    /// Mean cores used by the main threads alive in the bin, and their mean
+    /// share in R (running or waiting for a CPU) and in D.
     pub main_cpu: Vec<f32>,
+    pub main_r: Vec<f32>,
+    pub main_d: Vec<f32>,
+    /// Bytes/s written and read by the main processes, and by the input
+    /// processes (workers, else the main processes), summed over the bin
+    /// and the [`th::WRITE_LOOKBACK_S`] before it (for comparing writes
+    /// with reads, not as rates).
+    pub main_write_bps: Vec<f32>,
+    pub main_read_bps: Vec<f32>,
+    pub input_write_bps: Vec<f32>,
+    pub input_read_bps: Vec<f32>,
+    /// Share of the job's cgroup's periods throttled by its CPU limit, and
+    /// PSI memory "some" (0..=1; NaN when not measured).
+    pub cg_throttled: Vec<f32>,
+    /// The job's cgroup CPU quota in cores, when it binds: below the
+    /// machine's cores and throttling at least [`th::CPU_THROTTLED_SHARE`]
+    /// of the periods over the whole recording.
+    pub binding_quota: Option<f64>,
+    pub psi_mem: Vec<f32>,
+    /// Restarts of the input workers, and the bins inside a restart.
+    pub restarts: Vec<Restart>,
+    pub restarting: Vec<bool>,
     /// Mean share in D of the input threads alive (workers, or the main
     /// threads when there are no workers).
     pub input_d: Vec<f32>,
@@ -132,6 +199,83 @@ fn coverage_bins(s: &Series, start: MonoNs, bin_ns: u64, n: usize) -> Vec<f32> {
     let mut out = vec![0.0f32; n];
     for p in s.points() {
         spread(&mut out, start, bin_ns, p.t0, p.t1, 1.0);
+    }
+    out
+}
+
+/// Per bin, the time-weighted mean of a series where it has points (NaN
+/// where it has none), × `scale`.
+fn mean_bins(s: &Series, start: MonoNs, bin_ns: u64, n: usize, scale: f64) -> Vec<f32> {
+    let v = series_bins(s, start, bin_ns, n, scale);
+    let c = coverage_bins(s, start, bin_ns, n);
+    v.iter()
+        .zip(&c)
+        .map(|(v, c)| if *c > 0.01 { v / c } else { f32::NAN })
+        .collect()
+}
+
+/// Restarts of the input workers: a generation is the workers that
+/// started within [`th::WORKER_GENERATION_S`] of its first; each
+/// generation after the first is a restart. The previous generation began
+/// to exit at `down` (its first exit at most [`th::RESTART_WINDOW_S`]
+/// before the new start, else the new start). The new generation is ready
+/// when the GPU works again (`gpu_busy_after`: the first moment from the
+/// new start on when the job's GPUs were more busy than idle); without GPU
+/// data, at the end of its workers' first run of computing (start-up and
+/// first batches, an upper bound) — at most [`th::RESTART_WINDOW_S`] after
+/// the new start.
+pub fn restarts(
+    workers: &[&Process],
+    end: MonoNs,
+    gpu_busy_after: impl Fn(MonoNs) -> Option<MonoNs>,
+) -> Vec<Restart> {
+    let mut ws: Vec<&&Process> = workers.iter().collect();
+    ws.sort_by_key(|p| (p.first_seen, p.pid));
+    let gen_ns = (th::WORKER_GENERATION_S * 1e9) as u64;
+    let window_ns = (th::RESTART_WINDOW_S * 1e9) as u64;
+    let mut gens: Vec<Vec<&Process>> = Vec::new();
+    for p in ws {
+        match gens.last_mut() {
+            Some(g) if p.first_seen.0 <= g[0].first_seen.0 + gen_ns => g.push(p),
+            _ => gens.push(vec![p]),
+        }
+    }
+    let mut out = Vec::new();
+    for k in 1..gens.len() {
+        let up = gens[k][0].first_seen;
+        let down = gens[k - 1]
+            .iter()
+            .filter_map(|p| p.exited)
+            .filter(|e| e.0 + window_ns >= up.0 && e.0 <= up.0 + gen_ns)
+            .min()
+            .unwrap_or(up)
+            .min(up);
+        let ready = match gpu_busy_after(up) {
+            Some(t) => t.0,
+            None => {
+                // The first run of R of each new worker's busiest thread.
+                let mut firsts: Vec<u64> = gens[k]
+                    .iter()
+                    .filter_map(|p| busiest_thread(p))
+                    .filter_map(|t| {
+                        t.state_runs
+                            .iter()
+                            .find(|r| r.state() == 'R' && r.to > up)
+                            .map(|r| r.to.0)
+                    })
+                    .collect();
+                firsts.sort_unstable();
+                firsts.get(firsts.len() / 2).copied().unwrap_or(up.0)
+            }
+        }
+        .clamp(up.0, up.0 + window_ns)
+        .min(end.0);
+        out.push(Restart {
+            down,
+            up,
+            ready: MonoNs(ready),
+            size: gens[k].len(),
+        });
     }
     out
 }
@@ -253,11 +397,75 @@ impl Timeline {
             }
         }
         let main_cpu = msum.mean(&msum.cpu);
+        let main_r = msum.mean(&msum.r);
+        let main_d = msum.mean(&msum.d);
         let input_d = if workers.is_empty() {
             msum.mean(&msum.d)
         } else {
             wsum.mean(&wsum.d)
         };
+        // IO rates of the main and the input processes.
+        let rates = |pids: &BTreeSet<Pid>, write: bool| {
+            let mut out = vec![0.0f32; n];
+            for p in a.processes.values().filter(|p| pids.contains(&p.pid)) {
+                let s = if write { &p.write_bps } else { &p.read_bps };
+                for pt in s.points() {
+                    spread(&mut out, start, bin_ns, pt.t0, pt.t1, pt.v);
+                }
+            }
+            out
+        };
+        let main_pids: BTreeSet<Pid> = mains.iter().map(|t| t.pid).collect();
+        let input_pids: BTreeSet<Pid> = if workers.is_empty() {
+            main_pids.clone()
+        } else {
+            workers.iter().map(|t| t.pid).collect()
+        };
+        // Summed over the bin and the [`th::WRITE_LOOKBACK_S`] before it: a
+        // buffered write is counted when the pages are dirtied, the wait
+        // comes later, when they are flushed (fsync, close, dirty limits).
+        let k = ((th::WRITE_LOOKBACK_S * 1e9) as u64 / bin_ns) as usize;
+        let lookback = |v: Vec<f32>| -> Vec<f32> {
+            let mut out = vec![0.0f32; v.len()];
+            let mut acc = 0.0f64;
+            for i in 0..v.len() {
+                acc += v[i] as f64;
+                if i > k {
+                    acc -= v[i - k - 1] as f64;
+                }
+                out[i] = acc.max(0.0) as f32;
+            }
+            out
+        };
+        let main_write_bps = lookback(rates(&main_pids, true));
+        let main_read_bps = lookback(rates(&main_pids, false));
+        let input_write_bps = lookback(rates(&input_pids, true));
+        let input_read_bps = lookback(rates(&input_pids, false));
+        let cg_throttled = mean_bins(&a.system.cgroup.throttled_share, start, bin_ns, n, 1.0);
+        let cg = &a.system.cgroup;
+        let binding_quota = cg.cpu_quota_cores.filter(|q| {
+            *q < cores
+                && cg.periods > 0
+                && cg.throttled_periods as f64 >= th::CPU_THROTTLED_SHARE * cg.periods as f64
+        });
+        let psi_mem = mean_bins(&a.system.psi_memory.some, start, bin_ns, n, 0.01);
+        let worker_procs: Vec<&Process> = a
+            .processes_with_role(Role::Worker)
+            .filter(in_scope)
+            .collect();
+        let window_ns = (th::RESTART_WINDOW_S * 1e9) as u64;
+        let restarts = restarts(&worker_procs, end, |t| a.gpu.busy_again_after(t, window_ns));
+        let mut restarting = vec![false; n];
+        for r in &restarts {
+            let mut w = vec![0.0f32; n];
+            spread(&mut w, start, bin_ns, r.down, r.ready, 1.0);
+            for (slot, v) in restarting.iter_mut().zip(&w) {
+                // Bins mostly inside the restart.
+                if *v >= 0.5 {
+                    *slot = true;
+                }
+            }
+        }
         let workers_r = wsum.mean(&wsum.r);
         let workers_alive = wsum.alive;
 
@@ -277,14 +485,7 @@ impl Timeline {
             }
         }
         let sys_busy = series_bins(&a.system.busy, start, bin_ns, n, 0.01);
-        let psi_cpu = {
-            let v = series_bins(&a.system.psi_cpu.some, start, bin_ns, n, 0.01);
-            let c = coverage_bins(&a.system.psi_cpu.some, start, bin_ns, n);
-            v.iter()
-                .zip(&c)
-                .map(|(v, c)| if *c > 0.01 { v / c } else { f32::NAN })
-                .collect()
-        };
+        let psi_cpu = mean_bins(&a.system.psi_cpu.some, start, bin_ns, n, 0.01);
 
         let mut tl = Timeline {
             start,
@@ -296,6 +497,17 @@ impl Timeline {
             mains,
             workers_alive,
             main_cpu,
+            main_r,
+            main_d,
+            main_write_bps,
+            main_read_bps,
+            input_write_bps,
+            input_read_bps,
+            cg_throttled,
+            binding_quota,
+            psi_mem,
+            restarts,
+            restarting,
             input_d,
             workers_r,
             job_runnable,
@@ -309,10 +521,42 @@ impl Timeline {
 
     fn classify(&self, i: usize) -> Option<Cause> {
         let ge = |v: f32, t: f64| !v.is_nan() && v as f64 >= t;
-        if ge(self.input_d[i], th::IO_D_SHARE) {
-            return Some(Cause::Io);
+        if ge(self.psi_mem[i], th::MEMORY_PSI_SHARE) {
+            return Some(Cause::MemoryPressure);
         }
-        if self.workers.is_empty() && ge(self.main_cpu[i], th::MAIN_BUSY_CORES) {
+        if ge(self.cg_throttled[i], th::CPU_THROTTLED_SHARE) {
+            return Some(Cause::CpuLimited);
+        }
+        // A quota that binds over the run caps every interval in which the
+        // job wants more CPU than it allows, whatever one interval's
+        // throttling counters say: with one 100 ms period per sampling
+        // interval they read 0 or 1, and a late sample smears them. Its
+        // throttled threads stay runnable (R), so without this they would
+        // pass for an oversubscribed machine or saturated workers.
+        if let Some(q) = self.binding_quota {
+            if self.job_runnable[i] as f64 >= q.max(1.0) {
+                return Some(Cause::CpuLimited);
+            }
+        }
+        if self.restarting[i] {
+            return Some(Cause::WorkerRestart);
+        }
+        if ge(self.input_d[i], th::IO_D_SHARE) {
+            // Blocked while writing more than reading: checkpoints, logs.
+            return Some(if self.input_write_bps[i] > self.input_read_bps[i] {
+                Cause::WriteStall
+            } else {
+                Cause::Io
+            });
+        }
+        if !self.workers.is_empty()
+            && ge(self.main_d[i], th::IO_D_SHARE)
+            && self.main_write_bps[i] > self.main_read_bps[i]
+        {
+            return Some(Cause::WriteStall);
+        }
+        let main_busy = ge(self.main_r[i], th::MAIN_BUSY_SHARE);
+        if self.workers.is_empty() && main_busy {
             return Some(Cause::MainPreprocessing);
         }
         let runnable = self.job_runnable[i] as f64;
@@ -324,6 +568,9 @@ impl Timeline {
         }
         if !self.workers.is_empty() && ge(self.workers_r[i], th::SATURATED_WORKERS_SHARE) {
             return Some(Cause::PipelineSaturated);
+        }
+        if self.workers_alive[i] > 0.5 && main_busy {
+            return Some(Cause::TrainingLoop);
         }
         None
     }
@@ -388,20 +635,12 @@ impl Timeline {
         (dur > 0.0).then(|| sum / dur)
     }
 
-    /// Idle seconds of a GPU's idle-share series within `window`, by the
-    /// cause of the bins they fell in (None: no cause). A sample window
-    /// spanning several bins gives each the part of its idle time that
-    /// overlaps it (its idle share spread evenly, see `analysis::gpu`).
-    pub fn idle_by_cause(
-        &self,
-        idle: &Series,
-        window: (MonoNs, MonoNs),
-    ) -> Vec<(Option<Cause>, f64)> {
-        let mut acc: Vec<(Option<Cause>, f64)> = Vec::new();
-        let mut add = |c: Option<Cause>, s: f64| match acc.iter_mut().find(|x| x.0 == c) {
-            Some(x) => x.1 += s,
-            None => acc.push((c, s)),
-        };
+    /// Idle seconds per bin of a GPU's idle-share series within `window`:
+    /// a sample window spanning several bins gives each the part of its
+    /// idle time that overlaps it (its idle share spread evenly, see
+    /// `analysis::gpu`).
+    pub fn idle_per_bin(&self, idle: &Series, window: (MonoNs, MonoNs)) -> Vec<f32> {
+        let mut out = vec![0.0f32; self.n];
         let (w0, w1) = (window.0.max(self.start), window.1.min(self.end));
         let first_pt = idle.points().partition_point(|p| p.t1 <= w0);
         for p in &idle.points()[first_pt..] {
@@ -409,21 +648,46 @@ impl Timeline {
                 break;
             }
             let (g0, g1) = (p.t0.max(w0), p.t1.min(w1));
-            if g1 <= g0 || p.v <= 0.0 {
+            if g1 > g0 && p.v > 0.0 {
+                // spread() adds weight × overlap / bin: weight = v × bin s.
+                spread(
+                    &mut out,
+                    self.start,
+                    self.bin_ns,
+                    g0,
+                    g1,
+                    p.v * self.bin_ns as f64 / 1e9,
+                );
+            }
+        }
+        out
+    }
+
+    /// Idle seconds of a GPU's idle-share series within `window`, by the
+    /// cause of the bins they fell in (None: no cause).
+    pub fn idle_by_cause(
+        &self,
+        idle: &Series,
+        window: (MonoNs, MonoNs),
+    ) -> Vec<(Option<Cause>, f64)> {
+        let mut acc: Vec<(Option<Cause>, f64)> = Vec::new();
+        for (i, v) in self.idle_per_bin(idle, window).into_iter().enumerate() {
+            if v <= 0.0 {
                 continue;
             }
-            let first = ((g0.0 - self.start.0) / self.bin_ns) as usize;
-            let last = (((g1.0 - self.start.0).saturating_sub(1)) / self.bin_ns) as usize;
-            for i in first..=last.min(self.n - 1) {
-                let (a, b) = bin_span(self.start, self.bin_ns, i);
-                let lo = a.max(g0);
-                let hi = b.min(g1);
-                if hi > lo {
-                    add(self.cause[i], p.v * hi.secs_since(lo));
-                }
+            let c = self.cause[i];
+            match acc.iter_mut().find(|x| x.0 == c) {
+                Some(x) => x.1 += v as f64,
+                None => acc.push((c, v as f64)),
             }
         }
         acc
+    }
+
+    /// The bin holding `t`, if inside the timeline.
+    pub fn bin_of(&self, t: MonoNs) -> Option<usize> {
+        (t >= self.start && t < self.end)
+            .then(|| (((t.0 - self.start.0) / self.bin_ns) as usize).min(self.n - 1))
     }
 
     /// PIDs of the input processes (workers, else the main processes).

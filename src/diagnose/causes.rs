@@ -1,0 +1,558 @@
+//! The causes beyond the input pipeline: the training loop's own work, the
+//! cgroup's CPU limit, input workers restarted every epoch, host memory
+//! pressure and the job's own writes. Each is a rule like those of
+//! `rules.rs`: a pure function of the analysis, a timeline and the
+//! optional GPU/stack evidence, with GPU time measured from the idle time
+//! in the bins of its cause.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::analysis::{Analysis, Role};
+use crate::event::Pid;
+use crate::units::{bytes, pct, plural, rate};
+
+use super::evidence::{is_python_frame, GpuEvidence};
+use super::rules::{concurrent_workers, gpu_gap_lines, gpu_time};
+use super::thresholds as th;
+use super::timeline::{Cause, InputThread, Timeline};
+use super::{Finding, FindingKind, Severity};
+
+/// Frames of a sampled stack shown for a function: the innermost Python
+/// function and its callers, up to this many.
+const FUNCTION_CHAIN: usize = 3;
+
+/// What `pids` were running in the bins `in_bin` selects, from the stack
+/// samples: per sample the innermost Python function with its callers
+/// (`augment ← compute_metrics ← log_step`; the leaf native function when
+/// it ran no Python), each sample weighted by how idle the GPU was when it
+/// was taken (1 without GPU data). Shares of the total weight, most first.
+pub(super) fn functions_in(
+    a: &Analysis,
+    tl: &Timeline,
+    pids: &BTreeSet<Pid>,
+    in_bin: impl Fn(usize) -> bool,
+    n: usize,
+) -> Vec<(String, f64)> {
+    let st = &a.stacks;
+    let gpu = a.gpu.devices.iter().any(|d| d.util_samples > 0);
+    let mut w: BTreeMap<String, f64> = BTreeMap::new();
+    let mut total = 0.0;
+    for s in st.samples.iter().filter(|s| pids.contains(&s.pid)) {
+        let Some(i) = tl.bin_of(s.t) else { continue };
+        if !in_bin(i) {
+            continue;
+        }
+        let weight = if gpu {
+            a.gpu.idle_weight_at(s.t).unwrap_or(0.0)
+        } else {
+            1.0
+        };
+        if weight <= 0.0 {
+            continue;
+        }
+        let frames: Vec<&str> = st.stack(s.stack).collect();
+        let py: Vec<&str> = frames
+            .iter()
+            .copied()
+            .filter(|f| is_python_frame(f))
+            .collect();
+        let name = if py.is_empty() {
+            match frames.last() {
+                Some(f) => f.to_string(),
+                None => continue,
+            }
+        } else {
+            py.iter()
+                .rev()
+                .take(FUNCTION_CHAIN)
+                .map(|f| f.split(" (").next().unwrap_or(f))
+                .collect::<Vec<_>>()
+                .join(" ← ")
+        };
+        *w.entry(name).or_default() += weight;
+        total += weight;
+    }
+    if total <= 0.0 {
+        return Vec::new();
+    }
+    let mut v: Vec<(String, f64)> = w.into_iter().map(|(k, x)| (k, x / total)).collect();
+    v.sort_by(|x, y| y.1.total_cmp(&x.1).then(x.0.cmp(&y.0)));
+    v.truncate(n);
+    v
+}
+
+/// "`augment ← compute_metrics` 85%, `log_step` 9%".
+pub(super) fn functions_text(fs: &[(String, f64)]) -> String {
+    fs.iter()
+        .map(|(f, s)| format!("`{f}` {}", pct(*s)))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The busiest main thread of a timeline.
+fn main_thread(tl: &Timeline) -> Option<&InputThread> {
+    tl.mains.iter().max_by(|x, y| x.cpu_s.total_cmp(&y.cpu_s))
+}
+
+fn pids_of(ths: &[InputThread]) -> BTreeSet<Pid> {
+    ths.iter().map(|t| t.pid).collect()
+}
+
+/// The training loop itself: the workers keep up while the main thread
+/// computes between GPU steps (metrics, logging, `.item()`-style host
+/// work).
+pub(super) fn training_loop(
+    a: &Analysis,
+    tl: &Timeline,
+    gpu: Option<&GpuEvidence>,
+) -> Option<Finding> {
+    let dur = a.duration_s();
+    let loop_s = tl.cause_s(Cause::TrainingLoop);
+    if tl.workers.is_empty() || dur <= 0.0 || loop_s < th::MIN_SHARE * dur {
+        return None;
+    }
+    let main = main_thread(tl)?;
+    let r = tl.mean_of(Cause::TrainingLoop, &tl.main_r).unwrap_or(0.0);
+    let cpu = tl.mean_of(Cause::TrainingLoop, &tl.main_cpu).unwrap_or(0.0);
+    let wr = tl
+        .mean_of(Cause::TrainingLoop, &tl.workers_r)
+        .unwrap_or(0.0);
+    let n = concurrent_workers(tl);
+    let mut ev = vec![
+        format!(
+            "For {loop_s:.1} s ({} of the run) the main thread `{}` (pid {}) was running or waiting for a CPU {} of the time (using {} of a core) while its {} kept up: they were running only {} of that time, their prefetch queues full.",
+            pct(loop_s / dur),
+            main.name,
+            main.pid,
+            pct(r),
+            pct(cpu),
+            plural(n, "input worker"),
+            pct(wr)
+        ),
+    ];
+    if r > cpu + 0.2 {
+        ev.push(format!(
+            "It got a core only {} of that time: other work on this machine delayed it further.",
+            pct(cpu / r.max(1e-9))
+        ));
+    }
+    ev.extend(gpu_gap_lines(
+        a,
+        tl,
+        gpu,
+        Cause::TrainingLoop,
+        "the training loop was computing",
+    ));
+    let fs = functions_in(
+        a,
+        tl,
+        &pids_of(&tl.mains),
+        |i| tl.cause[i] == Some(Cause::TrainingLoop),
+        4,
+    );
+    let named = fs.first().map(|f| f.0.clone());
+    if !fs.is_empty() {
+        ev.push(format!(
+            "What the main thread ran then{}: {}.",
+            if gpu.is_some() {
+                " (stack samples, each weighted by how idle the GPU was)"
+            } else {
+                " (stack samples)"
+            },
+            functions_text(&fs)
+        ));
+    }
+    let est = tl.weighted_s(Cause::TrainingLoop, |i| tl.main_r[i] as f64);
+    let gt = gpu_time(
+        a,
+        tl,
+        gpu,
+        Cause::TrainingLoop,
+        est,
+        "upper bound: the time the main thread was running between steps while its input was ready (an asynchronous GPU may run queued work meanwhile)",
+    );
+    // A loop that computes while the GPU is busy (launching ahead, or
+    // spinning in a synchronisation) costs nothing.
+    if gt.share < th::MIN_SHARE {
+        return None;
+    }
+    Some(Finding {
+        kind: FindingKind::TrainingLoop,
+        rank: None,
+        severity: Severity::from_share(gt.share),
+        title: format!(
+            "The training loop's own host work keeps the GPU waiting: the main thread computes between steps {} of the run while the input is ready",
+            pct(loop_s / dur)
+        ),
+        gpu_time: Some(gt),
+        evidence: ev,
+        fix: format!(
+            "Take host work off the loop's critical path{}: compute metrics and log every N steps instead of every step; keep running sums on the GPU and read them rarely (each `.item()`, `.cpu()`, `float(loss)` or `print(tensor)` waits for the GPU); move logging, metrics and checkpoint preparation to a background thread; cut per-step Python overhead (fewer small operations, `torch.compile`, CUDA graphs).",
+            named
+                .map(|f| format!(" — it is `{f}` above all"))
+                .unwrap_or_default()
+        ),
+    })
+}
+
+/// The job waited for its own writes: checkpoints or logs written from the
+/// training loop (or by the input processes).
+pub(super) fn write_stall(
+    a: &Analysis,
+    tl: &Timeline,
+    gpu: Option<&GpuEvidence>,
+) -> Option<Finding> {
+    let dur = a.duration_s();
+    let secs = tl.cause_s(Cause::WriteStall);
+    if dur <= 0.0 || secs < th::MIN_SHARE * dur {
+        return None;
+    }
+    let spans = tl.spans(Cause::WriteStall);
+    let main_blocked = tl.mean_of(Cause::WriteStall, &tl.main_d).unwrap_or(0.0) >= th::IO_D_SHARE;
+    let (who, pids) = match (main_blocked, main_thread(tl)) {
+        (true, Some(m)) => (
+            format!("The main thread `{}` (pid {})", m.name, m.pid),
+            pids_of(&tl.mains),
+        ),
+        _ => ("The input threads".to_string(), tl.input_pids()),
+    };
+    let written: u64 = a
+        .processes
+        .values()
+        .filter(|p| pids.contains(&p.pid))
+        .map(|p| p.write_bytes)
+        .sum();
+    let mut ev = vec![
+        format!(
+            "{who} was blocked in D state (uninterruptible, waiting for storage) while its writes went to storage, for {secs:.1} s ({} of the run): checkpoints, logs or dumps written from the training loop.",
+            pct(secs / dur),
+        ),
+        format!(
+            "Those processes wrote {} to storage during the run.",
+            bytes(written as f64)
+        ),
+    ];
+    for d in a.system.disks.values().filter(|d| d.write_bytes > 0) {
+        let busy = Timeline::mean_over(&d.busy, &spans).unwrap_or(0.0);
+        let wr = Timeline::mean_over(&d.write_bps, &spans).unwrap_or(0.0);
+        if busy >= 1.0 || wr >= 1e5 {
+            ev.push(format!(
+                "Disk {}: busy {busy:.0}% of that time, writing {}.",
+                d.name,
+                rate(wr)
+            ));
+        }
+    }
+    ev.extend(gpu_gap_lines(
+        a,
+        tl,
+        gpu,
+        Cause::WriteStall,
+        "the job waited for its writes",
+    ));
+    let fs = functions_in(a, tl, &pids, |i| tl.cause[i] == Some(Cause::WriteStall), 3);
+    if !fs.is_empty() {
+        ev.push(format!("Writing from: {}.", functions_text(&fs)));
+    }
+    let gt = gpu_time(
+        a,
+        tl,
+        gpu,
+        Cause::WriteStall,
+        secs,
+        "upper bound: the time the job was blocked on its writes",
+    );
+    if gt.share < th::MIN_SHARE {
+        return None;
+    }
+    Some(Finding {
+        kind: FindingKind::WriteStall,
+        rank: None,
+        severity: Severity::from_share(gt.share),
+        title: format!(
+            "The job stalls on its own writes (checkpoints, logs) {} of the run",
+            pct(secs / dur)
+        ),
+        gpu_time: Some(gt),
+        evidence: ev,
+        fix: "Write off the training loop: copy the state to CPU memory and save it from a background thread or process (`torch.distributed.checkpoint.async_save`, or `torch.save` in a `threading.Thread`), save less often, or save to fast local storage (NVMe, `/dev/shm`) and copy it off asynchronously; buffer logs instead of flushing them every step.".into(),
+    })
+}
+
+/// Input workers started anew (e.g. each epoch, without
+/// `persistent_workers=True`), with the GPU idle while they start.
+pub(super) fn worker_restarts(
+    a: &Analysis,
+    tl: &Timeline,
+    gpu: Option<&GpuEvidence>,
+) -> Option<Finding> {
+    let dur = a.duration_s();
+    if tl.restarts.is_empty() || dur <= 0.0 {
+        return None;
+    }
+    let secs = tl.cause_s(Cause::WorkerRestart);
+    let lens: Vec<f64> = tl
+        .restarts
+        .iter()
+        .map(|r| r.ready.secs_since(r.down))
+        .collect();
+    let gt = gpu_time(
+        a,
+        tl,
+        gpu,
+        Cause::WorkerRestart,
+        secs,
+        "upper bound: from the old workers exiting to the new ones' first run of computing ending",
+    );
+    if gt.share < th::MIN_SHARE {
+        return None;
+    }
+    let k = tl.restarts.len();
+    let size = tl.restarts.iter().map(|r| r.size).max().unwrap_or(0);
+    let mean = lens.iter().sum::<f64>() / k as f64;
+    let max = lens.iter().cloned().fold(0.0, f64::max);
+    let mut ev = vec![
+        format!(
+            "The input workers were started {} times: {} of {} (a PyTorch DataLoader without `persistent_workers=True` starts its workers anew every epoch).",
+            k + 1,
+            plural(k, "restart"),
+            plural(size, "worker")
+        ),
+        format!(
+            "Each restart took {:.2} s on average (longest {max:.2} s), from the old workers exiting to the new ones being ready{}.",
+            mean,
+            if gpu.is_some() {
+                " (the GPU working again)"
+            } else {
+                " (their first run of computing over)"
+            }
+        ),
+    ];
+    ev.extend(gpu_gap_lines(
+        a,
+        tl,
+        gpu,
+        Cause::WorkerRestart,
+        "the workers were restarting",
+    ));
+    let new_workers: BTreeSet<Pid> = a
+        .processes_with_role(Role::Worker)
+        .filter(|p| {
+            tl.restarts.iter().any(|r| {
+                p.first_seen >= r.up
+                    && p.first_seen.0 <= r.up.0 + (th::WORKER_GENERATION_S * 1e9) as u64
+            })
+        })
+        .map(|p| p.pid)
+        .collect();
+    let fs = functions_in(
+        a,
+        tl,
+        &new_workers,
+        |i| tl.cause[i] == Some(Cause::WorkerRestart),
+        3,
+    );
+    if !fs.is_empty() {
+        ev.push(format!(
+            "The new workers spent that time in: {}.",
+            functions_text(&fs)
+        ));
+    }
+    Some(Finding {
+        kind: FindingKind::WorkerRestarts,
+        rank: None,
+        severity: Severity::from_share(gt.share),
+        title: format!(
+            "The input workers are restarted {} and the GPU waits while they start",
+            if k == 1 {
+                "once".to_string()
+            } else {
+                format!("{k} times")
+            }
+        ),
+        gpu_time: Some(gt),
+        evidence: ev,
+        fix: "Keep the workers across epochs: `DataLoader(..., persistent_workers=True)` (with `num_workers > 0`); keep `worker_init_fn` and the dataset's set-up cheap (open files and connections lazily, in the worker), so that a start that does happen is short.".into(),
+    })
+}
+
+/// The job's cgroup CPU limit throttled it.
+pub(super) fn cpu_limit(a: &Analysis, tl: &Timeline, gpu: Option<&GpuEvidence>) -> Option<Finding> {
+    let cg = &a.system.cgroup;
+    let quota = cg.cpu_quota_cores?;
+    let dur = a.duration_s();
+    let secs = tl.cause_s(Cause::CpuLimited);
+    if dur <= 0.0 || secs < th::MIN_SHARE * dur {
+        return None;
+    }
+    let spans = tl.spans(Cause::CpuLimited);
+    let job_cores: f64 = a
+        .processes
+        .values()
+        .filter_map(|p| Timeline::mean_over(&p.cpu, &spans))
+        .sum();
+    let runnable = tl
+        .mean_of(Cause::CpuLimited, &tl.job_runnable)
+        .unwrap_or(0.0);
+    let workers = concurrent_workers(tl);
+    let path = cg.cpu_path.as_deref().unwrap_or("?");
+    let mut ev = vec![
+        format!(
+            "The job's cgroup `{path}` (cgroup {}) is limited to {quota:.2} CPUs ({} µs per {} µs period) on this {:.0}-core machine.",
+            if cg.cpu_v2 { "v2" } else { "v1" },
+            (quota * cg.cpu_period_us as f64).round(),
+            cg.cpu_period_us,
+            tl.cores
+        ),
+        format!(
+            "It was throttled (out of quota, waiting for the next period) in {} of its {} periods ({}), {:.1} s of throttled time; for {secs:.1} s ({} of the run) most of its periods were throttled.",
+            cg.throttled_periods,
+            cg.periods,
+            pct(cg.throttled_periods as f64 / cg.periods.max(1) as f64),
+            cg.throttled_s,
+            pct(secs / dur)
+        ),
+        format!(
+            "Meanwhile the job used {job_cores:.2} cores with {runnable:.1} threads wanting one: its demand is above the limit, not the machine's cores."
+        ),
+    ];
+    ev.extend(gpu_gap_lines(
+        a,
+        tl,
+        gpu,
+        Cause::CpuLimited,
+        "the cgroup was throttled",
+    ));
+    let est = tl.weighted_s(Cause::CpuLimited, |i| tl.cg_throttled[i] as f64);
+    let gt = gpu_time(
+        a,
+        tl,
+        gpu,
+        Cause::CpuLimited,
+        est,
+        "the time weighted by the share of throttled periods",
+    );
+    let need = (workers + 1).max(runnable.ceil() as usize).max(1);
+    Some(Finding {
+        kind: FindingKind::CpuLimit,
+        rank: None,
+        severity: Severity::from_share(gt.share),
+        title: format!(
+            "The container's CPU limit ({quota:.2} CPUs) throttles the job {} of the run",
+            pct(secs / dur)
+        ),
+        gpu_time: Some(gt),
+        evidence: ev,
+        fix: format!(
+            "Raise the CPU limit of the job's container or cgroup to at least {need} CPUs (the main process plus one per DataLoader worker): Kubernetes `resources.limits.cpu` (or no CPU limit, keeping `requests`), `docker run --cpus`, Slurm `--cpus-per-task`, systemd `CPUQuota=`. Within the limit, fewer workers do not help: the work is the same; make each batch cheaper instead."
+        ),
+    })
+}
+
+/// The input processes read their dataset from storage again and again: it
+/// does not stay in the page cache. One line of evidence, or None.
+pub(super) fn page_cache_thrash(a: &Analysis, tl: &Timeline) -> Option<String> {
+    let mut pids = tl.input_pids();
+    pids.extend(tl.mains.iter().map(|t| t.pid));
+    let dataset: u64 = a.env.files_by_mount(&pids).iter().map(|f| f.bytes).sum();
+    if dataset < th::DATASET_MIN_BYTES {
+        return None;
+    }
+    let read: u64 = a
+        .processes
+        .values()
+        .filter(|p| pids.contains(&p.pid))
+        .map(|p| p.read_bytes)
+        .sum();
+    if (read as f64) < th::PAGE_CACHE_REREAD * dataset as f64 {
+        return None;
+    }
+    let room = match a.system.cgroup.memory_limit_bytes {
+        Some(l) => format!("the job's cgroup may use {}", bytes(l as f64)),
+        None if !a.system.mem_available.is_empty() => format!(
+            "as little as {} of memory was available",
+            bytes(a.system.mem_available.quantile(0.0))
+        ),
+        None => "memory was short".to_string(),
+    };
+    Some(format!(
+        "The input processes read {} from storage, {:.1}× the {} of data files they held open: the dataset did not stay in the page cache ({room}), so it is read from disk again and again.",
+        bytes(read as f64),
+        read as f64 / dataset as f64,
+        bytes(dataset as f64)
+    ))
+}
+
+/// Host memory pressure: tasks stalled on memory (reclaim, swap-in, a page
+/// cache too small for the dataset).
+pub(super) fn host_memory(
+    a: &Analysis,
+    tl: &Timeline,
+    gpu: Option<&GpuEvidence>,
+) -> Option<Finding> {
+    let dur = a.duration_s();
+    let secs = tl.cause_s(Cause::MemoryPressure);
+    if dur <= 0.0 || secs < th::MIN_SHARE * dur {
+        return None;
+    }
+    let spans = tl.spans(Cause::MemoryPressure);
+    let s = &a.system;
+    let some = Timeline::mean_over(&s.psi_memory.some, &spans).unwrap_or(0.0);
+    let full = Timeline::mean_over(&s.psi_memory.full, &spans);
+    let mut ev = vec![format!(
+        "For {secs:.1} s ({} of the run) tasks stalled waiting for memory {some:.0}% of the time (PSI memory \"some\"{}): reclaiming page cache or swapping in.",
+        pct(secs / dur),
+        full.map(|f| format!("; all tasks at once {f:.0}%")).unwrap_or_default()
+    )];
+    if s.swap_in_bytes + s.swap_out_bytes > 0 {
+        ev.push(format!(
+            "The machine swapped {} in and {} out.",
+            bytes(s.swap_in_bytes as f64),
+            bytes(s.swap_out_bytes as f64)
+        ));
+    }
+    if !s.mem_available.is_empty() {
+        ev.push(format!(
+            "Memory available fell to {} of {}.",
+            bytes(s.mem_available.quantile(0.0)),
+            bytes(s.mem_total as f64)
+        ));
+    }
+    if let Some(l) = s.cgroup.memory_limit_bytes {
+        ev.push(format!(
+            "The job's cgroup `{}` is limited to {} of memory and used up to {} (page cache included).",
+            s.cgroup.memory_path.as_deref().unwrap_or("?"),
+            bytes(l as f64),
+            bytes(s.cgroup.memory_usage_max as f64)
+        ));
+    }
+    ev.extend(page_cache_thrash(a, tl));
+    ev.extend(gpu_gap_lines(
+        a,
+        tl,
+        gpu,
+        Cause::MemoryPressure,
+        "tasks stalled on memory",
+    ));
+    let est = tl.weighted_s(Cause::MemoryPressure, |i| tl.psi_mem[i] as f64);
+    let gt = gpu_time(
+        a,
+        tl,
+        gpu,
+        Cause::MemoryPressure,
+        est,
+        "the time weighted by the share some task stalled on memory",
+    );
+    Some(Finding {
+        kind: FindingKind::HostMemoryPressure,
+        rank: None,
+        severity: Severity::from_share(gt.share),
+        title: format!(
+            "Host memory pressure: tasks stall waiting for memory {} of the run",
+            pct(secs / dur)
+        ),
+        gpu_time: Some(gt),
+        evidence: ev,
+        fix: "Give the job memory headroom: raise its memory limit (Kubernetes `resources.limits.memory`, `docker run --memory`, Slurm `--mem`) or stop other memory users on the machine; shrink the job's footprint (fewer DataLoader workers — each holds its own copy of the dataset object —, a smaller `prefetch_factor`, memory-mapped data instead of loading it in every worker); when the dataset cannot stay in the page cache, pack it smaller or read it from faster storage.".into(),
+    })
+}
