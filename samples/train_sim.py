@@ -7,6 +7,15 @@ batches with ``--augment-ms`` of CPU work each (optionally reading
 ``--gpu-ms`` "on the GPU" (sleeping, as a host thread does while it waits for
 kernels). With ``--workers 0`` the batches are built in the main process.
 
+What the training loop itself does between steps: ``--loop-ms`` of Python
+CPU work per step (metrics, logging), ``--wait-ms`` of waiting for something
+outside the job, ``--checkpoint-every``/``--checkpoint-mb``
+a checkpoint written (and fsync'ed) from the loop. ``--epochs`` splits the
+steps into epochs; like a PyTorch DataLoader without ``persistent_workers``
+the workers are started anew each epoch (each spending ``--worker-start-ms``
+of CPU getting ready, like imports and dataset set-up) unless
+``--persistent-workers``.
+
 Prints steps/s at the end. Exits 130 after a clean shutdown on Ctrl-C.
 """
 
@@ -62,9 +71,27 @@ def make_batch(index, args):
     return augment(index, args.augment_ms)
 
 
-def worker_loop(wid, args, tasks, results):
+def worker_init(ms):
+    """A worker getting ready: imports, opening the dataset."""
+    augment(0, ms)
+
+
+def die_with_parent(parent):
+    """Exit when the main process dies (killed, or OOM-killed in a memory
+    limit) instead of waiting on its queue forever, like PyTorch's workers."""
+    try:
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def worker_loop(wid, args, tasks, results, parent):
     set_thread_name("pt_data_worker")
+    die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process handles Ctrl-C
+    worker_init(args.worker_start_ms)
     while True:
         index = tasks.get()
         if index is None:
@@ -83,6 +110,45 @@ def gpu_step(args, log):
     time.sleep(args.gpu_ms / 1000.0)
     if log is not None:
         log.write(f"E {os.getpid()} {time.clock_gettime_ns(time.CLOCK_MONOTONIC)}\n")
+
+
+def compute_metrics(step, ms):
+    """Host-side work of the training loop itself: metrics, logging."""
+    return augment(step, ms)
+
+
+def log_step(step, ms):
+    if ms > 0:
+        compute_metrics(step, ms)
+
+
+def wait_for_peer(ms):
+    """The loop waits for something outside the job's CPU work: a remote
+    service, a lock held elsewhere, another rank."""
+    time.sleep(ms / 1000.0)
+
+
+def save_checkpoint(args, step):
+    """Write a checkpoint from the training loop and wait for it to reach the disk."""
+    path = os.path.join(args.checkpoint_dir, "checkpoint.bin")
+    block = os.urandom(1 << 20)
+    with open(path, "wb") as f:
+        for _ in range(int(args.checkpoint_mb)):
+            f.write(block)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def touch_memory(buf, step, mb):
+    """The loop reads and writes `mb` MiB of its host memory each step, in
+    turn through all of it (a replay buffer, an in-memory dataset): pages
+    swapped out must come back."""
+    n = len(buf)
+    want = n if mb <= 0 else min(n, int(mb * 1024 * 1024))
+    start = (step * want) % n
+    for k in range(0, want, 4096):
+        i = (start + k) % n
+        buf[i] = (buf[i] + 1) & 0xFF
 
 
 def open_activity_log(args):
@@ -104,6 +170,16 @@ def main():
     ap.add_argument("--read-mb", type=float, default=0.0, help="MiB each batch reads from --data")
     ap.add_argument("--data", default=None, help="data file read by --read-mb (created, 64 MiB, if missing)")
     ap.add_argument("--prefetch", type=int, default=2, help="batches queued per worker")
+    ap.add_argument("--loop-ms", type=float, default=0.0, help="CPU ms of Python work in the training loop per step (metrics, logging)")
+    ap.add_argument("--wait-ms", type=float, default=0.0, help="ms the training loop waits per step for something outside the job (sleeping)")
+    ap.add_argument("--hold-mb", type=float, default=0.0, help="MiB of host memory the training loop holds")
+    ap.add_argument("--touch-mb", type=float, default=0.0, help="MiB of the held memory touched each step, in turn through all of it (0: all)")
+    ap.add_argument("--epochs", type=int, default=1, help="split the steps into this many epochs")
+    ap.add_argument("--persistent-workers", action="store_true", help="keep the workers across epochs (else they are started anew each epoch)")
+    ap.add_argument("--worker-start-ms", type=float, default=0.0, help="CPU ms a worker spends getting ready when it starts")
+    ap.add_argument("--checkpoint-every", type=int, default=0, help="write a checkpoint every N steps (0: never)")
+    ap.add_argument("--checkpoint-mb", type=float, default=16.0, help="MiB per checkpoint")
+    ap.add_argument("--checkpoint-dir", default=".", help="where checkpoints are written")
     ap.add_argument("--activity-log", default=None, help="append the begin/end of each simulated GPU step (CLOCK_MONOTONIC ns) to this file (also $GPUPROF_ACTIVITY_LOG); format in docs/testing.md")
     args = ap.parse_args()
 
@@ -124,36 +200,71 @@ def main():
     log = open_activity_log(args)
     start = time.monotonic()
     done = 0
+    held = bytearray(int(args.hold_mb * 1024 * 1024)) if args.hold_mb > 0 else None
+
+    def after_step(step):
+        log_step(step, args.loop_ms)
+        if held is not None:
+            touch_memory(held, step, args.touch_mb)
+        if args.wait_ms > 0:
+            wait_for_peer(args.wait_ms)
+        if args.checkpoint_every > 0 and (step + 1) % args.checkpoint_every == 0:
+            save_checkpoint(args, step)
+
     if args.workers == 0:
         for step in range(args.steps):
             if interrupted:
                 break
             make_batch(step, args)
             gpu_step(args, log)
+            after_step(step)
             done += 1
     else:
         ctx = mp.get_context("fork")
-        tasks, results = ctx.Queue(), ctx.Queue()
-        procs = [ctx.Process(target=worker_loop, args=(i, args, tasks, results), daemon=True) for i in range(args.workers)]
-        for p in procs:
-            p.start()
-        queued = 0
-        for _ in range(min(args.steps, args.workers * args.prefetch)):
-            tasks.put(queued)
-            queued += 1
-        for step in range(args.steps):
+        epochs = max(1, args.epochs)
+        per_epoch = [args.steps // epochs + (1 if e < args.steps % epochs else 0) for e in range(epochs)]
+        procs = []
+        tasks = results = None
+        step = 0
+
+        def start_workers():
+            t, r = ctx.Queue(), ctx.Queue()
+            ps = [ctx.Process(target=worker_loop, args=(i, args, t, r, os.getpid()), daemon=True) for i in range(args.workers)]
+            for p in ps:
+                p.start()
+            return t, r, ps
+
+        def stop_workers(t, ps):
+            for _ in ps:
+                t.put(None)
+            for p in ps:
+                p.join(timeout=5)
+
+        for epoch, n in enumerate(per_epoch):
             if interrupted:
                 break
-            results.get()
-            if queued < args.steps:
+            if tasks is None or not args.persistent_workers:
+                if tasks is not None:
+                    stop_workers(tasks, procs)
+                tasks, results, procs = start_workers()
+            first, last = step, step + n
+            queued = first
+            for _ in range(min(n, args.workers * args.prefetch)):
                 tasks.put(queued)
                 queued += 1
-            gpu_step(args, log)
-            done += 1
-        for _ in procs:
-            tasks.put(None)
-        for p in procs:
-            p.join(timeout=5)
+            for _ in range(n):
+                if interrupted:
+                    break
+                results.get()
+                if queued < last:
+                    tasks.put(queued)
+                    queued += 1
+                gpu_step(args, log)
+                after_step(step)
+                step += 1
+                done += 1
+        if tasks is not None:
+            stop_workers(tasks, procs)
     elapsed = time.monotonic() - start
     print(f"{done} steps in {elapsed:.2f} s: {done / elapsed if elapsed > 0 else 0:.2f} steps/s", flush=True)
     if interrupted:

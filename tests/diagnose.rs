@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::Mutex;
 
+use common::{DiskOptions, SlowDisk};
 use serde_json::Value;
 
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -367,106 +368,19 @@ fn every_finding_has_a_docs_section() {
     }
 }
 
-/// A throttled slow disk: a file-backed loop device with an ext4 holding
-/// the data, read through a cgroup-v1 blkio limit with the page cache
-/// dropped. Everything is removed again by `Drop`.
-struct SlowDisk {
-    image: PathBuf,
-    mnt: PathBuf,
-    loopdev: Option<String>,
-    mounted: bool,
-    cgroup: Option<PathBuf>,
-}
-
-impl Drop for SlowDisk {
-    fn drop(&mut self) {
-        if self.mounted {
-            let _ = Command::new("umount").arg(&self.mnt).status();
-        }
-        if let Some(l) = &self.loopdev {
-            let _ = Command::new("losetup").args(["-d", l]).status();
-        }
-        if let Some(cg) = &self.cgroup {
-            let _ = std::fs::remove_dir(cg);
-        }
-        let _ = std::fs::remove_file(&self.image);
-    }
-}
-
-fn sh(cmd: &str, args: &[&str]) -> Result<String, String> {
-    let o = Command::new(cmd)
-        .args(args)
-        .output()
-        .map_err(|e| format!("{cmd}: {e}"))?;
-    if !o.status.success() {
-        return Err(format!(
-            "{cmd} {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&o.stderr).trim()
-        ));
-    }
-    Ok(String::from_utf8_lossy(&o.stdout).trim().to_string())
-}
-
-fn slow_disk(dir: &Path) -> Result<SlowDisk, String> {
-    if unsafe { libc::geteuid() } != 0 {
-        return Err("needs root (loop device, mount, cgroup)".into());
-    }
-    let blkio = Path::new("/sys/fs/cgroup/blkio");
-    if !blkio.join("blkio.throttle.read_bps_device").exists() {
-        return Err("no cgroup-v1 blkio controller at /sys/fs/cgroup/blkio".into());
-    }
-    let mut d = SlowDisk {
-        image: dir.join("disk.img"),
-        mnt: dir.join("mnt"),
-        loopdev: None,
-        mounted: false,
-        cgroup: None,
-    };
-    std::fs::create_dir_all(&d.mnt).map_err(|e| e.to_string())?;
-    sh("truncate", &["-s", "64M", d.image.to_str().unwrap()])?;
-    let l = sh("losetup", &["-f", "--show", d.image.to_str().unwrap()])?;
-    d.loopdev = Some(l.clone());
-    sh("mkfs.ext4", &["-q", &l])?;
-    sh("mount", &[&l, d.mnt.to_str().unwrap()])?;
-    d.mounted = true;
-    let data = d.mnt.join("data");
-    sh(
-        "dd",
-        &[
-            "if=/dev/urandom",
-            &format!("of={}", data.display()),
-            "bs=1M",
-            "count=24",
-            "status=none",
-        ],
-    )?;
-    sh("sync", &[])?;
-    std::fs::write("/proc/sys/vm/drop_caches", "3").map_err(|e| e.to_string())?;
-    let name = Path::new(&l)
-        .file_name()
-        .unwrap()
-        .to_string_lossy()
-        .into_owned();
-    let majmin =
-        std::fs::read_to_string(format!("/sys/block/{name}/dev")).map_err(|e| e.to_string())?;
-    let cg = blkio.join(format!("gpuprof-test-{}", std::process::id()));
-    std::fs::create_dir(&cg).map_err(|e| format!("{}: {e}", cg.display()))?;
-    d.cgroup = Some(cg.clone());
-    // 5 MB/s: the 16 MB the job reads take about 3 s.
-    std::fs::write(
-        cg.join("blkio.throttle.read_bps_device"),
-        format!("{} 5242880", majmin.trim()),
-    )
-    .map_err(|e| format!("blkio throttle: {e}"))?;
-    Ok(d)
-}
-
 #[test]
 fn throttled_reads_are_io_bound() {
     let _g = serial();
     let dir = tempfile::tempdir().unwrap();
-    let disk = match slow_disk(dir.path()) {
+    let disk = match SlowDisk::new(
+        dir.path(),
+        DiskOptions {
+            data_mb: 24,
+            read_bps: Some(5 << 20),
+            rotational: true,
+            ..Default::default()
+        },
+    ) {
         Ok(d) => d,
         Err(why) => {
             skip!("the IO-bound scenario: {why}");
@@ -512,6 +426,17 @@ fn throttled_reads_are_io_bound() {
     assert!(ev.contains("D state"), "{ev}");
     // The data file's filesystem is named from the open files.
     assert!(ev.contains(disk.mnt.to_str().unwrap()), "{ev}");
+    // The disk says it is rotational: slow-storage, with io-bound's cost.
+    let slow = report["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["id"] == "slow-storage")
+        .unwrap_or_else(|| panic!("no slow-storage: {}", report["findings"]));
+    assert_eq!(slow["severity"], f["severity"], "{slow}");
+    assert_eq!(slow["gpu_time_s"], f["gpu_time_s"], "{slow}");
+    let sev = slow["evidence"].to_string();
+    assert!(sev.contains("rotational"), "{sev}");
     drop(disk);
 }
 

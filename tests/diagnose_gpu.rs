@@ -278,6 +278,7 @@ fn measured_input_bound_then_fixed() {
         "{}",
         f["evidence"]
     );
+    assert_idle_accounted(&r);
 
     // Three workers: compare shows the idle seconds each log implies.
     let (_r3, three, truth3) = traced("three-workers", "3", HEAVY_AUGMENTATION);
@@ -375,4 +376,355 @@ fn doctor_reports_the_scenarios_pcie_and_throttling() {
         "{reasons}"
     );
     assert_eq!(code, Some(1));
+}
+
+/// Record `train_sim.py ARGS` (wrapped by `wrap`, e.g. into a cgroup) with
+/// the fake driver following its activity log; the report, and the
+/// recording's folder.
+fn activity_job(dir: &Path, name: &str, wrap: &[String], args: &[&str]) -> (Value, PathBuf) {
+    let log = dir.join(format!("{name}.log"));
+    let out = dir.join(name);
+    let mut job: Vec<String> = wrap.to_vec();
+    job.extend(train_sim(args));
+    let r = run(
+        &out,
+        "activity",
+        &[("GPUPROF_ACTIVITY_LOG", &log)],
+        &strs(&job),
+    );
+    (r, out)
+}
+
+fn evidence(f: &Value) -> String {
+    f["evidence"].to_string()
+}
+
+/// The training loop itself computes between steps (metrics, logging)
+/// while two workers keep up easily: the GPU is busy ~25% of the time and
+/// the finding names the loop's functions from the GPU-idle stacks.
+#[test]
+fn training_loop_work_keeps_the_gpu_waiting() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let (r, _) = activity_job(
+        dir.path(),
+        "loop",
+        &[],
+        &[
+            "--workers",
+            "2",
+            "--augment-ms",
+            "5",
+            "--gpu-ms",
+            "10",
+            "--loop-ms",
+            "27",
+            "--steps",
+            "100",
+        ],
+    );
+    assert_eq!(top_id(&r), "training-loop", "{:?}", ids(&r));
+    let f = finding(&r, "training-loop").unwrap();
+    assert_eq!(f["gpu_time_basis"], "measured");
+    assert!(
+        f["severity"] == "critical" || f["severity"] == "warning",
+        "{f}"
+    );
+    if r["stacks"]["samples"].as_u64().unwrap_or(0) > 0 {
+        assert!(evidence(f).contains("compute_metrics"), "{}", evidence(f));
+        assert!(
+            f["fix"].as_str().unwrap().contains("compute_metrics"),
+            "{}",
+            f["fix"]
+        );
+    }
+    // Not mistaken for an input problem.
+    for id in [
+        "input-pipeline-bound",
+        "too-few-workers",
+        "main-process-preprocessing",
+    ] {
+        assert!(finding(&r, id).is_none(), "{id}: {:?}", ids(&r));
+    }
+    assert_idle_accounted(&r);
+}
+
+/// The loop waits for something gpuprof cannot see (a sleep standing for a
+/// remote service or another rank): no known cause, and the diagnosis
+/// says so with the seconds, instead of a clean bill of health.
+#[test]
+fn idle_nobody_explains_is_reported_as_unexplained() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let (r, _) = activity_job(
+        dir.path(),
+        "wait",
+        &[],
+        &[
+            "--workers",
+            "2",
+            "--augment-ms",
+            "5",
+            "--gpu-ms",
+            "10",
+            "--wait-ms",
+            "25",
+            "--steps",
+            "100",
+        ],
+    );
+    let f = finding(&r, "gpu-idle-unexplained").unwrap_or_else(|| panic!("{:?}", ids(&r)));
+    assert!(
+        f["severity"] == "critical" || f["severity"] == "warning",
+        "{f}"
+    );
+    let (steady, explained, unexplained) = assert_idle_accounted(&r);
+    assert!(
+        unexplained > 0.5 * steady,
+        "{steady} {explained} {unexplained}"
+    );
+    let ev = evidence(f);
+    assert!(ev.contains("main thread"), "{ev}");
+    assert!(f["fix"].as_str().unwrap().contains("flame-gpu-idle.svg"));
+}
+
+/// A real cgroup-v1 CPU quota of 0.4 CPU on a job with two workers: the
+/// finding is the limit, with its throttled periods, and the fix raises it
+/// — never "lower num_workers".
+#[test]
+fn cgroup_cpu_quota_is_the_cause_not_the_worker_count() {
+    let _g = serial();
+    let cg = match TestCgroup::v1(
+        "cpu",
+        "quota",
+        &[
+            ("cpu.cfs_period_us", "100000".into()),
+            ("cpu.cfs_quota_us", "40000".into()),
+        ],
+    ) {
+        Ok(c) => c,
+        Err(why) => skip!("cgroup CPU quota: {why}"),
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (r, _) = activity_job(
+        dir.path(),
+        "quota",
+        &cg.wrap(&[]),
+        &[
+            "--workers",
+            "2",
+            "--augment-ms",
+            "20",
+            "--gpu-ms",
+            "10",
+            "--steps",
+            "60",
+        ],
+    );
+    assert_eq!(top_id(&r), "cpu-limit", "{:?}", ids(&r));
+    let f = finding(&r, "cpu-limit").unwrap();
+    let ev = evidence(f);
+    assert!(ev.contains("0.40 CPUs") && ev.contains("throttled"), "{ev}");
+    let fix = f["fix"].as_str().unwrap();
+    assert!(
+        fix.contains("resources.limits.cpu") && fix.contains("--cpus"),
+        "{fix}"
+    );
+    for f in r["findings"].as_array().unwrap() {
+        assert!(
+            !f["fix"]
+                .as_str()
+                .unwrap_or("")
+                .contains("lower `num_workers`"),
+            "{f}"
+        );
+    }
+    let c = &r["system"]["cgroup"]["cpu"];
+    assert_eq!(c["quota_cores"].as_f64(), Some(0.4), "{c}");
+    assert!(c["throttled_periods"].as_u64().unwrap() > 0, "{c}");
+    assert_idle_accounted(&r);
+    drop(cg);
+}
+
+/// Workers started anew each epoch (no persistent workers), each spending
+/// 300 ms getting ready: the GPU waits at every epoch boundary; with
+/// `--persistent-workers` the same job has no such finding.
+#[test]
+fn workers_restarted_every_epoch() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let args = [
+        "--workers",
+        "2",
+        "--augment-ms",
+        "5",
+        "--gpu-ms",
+        "10",
+        "--steps",
+        "120",
+        "--epochs",
+        "4",
+        "--worker-start-ms",
+        "300",
+    ];
+    let (r, _) = activity_job(dir.path(), "restarts", &[], &args);
+    let f = finding(&r, "worker-restarts").unwrap_or_else(|| panic!("{:?}", ids(&r)));
+    assert!(
+        f["severity"] == "critical" || f["severity"] == "warning",
+        "{f}"
+    );
+    assert!(
+        evidence(f).contains("3 restarts of 2 workers"),
+        "{}",
+        evidence(f)
+    );
+    assert!(f["fix"]
+        .as_str()
+        .unwrap()
+        .contains("persistent_workers=True"));
+    assert_idle_accounted(&r);
+
+    let mut persistent = args.to_vec();
+    persistent.push("--persistent-workers");
+    let (r, _) = activity_job(dir.path(), "persistent", &[], &persistent);
+    assert!(finding(&r, "worker-restarts").is_none(), "{:?}", ids(&r));
+}
+
+/// A checkpoint written and fsync'ed from the training loop to a disk that
+/// takes 10 MB/s (loop device, cgroup-v1 blkio write limit): the main
+/// thread waits in D state and the GPU with it.
+#[test]
+fn checkpoint_writes_stall_the_loop() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let disk = match SlowDisk::new(
+        dir.path(),
+        DiskOptions {
+            write_bps: Some(10 << 20),
+            ..Default::default()
+        },
+    ) {
+        Ok(d) => d,
+        Err(why) => skip!("slow checkpoint disk: {why}"),
+    };
+    let cg = disk.cgroup.clone().unwrap();
+    let wrap = vec![
+        "sh".to_string(),
+        "-c".to_string(),
+        format!("echo $$ > {}/cgroup.procs && exec \"$@\"", cg.display()),
+        "sh".to_string(),
+    ];
+    let ckdir = disk.mnt.to_string_lossy().into_owned();
+    let (r, _) = activity_job(
+        dir.path(),
+        "ckpt",
+        &wrap,
+        &[
+            "--workers",
+            "2",
+            "--augment-ms",
+            "5",
+            "--gpu-ms",
+            "10",
+            "--steps",
+            "100",
+            "--checkpoint-every",
+            "25",
+            "--checkpoint-mb",
+            "8",
+            "--checkpoint-dir",
+            &ckdir,
+        ],
+    );
+    let f = finding(&r, "write-stall").unwrap_or_else(|| panic!("{:?}", ids(&r)));
+    assert!(
+        f["severity"] == "critical" || f["severity"] == "warning",
+        "{f}"
+    );
+    assert!(evidence(f).contains("main thread"), "{}", evidence(f));
+    assert!(f["fix"].as_str().unwrap().contains("background"));
+    assert!(finding(&r, "io-bound").is_none(), "{:?}", ids(&r));
+    assert_idle_accounted(&r);
+    drop(disk);
+}
+
+/// The training loop holds 64 MiB of host memory and walks through it, 2 MiB
+/// a step, in a memory cgroup of 48 MiB with swap: each step swaps pages in
+/// and out, tasks stall on memory (PSI) and the GPU waits.
+#[test]
+fn swapping_in_a_memory_limit_is_host_memory_pressure() {
+    let _g = serial();
+    if !Path::new("/proc/pressure/memory").exists() {
+        skip!("no PSI on this kernel");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let swap = match SwapFile::on(&dir.path().join("swap"), 256) {
+        Ok(s) => s,
+        Err(why) => skip!("swap for the memory-pressure scenario: {why}"),
+    };
+    let cg = match TestCgroup::v1(
+        "memory",
+        "swap",
+        &[("memory.limit_in_bytes", (48u64 << 20).to_string())],
+    ) {
+        Ok(c) => c,
+        Err(why) => skip!("memory cgroup: {why}"),
+    };
+    let (r, _) = activity_job(
+        dir.path(),
+        "swapping",
+        &cg.wrap(&[]),
+        &[
+            "--workers",
+            "2",
+            "--augment-ms",
+            "2",
+            "--gpu-ms",
+            "10",
+            "--steps",
+            "60",
+            "--hold-mb",
+            "64",
+            "--touch-mb",
+            "2",
+        ],
+    );
+    let f = finding(&r, "host-memory-pressure").unwrap_or_else(|| panic!("{:?}", r["findings"]));
+    assert!(
+        f["severity"] == "critical" || f["severity"] == "warning",
+        "{f}"
+    );
+    assert_eq!(f["gpu_time_basis"], "measured", "{f}");
+    let ev = evidence(f);
+    assert!(ev.contains("PSI memory"), "{ev}");
+    assert!(ev.contains("swapped"), "{ev}");
+    assert!(ev.contains("limited to 50.3 MB"), "{ev}");
+    assert!(f["fix"]
+        .as_str()
+        .unwrap()
+        .contains("resources.limits.memory"));
+    let m = &r["system"]["cgroup"]["memory"];
+    assert_eq!(m["limit_bytes"].as_u64(), Some(48 << 20), "{m}");
+    assert_idle_accounted(&r);
+    drop(cg);
+    drop(swap);
+}
+
+/// A GPU held at its power limit (sw_power_cap all along) while the job
+/// keeps it busy: power-capped, a warning at most.
+#[test]
+fn power_capped_gpu() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let r = run(
+        &dir.path().join("power"),
+        "power-cap",
+        &[],
+        &strs(&train_sim(HEALTHY)),
+    );
+    let f = finding(&r, "power-capped").unwrap_or_else(|| panic!("{:?}", ids(&r)));
+    assert_eq!(f["severity"], "warning", "{f}");
+    let ev = evidence(f);
+    assert!(ev.contains("sw_power_cap"), "{ev}");
+    assert!(f["fix"].as_str().unwrap().contains("nvidia-smi"));
 }
