@@ -95,6 +95,12 @@ mod tests {
             | GpuMemoryPressure
             | PcieDegraded
             | StragglerRank
+            | CpuLimit
+            | HostMemoryPressure
+            | WorkerRestarts
+            | WriteStall
+            | TrainingLoop
+            | GpuIdleUnexplained
             | LowSampleCoverage => FindingKind::ALL.contains(&k),
         }
     }

@@ -728,3 +728,61 @@ fn power_capped_gpu() {
     assert!(ev.contains("sw_power_cap"), "{ev}");
     assert!(f["fix"].as_str().unwrap().contains("nvidia-smi"));
 }
+
+/// A GPU-bound job with enough workers stays quiet — no warning, no
+/// critical finding — ten times in a row on a busy machine: a spinning
+/// thread per core competes with the job all along (the rules that find
+/// the loop's own work, CPU limits or an unexplained idle GPU must not
+/// mistake a loaded machine for a problem of the job).
+#[test]
+fn healthy_gpu_bound_job_stays_quiet_on_a_busy_machine() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let _g = serial();
+    let stop = Arc::new(AtomicBool::new(false));
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let hogs: Vec<_> = (0..cores)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut x = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+                }
+            })
+        })
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let mut alarms = Vec::new();
+    for i in 0..10 {
+        let (r, _) = activity_job(
+            dir.path(),
+            &format!("healthy{i}"),
+            &[],
+            &[
+                "--workers",
+                "4",
+                "--augment-ms",
+                "3",
+                "--gpu-ms",
+                "20",
+                "--steps",
+                "120",
+            ],
+        );
+        for f in r["findings"].as_array().unwrap() {
+            if f["severity"] != "info" {
+                alarms.push(format!("run {i}: {f}"));
+            }
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    for h in hogs {
+        h.join().unwrap();
+    }
+    assert!(
+        alarms.is_empty(),
+        "false alarms on a healthy GPU-bound job:\n{}",
+        alarms.join("\n")
+    );
+}

@@ -197,7 +197,7 @@ fn read_cpu(m: &Mount, dir: &Path) -> Option<CgroupCpu> {
             continue;
         }
         let cores = quota as f64 / period as f64;
-        if best.is_none_or(|b| cores < b.0) {
+        if best.map_or(true, |b| cores < b.0) {
             best = Some((cores, d, quota, period));
         }
     }
@@ -235,7 +235,7 @@ fn read_memory(m: &Mount, dir: &Path, mem_total: u64) -> Option<CgroupMemory> {
         if limit >= mem_total {
             continue;
         }
-        if best.is_none_or(|b| limit < b.0) {
+        if best.map_or(true, |b| limit < b.0) {
             best = Some((limit, d));
         }
     }
@@ -332,7 +332,7 @@ impl CgroupCollector {
         }
         if self
             .resolved_at
-            .is_none_or(|t| t.elapsed() >= RESOLVE_PERIOD)
+            .map_or(true, |t| t.elapsed() >= RESOLVE_PERIOD)
         {
             self.resolved_at = Some(Instant::now());
             self.cpu = self.resolve("cpu", pids);

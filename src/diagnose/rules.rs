@@ -229,7 +229,7 @@ pub fn edge_gap_notes(a: &Analysis, g: &GpuEvidence) -> Vec<String> {
         .iter()
         .filter_map(|d| {
             let s = d.idle_split(a.start, a.end);
-            (s.startup_s + s.shutdown_s >= 0.05).then(|| {
+            (s.startup_s + s.shutdown_s >= th::EDGE_IDLE_NOTE_S).then(|| {
                 format!(
                     "GPU {} was idle {:.1} s before its first work (start-up: imports, model build, workers starting) and {:.1} s after its last (shutdown); findings attribute only the idle time in between.",
                     d.index, s.startup_s, s.shutdown_s
@@ -371,10 +371,10 @@ fn io_bound(
     }
     ev.extend(causes::page_cache_thrash(a, tl));
     let mut throttled_hint = false;
-    if busiest_disk < 50.0 {
+    if busiest_disk < th::DISK_BUSY_PCT {
         throttled_hint = true;
         ev.push(
-            "No disk was near 100% busy while the reads waited: the wait is likely an IO limit \
+            "No disk was even half busy while the reads waited: the wait is likely an IO limit \
              (cgroup io.max / blkio throttle, a cloud volume's throughput or IOPS cap) or a \
              network filesystem."
                 .to_string(),
@@ -610,7 +610,7 @@ fn pipeline(
             pct(main_cpu)
         ),
     ];
-    if others >= 0.5 {
+    if others >= th::OTHER_PROGRAMS_CORES {
         ev.push(format!(
             "Meanwhile the job used {job_cores:.1} cores and other programs on this machine {others:.1}: they compete with the workers for CPU."
         ));

@@ -23,6 +23,9 @@ pub const SATURATED_WORKERS_SHARE: f64 = 0.75;
 /// machine a busy thread waits for a core, and that wait is part of what
 /// the GPU waits for.
 pub const MAIN_BUSY_SHARE: f64 = 0.5;
+/// The same for the live early warnings, which see only the cores a role
+/// used (no per-thread states while recording): half a core.
+pub const MAIN_BUSY_CORES: f64 = 0.5;
 /// Tasks stalled on memory (PSI memory "some") at least this share of an
 /// interval: reclaim or swap-in is on the critical path of the job's
 /// threads (a healthy machine shows 0–1%).
@@ -109,3 +112,14 @@ pub const STRAGGLER_GPU_IDLE_GAP: f64 = 0.15;
 pub const STRAGGLER_CAUSE_MARGIN: f64 = 0.25;
 /// ... and at least this high itself (half the time busy).
 pub const STRAGGLER_BUSY_SHARE: f64 = 0.5;
+/// A disk at least this busy (% of the time with IO in flight) while reads
+/// waited can be what they waited for; below it, on every disk, the wait is
+/// more likely an IO limit or a network filesystem (a local disk serving a
+/// reader that blocks is busy most of the time).
+pub const DISK_BUSY_PCT: f64 = 50.0;
+/// Other programs on the machine using at least this many cores while the
+/// workers were saturated compete with them: the fix starts with giving the
+/// job the CPU.
+pub const OTHER_PROGRAMS_CORES: f64 = 0.5;
+/// Start-up and shutdown idle time worth a note (below it, rounding).
+pub const EDGE_IDLE_NOTE_S: f64 = 0.05;
