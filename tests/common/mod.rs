@@ -1086,6 +1086,13 @@ pub fn assert_idle_accounted(r: &Value) -> (f64, f64, f64) {
         .iter()
         .find(|f| f["id"] == "gpu-idle-unexplained")
         .and_then(|f| f["gpu_time_s"].as_f64());
+    let ids: Vec<&str> = fs.iter().filter_map(|f| f["id"].as_str()).collect();
+    eprintln!(
+        "idle accounting: GPU idle {:.0}% of its sampled time, steady-state idle {steady:.2} s, findings explain {explained:.2} s ({:.0}%), gpu-idle-unexplained {}; findings {ids:?}",
+        share * 100.0,
+        100.0 * explained / steady.max(1e-9),
+        unexplained.map_or("none".to_string(), |u| format!("{u:.2} s"))
+    );
     if share >= 0.3 && explained < 0.8 * steady {
         let u = unexplained.unwrap_or_else(|| {
             panic!(
