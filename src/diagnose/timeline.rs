@@ -215,7 +215,8 @@ fn mean_bins(s: &Series, start: MonoNs, bin_ns: u64, n: usize, scale: f64) -> Ve
 }
 
 /// Restarts of the input workers: a generation is the workers that
-/// started within [`th::WORKER_GENERATION_S`] of its first; each
+/// started within [`th::WORKER_GENERATION_S`] of its first, before any of
+/// them exited; each
 /// generation after the first is a restart. The previous generation began
 /// to exit at `down` (its first exit at most [`th::RESTART_WINDOW_S`]
 /// before the new start, else the new start). The new generation is ready
@@ -235,8 +236,18 @@ pub fn restarts(
     let window_ns = (th::RESTART_WINDOW_S * 1e9) as u64;
     let mut gens: Vec<Vec<&Process>> = Vec::new();
     for p in ws {
+        // One generation starts together and lives together: a worker that
+        // starts after one of the current generation exited is the next
+        // generation, however short the epoch was.
         match gens.last_mut() {
-            Some(g) if p.first_seen.0 <= g[0].first_seen.0 + gen_ns => g.push(p),
+            Some(g)
+                if p.first_seen.0 <= g[0].first_seen.0 + gen_ns
+                    && !g
+                        .iter()
+                        .any(|q| q.exited.is_some_and(|e| e <= p.first_seen)) =>
+            {
+                g.push(p)
+            }
             _ => gens.push(vec![p]),
         }
     }
