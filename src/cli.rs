@@ -499,6 +499,9 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         "" | "s" | "sec" => 1.0,
         "ms" => 1e-3,
         "us" | "µs" => 1e-6,
+        // Accepted so that a too-short duration gets the option's own
+        // range message, like 0 does.
+        "ns" => 1e-9,
         "m" | "min" => 60.0,
         "h" => 3600.0,
         u => {
@@ -526,6 +529,7 @@ mod tests {
         assert_eq!(parse_duration("10m").unwrap(), Duration::from_secs(600));
         assert!(parse_duration("abc").is_err());
         assert!(parse_duration("5 parsecs").is_err());
+        assert_eq!(parse_duration("1ns").unwrap(), Duration::from_nanos(1));
     }
 
     #[test]
@@ -592,6 +596,15 @@ mod tests {
     fn bad_settings_are_explained() {
         let cli = Cli::try_parse_from(["gpuprof", "--interval", "1ms", "--", "true"]).unwrap();
         assert!(cli.record.into_config().unwrap_err().contains("--interval"));
+        // Too short is one error, whatever the unit.
+        for short in ["0", "1ns", "5us"] {
+            let cli = Cli::try_parse_from(["gpuprof", "--interval", short, "--", "true"]).unwrap();
+            let e = cli.record.into_config().unwrap_err();
+            assert!(
+                e.contains("is out of range: use 10ms to 60s"),
+                "{short}: {e}"
+            );
+        }
         let cli = Cli::try_parse_from(["gpuprof"]).unwrap();
         assert!(cli.record.into_config().unwrap_err().contains("--"));
         let cli = Cli::try_parse_from(["gpuprof", "--frequency", "5000", "--", "true"]).unwrap();

@@ -27,6 +27,8 @@ pub enum LaunchError {
     NotFound(String),
     #[error("cannot execute {0}: {1} (check that it is an executable file: chmod +x)")]
     NotExecutable(String, String),
+    #[error("cannot reach {0}: {1} (a folder on its path cannot be searched by this user: check the folders' permissions, or run gpuprof as a user who can run the job)")]
+    NotReachable(String, String),
     #[error("cannot start {0}: {1}")]
     Exec(String, String),
     #[error("cannot start the job: {0}")]
@@ -37,7 +39,7 @@ impl LaunchError {
     pub fn exit_code(&self) -> i32 {
         match self {
             LaunchError::NotFound(_) | LaunchError::Empty => 127,
-            LaunchError::NotExecutable(..) => 126,
+            LaunchError::NotExecutable(..) | LaunchError::NotReachable(..) => 126,
             _ => 127,
         }
     }
@@ -59,14 +61,25 @@ pub fn resolve_program(name: &OsStr) -> Result<PathBuf, LaunchError> {
         return Err(LaunchError::Empty);
     }
     let check = |p: &Path| -> Option<Result<PathBuf, LaunchError>> {
-        let md = std::fs::metadata(p).ok()?;
+        let md = match std::fs::metadata(p) {
+            Ok(md) => md,
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                return Some(Err(LaunchError::NotReachable(
+                    shown.clone(),
+                    "permission denied".into(),
+                )));
+            }
+            Err(_) => return None,
+        };
         if md.is_dir() {
             return Some(Err(LaunchError::NotExecutable(
                 shown.clone(),
                 "is a directory".into(),
             )));
         }
-        if md.permissions().mode() & 0o111 == 0 {
+        // What this user may execute (root: any execute bit).
+        let may_exec = nix::unistd::access(p, nix::unistd::AccessFlags::X_OK).is_ok();
+        if md.permissions().mode() & 0o111 == 0 || !may_exec {
             return Some(Err(LaunchError::NotExecutable(
                 shown.clone(),
                 "permission denied".into(),
@@ -88,6 +101,9 @@ pub fn resolve_program(name: &OsStr) -> Result<PathBuf, LaunchError> {
         };
         match check(&dir.join(name)) {
             Some(Ok(p)) => return Ok(p),
+            // A folder of PATH this user cannot search holds nothing for
+            // it (as for the shell).
+            Some(Err(LaunchError::NotReachable(..))) => {}
             Some(Err(e)) if first_err.is_none() => first_err = Some(e),
             _ => {}
         }

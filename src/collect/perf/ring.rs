@@ -117,6 +117,9 @@ pub fn refusal_advice(err: &io::Error) -> String {
                 Some(p) if p > 2 => {
                     "run `sudo sysctl kernel.perf_event_paranoid=2` (or give gpuprof CAP_PERFMON: `sudo setcap cap_perfmon+ep $(which gpuprof)`)".to_string()
                 }
+                // The setting allows it already: a container's seccomp
+                // profile or a security module refused.
+                Some(_) => "in a container allow the perf_event_open syscall (seccomp) and give CAP_PERFMON; elsewhere check the security module (SELinux, AppArmor) or give gpuprof CAP_PERFMON (`sudo setcap cap_perfmon+ep $(which gpuprof)`)".to_string(),
                 _ => "give gpuprof CAP_PERFMON (`sudo setcap cap_perfmon+ep $(which gpuprof)`), or run `sudo sysctl kernel.perf_event_paranoid=2`; in a container also allow the perf_event_open syscall (seccomp) and CAP_PERFMON".to_string(),
             };
             format!(
