@@ -380,6 +380,43 @@ pub fn record(cfg: RecordConfig) -> Result<i32> {
     code
 }
 
+/// The process that sent the last SIGINT (`kill`), or 0 when it came from
+/// the terminal (Ctrl-C reaches the job's whole process group).
+static SIGINT_SENDER: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+/// Note who sends SIGINT, beside tokio's own handler.
+fn watch_sigint_senders() {
+    // SAFETY: the action only reads the siginfo and stores an atomic,
+    // which is async-signal-safe.
+    let _ = unsafe {
+        signal_hook_registry::register_sigaction(libc::SIGINT, |info: &libc::siginfo_t| {
+            // si_code <= 0: sent by a process (kill, sigqueue, tgkill);
+            // above 0: by the kernel, e.g. the terminal's Ctrl-C.
+            let sender = match info.si_code {
+                c if c > 0 => 0,
+                _ => Some(info.si_pid()).filter(|p| *p > 0).unwrap_or(-1),
+            };
+            SIGINT_SENDER.store(sender, Ordering::Relaxed);
+        })
+    };
+}
+
+/// Why a SIGINT that a process sent to gpuprof is not passed on: it cannot
+/// tell `kill PID` from `kill -PGID` (which reached the job already), and a
+/// second SIGINT would interrupt the job's own clean-up.
+fn sigint_not_passed_on(sender: i32) -> String {
+    let from = if sender > 0 {
+        format!("SIGINT from pid {sender}")
+    } else {
+        "SIGINT from a process".to_string()
+    };
+    // SAFETY: no arguments, no failure.
+    let pgrp = unsafe { libc::getpgrp() };
+    format!(
+        "{from} reached gpuprof and is not passed on (a signal sent to the process group reaches the job too, and a second one would interrupt its clean-up): to interrupt the job, `kill -INT -{pgrp}` (the group, as Ctrl-C does); recording until the job exits (a second SIGINT stops recording now)"
+    )
+}
+
 pub(crate) fn say(quiet: bool, msg: &str) {
     if !quiet {
         eprintln!("gpuprof: {msg}");
@@ -398,6 +435,7 @@ async fn run(
     // the dispositions gpuprof was started with (e.g. SIGHUP ignored under
     // nohup), not gpuprof's own.
     let mut sigint = signal(SignalKind::interrupt())?;
+    watch_sigint_senders();
     let mut sigquit = signal(SignalKind::quit())?;
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sighup = signal(SignalKind::hangup())?;
@@ -490,9 +528,12 @@ async fn run(
                 }
             }
             _ = sigint.recv() => {
+                let sender = SIGINT_SENDER.swap(0, Ordering::Relaxed);
                 interrupts += 1;
-                if interrupts == 1 {
+                if interrupts == 1 && sender == 0 {
                     say(cfg.quiet, "Ctrl-C went to the job; recording until it exits (Ctrl-C again stops recording now)");
+                } else if interrupts == 1 {
+                    say(cfg.quiet, &sigint_not_passed_on(sender));
                 } else if recording.is_some() {
                     stop_reason = Some("interrupted");
                 }

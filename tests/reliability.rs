@@ -162,6 +162,88 @@ fn root_never_writes_through_another_users_symlinks() {
         );
     }
     assert!(leftovers(&mine).iter().all(|n| names.contains(&n.as_str())));
+
+    // 5. `gpuprof merge` writes the same way: refused in nobody's folder,
+    // symlinks replaced in root's.
+    let o = gpuprof()
+        .arg("merge")
+        .arg(&out)
+        .arg("-o")
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert_ne!(o.status.code(), Some(0));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("belongs to uid 65534"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let merged = d.path().join("merged");
+    std::fs::create_dir(&merged).unwrap();
+    for n in names {
+        std::os::unix::fs::symlink(&victim, merged.join(n)).unwrap();
+        std::os::unix::fs::lchown(merged.join(n), Some(NOBODY), Some(NOBODY)).unwrap();
+    }
+    let o = gpuprof()
+        .args(["merge", "-q"])
+        .arg(&out)
+        .arg("-o")
+        .arg(&merged)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "root only");
+    for n in ["report.json", "trace.json", "summary.md"] {
+        let md = std::fs::symlink_metadata(merged.join(n)).unwrap();
+        assert!(
+            md.is_file() && md.uid() == 0,
+            "{n} replaced by root's own file"
+        );
+    }
+    assert!(leftovers(&merged)
+        .iter()
+        .all(|n| names.contains(&n.as_str())));
+}
+
+#[test]
+fn a_command_behind_an_unsearchable_folder_is_not_called_missing() {
+    if !is_root() {
+        skip!("needs root (to act as nobody)");
+    }
+    let d = tmp();
+    std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let locked = d.path().join("locked");
+    std::fs::create_dir(&locked).unwrap();
+    let prog = locked.join("run.sh");
+    std::fs::write(&prog, "#!/bin/sh\ntrue\n").unwrap();
+    std::fs::set_permissions(&prog, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o700)).unwrap();
+    // An output folder nobody may write.
+    let out = d.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    std::os::unix::fs::chown(&out, Some(NOBODY), Some(NOBODY)).unwrap();
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_gpuprof"))
+        .arg("-o")
+        .arg(&out)
+        .arg("--")
+        .arg(&prog)
+        .current_dir(d.path())
+        .uid(NOBODY)
+        .gid(NOBODY)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(126), "{err}");
+    assert!(
+        err.contains("cannot reach") && err.contains("permission denied"),
+        "{err}"
+    );
+    assert!(!err.contains("not found"), "{err}");
+    assert_eq!(
+        std::fs::read_dir(&out).unwrap().count(),
+        0,
+        "nothing left for a job that never ran"
+    );
 }
 
 #[test]
@@ -452,4 +534,48 @@ fn a_killed_gpuprof_leaves_named_stacks_and_python_frames() {
     eprintln!("{total} samples: {named:.2} with named roots, {python:.2} with Python frames");
     assert!(named >= 0.8, "native frames are named: {named}");
     assert!(python >= 0.5, "Python frames are attached: {python}");
+}
+
+#[test]
+fn a_sigint_sent_to_gpuprof_alone_is_said_as_such_and_spares_the_job() {
+    use std::io::BufRead;
+    let d = tmp();
+    let job = "import signal, sys, time\n\
+               def h(*a):\n    print('job got SIGINT', flush=True)\n    sys.exit(3)\n\
+               signal.signal(signal.SIGINT, h)\n\
+               print('ready', flush=True)\n\
+               time.sleep(2)\n\
+               print('job done', flush=True)\n";
+    let mut g = gpuprof()
+        .args(["--no-stacks", "-o"])
+        .arg(d.path().join("out"))
+        .args(["--", "python3", "-c", job])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(g.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), "ready");
+    // To gpuprof's PID alone, from this process (another process group).
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(g.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    // gpuprof leads its own group (process_group(0)).
+    let pgid = g.id();
+    let rest: Vec<String> = lines.map(|l| l.unwrap()).collect();
+    let o = g.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(rest, ["job done"], "the job ran on untouched: {err}");
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    let me = std::process::id();
+    assert!(
+        err.contains(&format!(
+            "SIGINT from pid {me} reached gpuprof and is not passed on"
+        )) && err.contains(&format!("`kill -INT -{pgid}`")),
+        "{err}"
+    );
+    assert!(!err.contains("Ctrl-C went to the job"), "{err}");
 }
