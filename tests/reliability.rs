@@ -579,3 +579,113 @@ fn a_sigint_sent_to_gpuprof_alone_is_said_as_such_and_spares_the_job() {
     );
     assert!(!err.contains("Ctrl-C went to the job"), "{err}");
 }
+
+/// Report a copy of `base`'s recording whose events file is `bytes`.
+fn report_damaged(root: &Path, name: &str, bytes: &[u8]) -> (serde_json::Value, String) {
+    let dir = root.join(name);
+    std::fs::create_dir_all(dir.join("recording")).unwrap();
+    std::fs::write(dir.join("recording/events.jsonl.gz"), bytes).unwrap();
+    let o = gpuprof()
+        .arg("report")
+        .arg("-q")
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert_eq!(o.status.code(), Some(0), "{name}: {err}");
+    (report(&dir), err)
+}
+
+#[test]
+fn a_damaged_recording_loses_only_the_damaged_part_and_says_how_much() {
+    let d = tmp();
+    let busy = "import time\nt = time.time()\nwhile time.time() - t < 3: pass\n";
+    let (base, o) = record(d.path(), "base", &[], &["python3", "-c", busy]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let r0 = report(&base);
+    assert_eq!(r0["warnings"], serde_json::json!([]), "{}", r0["warnings"]);
+    let dur0 = r0["duration_s"].as_f64().unwrap();
+    let samples0 = r0["stacks"]["samples"].as_u64().unwrap_or(0);
+    let job_cpu0 = job_process(&r0)["cpu_s"].as_f64().unwrap();
+    assert!(
+        dur0 > 2.5 && job_cpu0 > 0.5,
+        "{dur0} s, job {job_cpu0} s CPU"
+    );
+    let file = std::fs::read(base.join("recording/events.jsonl.gz")).unwrap();
+
+    // 1. Line 3 garbled (the file re-compressed in one piece, as a user
+    // editing it would): that line is skipped, the rest is read.
+    let mut text = Vec::new();
+    std::io::Read::read_to_end(&mut flate2::read::MultiGzDecoder::new(&file[..]), &mut text)
+        .unwrap();
+    let mut lines: Vec<&[u8]> = text.split(|b| *b == b'\n').collect();
+    assert!(lines.len() > 50, "{} lines", lines.len());
+    lines[2] = b"{\"k\":\"process\",\"t\":12,\"pid\":\xff";
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    std::io::Write::write_all(&mut gz, &lines.join(&b'\n')).unwrap();
+    let (r, err) = report_damaged(d.path(), "line", &gz.finish().unwrap());
+    let w = r["warnings"].to_string();
+    assert!(w.contains("1 damaged line(s)"), "{w} {err}");
+    assert!(
+        r["duration_s"].as_f64().unwrap() >= dur0 * 0.99,
+        "{}",
+        r["duration_s"]
+    );
+    assert!(r["stacks"]["samples"].as_u64().unwrap_or(0) >= samples0 * 99 / 100);
+    assert!(job_process(&r)["cpu_s"].as_f64().unwrap() >= job_cpu0 * 0.99);
+
+    // 2. Bytes garbled inside a block of the compressed file (the writer
+    // ends a gzip member every second; the first holds the header and the
+    // processes): the damaged block is skipped, reading goes on with the
+    // next one, and the warning says how many bytes and which seconds were
+    // lost.
+    let members: Vec<usize> = (0..file.len() - 3)
+        .filter(|&i| file[i..i + 4] == [0x1f, 0x8b, 0x08, 0x00])
+        .collect();
+    assert!(members.len() >= 3, "gzip members at {members:?}");
+    let mid = (members[members.len() - 2] + members[members.len() - 1]) / 2;
+    let mut bad = file.clone();
+    for b in &mut bad[mid..mid + 16] {
+        *b ^= 0xa5;
+    }
+    let (r, err) = report_damaged(d.path(), "bytes", &bad);
+    let w = r["warnings"].to_string();
+    assert!(
+        w.contains("block(s) could not be decoded") && w.contains("events are missing at"),
+        "{w} {err}"
+    );
+    assert!(
+        r["duration_s"].as_f64().unwrap() >= dur0 * 0.99,
+        "{}",
+        r["duration_s"]
+    );
+    // The end of the recording (the job's exit, its last CPU figures) is
+    // still read.
+    assert_eq!(r["exit_code"], r0["exit_code"]);
+    let cpu = job_process(&r)["cpu_s"].as_f64().unwrap();
+    assert!(
+        cpu >= job_cpu0 * 0.5 && cpu <= job_cpu0 * 1.01,
+        "{cpu} of {job_cpu0} s"
+    );
+
+    // 3. A 40 MB line (over the 16 MB bound): skipped as it streams by, in
+    // one pass, and counted; the rest is read.
+    let mut long = b"{\"k\":\"coverage\",\"source\":\"".to_vec();
+    long.resize(40 << 20, b'x');
+    long.extend_from_slice(b"\"}");
+    let mut with_long = lines.clone();
+    with_long[2] = &long;
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    std::io::Write::write_all(&mut gz, &with_long.join(&b'\n')).unwrap();
+    let t = Instant::now();
+    let (r, err) = report_damaged(d.path(), "long", &gz.finish().unwrap());
+    let took = t.elapsed();
+    let w = r["warnings"].to_string();
+    assert!(w.contains("1 line(s) longer than 16 MB"), "{w} {err}");
+    assert!(
+        r["duration_s"].as_f64().unwrap() >= dur0 * 0.99,
+        "{}",
+        r["duration_s"]
+    );
+    assert!(took < Duration::from_secs(10), "{took:?} for a 40 MB line");
+}

@@ -424,6 +424,8 @@ struct Lines {
     pos: usize,
     /// Skipping the rest of an over-long line.
     skipping: bool,
+    /// `buf[pos..scanned]` holds no newline.
+    scanned: usize,
     /// The last piece ended a member.
     member_done: bool,
     ended: bool,
@@ -433,13 +435,14 @@ impl Lines {
     /// The next complete line (without its newline).
     fn next_line(&mut self) -> Option<Vec<u8>> {
         loop {
-            if let Some(i) = self.buf[self.pos..].iter().position(|b| *b == b'\n') {
-                let line = self.buf[self.pos..self.pos + i].to_vec();
-                self.pos += i + 1;
-                if self.skipping {
-                    self.skipping = false;
-                    continue;
-                }
+            // Only bytes not searched before: a long line costs its length
+            // once, not once per piece.
+            let from = self.pos.max(self.scanned);
+            if let Some(i) = memchr::memchr(b'\n', &self.buf[from..]) {
+                let end = from + i;
+                let line = self.buf[self.pos..end].to_vec();
+                self.pos = end + 1;
+                self.scanned = self.pos;
                 if line.len() > MAX_LINE {
                     self.blocks.damage.long_lines += 1;
                     continue;
@@ -449,20 +452,23 @@ impl Lines {
             // No newline left in the buffer: keep the partial line.
             self.buf.drain(..self.pos);
             self.pos = 0;
+            self.scanned = self.buf.len();
             if self.buf.len() > MAX_LINE {
                 if !self.skipping {
                     self.blocks.damage.long_lines += 1;
                 }
                 self.skipping = true;
                 self.buf.clear();
+                self.scanned = 0;
             }
-            if self.member_done && !self.buf.is_empty() {
+            if self.member_done && (!self.buf.is_empty() || self.skipping) {
                 // A member ends with a complete line; anything else is a
                 // cut line (damage) or the end of a killed stream.
-                if !self.blocks.damage.cut {
+                if !self.blocks.damage.cut && !self.skipping {
                     self.blocks.damage.bad_lines += 1;
                 }
                 self.buf.clear();
+                self.scanned = 0;
             }
             if self.member_done {
                 self.skipping = false;
@@ -475,8 +481,20 @@ impl Lines {
                     bytes,
                     end_of_member,
                 }) => {
-                    self.buf.extend_from_slice(&bytes);
                     self.member_done = end_of_member;
+                    if self.skipping {
+                        // The rest of an over-long line is dropped as it
+                        // comes, never held.
+                        match memchr::memchr(b'\n', &bytes) {
+                            Some(i) => {
+                                self.skipping = false;
+                                self.buf.extend_from_slice(&bytes[i + 1..]);
+                            }
+                            None => continue,
+                        }
+                    } else {
+                        self.buf.extend_from_slice(&bytes);
+                    }
                 }
                 Ok(Piece::End) | Err(_) => {
                     self.ended = true;
@@ -529,6 +547,7 @@ impl RecordingReader {
             buf: Vec::new(),
             pos: 0,
             skipping: false,
+            scanned: 0,
             member_done: false,
             ended: false,
         };
