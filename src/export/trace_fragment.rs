@@ -2,7 +2,7 @@
 //!
 //! A fragment is written one event per line as `<ts>\t<event without ts>`
 //! (`-` for events without a time; a last `meta\t…` line), with the
-//! recording's PIDs and TIDs moved into a range of its own, so that the
+//! recording's PIDs and TIDs renumbered into a range of its own, so that the
 //! merge can shift every timestamp once all clock offsets are known and
 //! stream the parts into one `trace.json`.
 //!
@@ -15,14 +15,14 @@
 //! own `trace.json`; counters are averaged over buckets sized so that the
 //! merged trace fits its budget.
 
+use std::collections::HashMap;
 use std::io::{self, Write};
 
 use serde_json::{json, Value};
 
-use super::trace::STATE_TID_OFFSET;
 use super::trace::SYSTEM_PID;
 use super::trace_gpu::GPU_PID_BASE;
-use super::trace_nvtx::{NVTX_TID_BASE, STEPS_TID};
+use super::trace_nvtx::STEPS_TID;
 
 /// How one recording's trace becomes part of a merged trace.
 #[derive(Clone, Debug)]
@@ -37,6 +37,9 @@ pub struct Fragment {
     pub timeline_bucket_us: Option<f64>,
     /// The counter track being averaged.
     agg: Option<Agg>,
+    /// The recording's PIDs and TIDs (real and synthetic) renumbered, in
+    /// order of appearance, from the start of its range.
+    ids: HashMap<i64, i64>,
 }
 
 /// Averaging state of one counter track.
@@ -59,9 +62,10 @@ struct Agg {
 }
 
 impl Fragment {
-    /// Each recording gets 2^24 PIDs/TIDs: Perfetto reads them as u32.
-    pub const MAX_SLOTS: u32 = 254;
-    const REAL: i64 = 1 << 22;
+    /// Perfetto reads PIDs and TIDs as u32: each recording gets 2^22 of
+    /// them (its processes and threads, renumbered), above the first 2^22.
+    pub const MAX_SLOTS: u32 = 1023;
+    const SPAN_BITS: u32 = 22;
 
     pub fn new(
         slot: u32,
@@ -75,36 +79,28 @@ impl Fragment {
             sort_base,
             timeline_bucket_us,
             agg: None,
+            ids: HashMap::new(),
         }
     }
 
-    fn base(&self) -> i64 {
-        (self.slot as i64 + 1) << 24
-    }
-
-    /// Real PIDs (< 2^22) keep their value in the low bits; the synthetic
-    /// system and GPU processes follow them.
-    pub fn pid(&self, pid: i64) -> i64 {
-        if (0..Self::REAL).contains(&pid) {
-            self.base() + pid
-        } else {
-            let class = ((pid >> 24) - (SYSTEM_PID >> 24)).clamp(0, 15);
-            self.base() + Self::REAL + (class << 12) + (pid & 0xfff)
+    /// The merged trace's id of one of the recording's PIDs or TIDs. They
+    /// share one numbering (a process's main thread has its PID as TID;
+    /// the synthetic ones — machine, GPUs, state and NVTX tracks — lie
+    /// outside the kernel's PIDs), so one map keeps them apart.
+    pub fn id(&mut self, id: i64) -> io::Result<i64> {
+        if let Some(v) = self.ids.get(&id) {
+            return Ok(*v);
         }
-    }
-
-    /// Real TIDs as PIDs; a thread's state track and NVTX tracks (above
-    /// 2^22) in the upper half of the range.
-    pub fn tid(&self, tid: i64) -> i64 {
-        if (0..Self::REAL).contains(&tid) {
-            self.base() + tid
-        } else if tid == STEPS_TID {
-            self.base() + 4 * Self::REAL - 1
-        } else if tid >= NVTX_TID_BASE {
-            self.base() + 3 * Self::REAL + ((tid - NVTX_TID_BASE) & (Self::REAL - 1))
-        } else {
-            self.base() + 2 * Self::REAL + ((tid - STATE_TID_OFFSET) & (Self::REAL - 1))
+        let n = self.ids.len() as i64;
+        if n >= 1 << Self::SPAN_BITS {
+            return Err(io::Error::other(format!(
+                "more than {} processes and threads in one recording: too many for one merged trace",
+                1u64 << Self::SPAN_BITS
+            )));
         }
+        let v = ((self.slot as i64 + 1) << Self::SPAN_BITS) + n;
+        self.ids.insert(id, v);
+        Ok(v)
     }
 
     fn is_gpu(pid: i64) -> bool {
@@ -138,13 +134,15 @@ impl Fragment {
         }
     }
 
-    fn relocate(&self, v: &mut Value) {
-        let Some(o) = v.as_object_mut() else { return };
+    fn relocate(&mut self, v: &mut Value) -> io::Result<()> {
+        let Some(o) = v.as_object_mut() else {
+            return Ok(());
+        };
         if let Some(p) = o.get("pid").and_then(|p| p.as_i64()) {
-            o.insert("pid".into(), json!(self.pid(p)));
+            o.insert("pid".into(), json!(self.id(p)?));
         }
         if let Some(t) = o.get("tid").and_then(|t| t.as_i64()) {
-            o.insert("tid".into(), json!(self.tid(t)));
+            o.insert("tid".into(), json!(self.id(t)?));
         }
         for k in ["id", "bind_id"] {
             if let Some(i) = o.get(k).and_then(|i| i.as_u64()) {
@@ -157,16 +155,14 @@ impl Fragment {
             .and_then(|a| a.get_mut("linked_slice"))
             .and_then(|l| l.as_object_mut())
         {
-            for (k, f) in [
-                ("pid", Self::pid as fn(&Self, i64) -> i64),
-                ("tid", Self::tid),
-            ] {
+            for k in ["pid", "tid"] {
                 if let Some(x) = l.get(k).and_then(|x| x.as_i64()) {
-                    l.insert(k.into(), json!(f(self, x)));
+                    l.insert(k.into(), json!(self.id(x)?));
                 }
             }
         }
         self.rename(v);
+        Ok(())
     }
 
     /// Prefix process names and offset their sort order.
@@ -207,7 +203,7 @@ impl Fragment {
             return Ok(0);
         }
         let mut v = v.clone();
-        self.relocate(&mut v);
+        self.relocate(&mut v)?;
         let ts = v
             .as_object_mut()
             .and_then(|o| o.remove("ts"))
@@ -354,37 +350,38 @@ mod tests {
 
     #[test]
     fn ids_of_different_recordings_never_collide() {
-        let (a, b) = (
-            Fragment::new(0, String::new(), 0, None),
-            Fragment::new(1, String::new(), 0, None),
-        );
-        let pids = [
+        use crate::export::trace::STATE_TID_OFFSET;
+        use crate::export::trace_nvtx::NVTX_TID_BASE;
+        // Real ids up to the kernel's largest pid_max, and the synthetic
+        // ones (machine, GPUs, state and NVTX tracks, steps).
+        let ids = [
+            0,
             1,
             4242,
             (1 << 22) - 1,
             SYSTEM_PID,
             GPU_PID_BASE,
             GPU_PID_BASE + 7,
-        ];
-        let tids = [
-            1,
-            4243,
-            STATE_TID_OFFSET + 4243,
+            STATE_TID_OFFSET + 4242,
             NVTX_TID_BASE,
             NVTX_TID_BASE + 3,
+            STEPS_TID,
         ];
         let mut seen = std::collections::BTreeSet::new();
-        for f in [&a, &b] {
-            for p in pids {
-                assert!(seen.insert(("p", f.pid(p))), "pid {p:#x}");
-                assert!(f.pid(p) < u32::MAX as i64);
-            }
-            for t in tids {
-                assert!(seen.insert(("t", f.tid(t))), "tid {t:#x}");
+        for slot in [0, 1, Fragment::MAX_SLOTS - 1] {
+            let mut f = Fragment::new(slot, String::new(), 0, None);
+            for x in ids {
+                let v = f.id(x).unwrap();
+                assert!(seen.insert(v), "{x:#x} of slot {slot}");
+                assert!((1 << 22..=u32::MAX as i64).contains(&v), "{v:#x}");
+                // The same id again: the same number (a PID and its main
+                // thread's TID stay one).
+                assert_eq!(f.id(x).unwrap(), v);
             }
         }
-        let last = Fragment::new(Fragment::MAX_SLOTS - 1, String::new(), 0, None);
-        assert!(last.tid(NVTX_TID_BASE + (1 << 22) - 1) <= u32::MAX as i64);
+        // The last recording's range ends at u32::MAX.
+        let last = (Fragment::MAX_SLOTS as i64 + 1) << Fragment::SPAN_BITS;
+        assert_eq!(last - 1, u32::MAX as i64);
     }
 
     #[test]
@@ -420,7 +417,7 @@ mod tests {
         assert!(!names.contains(&"main") && !names.contains(&"CPU % python3 (42)"));
         assert!(names.contains(&"GPU idle"));
         assert_eq!(out[0].1["args"]["name"], "node-c · rank 3 · python3");
-        assert_eq!(out[0].1["pid"], f.pid(42));
+        assert_eq!(out[0].1["pid"], f.id(42).unwrap());
         let cpu: Vec<(f64, f64)> = out
             .iter()
             .filter(|(_, v)| v["name"] == "CPU %")

@@ -215,7 +215,7 @@ pub fn run(opts: &MergeOptions) -> Result<MergeOutcome> {
     }
     if readable.len() > Fragment::MAX_SLOTS as usize {
         anyhow::bail!(
-            "{} recordings to merge: at most {} fit one trace (Perfetto's 32-bit process ids); merge the nodes in groups",
+            "{} recordings to merge: at most {} fit one trace (Perfetto's 32-bit process ids); merge the nodes in groups, or record one gpuprof per node rather than per rank",
             readable.len(),
             Fragment::MAX_SLOTS
         );
