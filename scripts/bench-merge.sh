@@ -12,8 +12,8 @@
 # RSS (GNU time) and the outputs' sizes. Needs a release build:
 #   cargo build --release --bin gpuprof --example synth_recordings
 #
-# Measured on the project's 2-core VM (shared, load average 5.5-8.3):
-#   64 x 1 h (2.5 GB): 5 min 41 s, peak RSS 436 MB, trace.json 67 MB.
+# Measured on the project's 2-core VM (shared, load average 3.6 at the end):
+#   64 x 1 h (2.5 GB): 3 min 28 s, peak RSS 419 MB, trace.json 49 MB.
 #   More figures (--jobs 1, other sizes) in docs/distributed.md#scale.
 set -euo pipefail
 
