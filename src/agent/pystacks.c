@@ -516,6 +516,10 @@ static void on_sigtrap(int sig, siginfo_t *si, void *ucv)
             return;
         }
         hello(HELLO_SAMPLING, 0, g_forked, NULL);
+        /* A disposition the job set before the first sample had no ring
+         * to be noted in. */
+        if (atomic_load(&g_chain_seq) > 0)
+            note(NOTE_HANDLER_CHAINED, 0);
     }
     uint64_t t = now_ns();
     ucontext_t *uc = ucv;
