@@ -1465,11 +1465,7 @@ pub fn analyze(
                 // interpreter's part as `[python: not sampled]`.
                 (nat.iter().map(|f| f.0).collect(), how, false)
             };
-            let next = stacks.len() as u32;
-            let id = *stack_ids.entry(m.clone()).or_insert_with(|| {
-                stacks.push(m);
-                next
-            });
+            let id = intern_stack(&mut stacks, &mut stack_ids, m);
             merged_cache.insert(key, (id, how, root, perf_map));
             (id, how, root, perf_map)
         };
@@ -1506,11 +1502,7 @@ pub fn analyze(
             continue;
         }
         let frames: Vec<u32> = r.python(s.stack).into_iter().map(|f| f.0).collect();
-        let next = stacks.len() as u32;
-        let id = *stack_ids.entry(frames.clone()).or_insert_with(|| {
-            stacks.push(frames);
-            next
-        });
+        let id = intern_stack(&mut stacks, &mut stack_ids, frames);
         *py_only_per_proc.entry(s.pid).or_default() += s.weight() as u64;
         python_only.push(Sample {
             t: s.t,
@@ -1676,6 +1668,21 @@ fn python_report(
 /// Native frames get their class from their file: the interpreter (files
 /// that hold an interpreter loop frame, libpython, `python*` executables),
 /// the C runtime, or other native code.
+/// The id of `frames` in `stacks`, appended when new (`ids` indexes them).
+fn intern_stack(
+    stacks: &mut Vec<Vec<u32>>,
+    ids: &mut HashMap<Vec<u32>, u32>,
+    frames: Vec<u32>,
+) -> u32 {
+    if let Some(id) = ids.get(&frames) {
+        return *id;
+    }
+    let id = stacks.len() as u32;
+    ids.insert(frames.clone(), id);
+    stacks.push(frames);
+    id
+}
+
 fn classify_native_frames(frames: &mut [FrameInfo]) {
     let interp: std::collections::HashSet<String> = frames
         .iter()
@@ -1792,6 +1799,23 @@ impl Stacks {
             .collect()
     }
 
+    /// [`fold::python_view`] of a stack: what its frames fold into.
+    fn fold_view(&self, stack: u32) -> (Vec<ViewFrame>, FoldNotes) {
+        let ff: Vec<FoldFrame> = self.stacks[stack as usize]
+            .iter()
+            .map(|f| {
+                let fi = &self.frames[*f as usize];
+                FoldFrame {
+                    class: fi.class,
+                    name: &fi.name,
+                    file: &fi.file,
+                    eval: fi.eval,
+                }
+            })
+            .collect();
+        fold::python_view(&ff)
+    }
+
     /// Compute every sample's Python view (see [`super::fold`]): for
     /// processes that ran Python (a Python or interpreter frame in any of
     /// their samples); others keep every frame.
@@ -1828,22 +1852,8 @@ impl Stacks {
                 self.samples[i].py_stack = *v;
                 continue;
             }
-            let full = &self.stacks[s.stack as usize];
-            let ff: Vec<FoldFrame> = full
-                .iter()
-                .map(|f| {
-                    let fi = &self.frames[*f as usize];
-                    FoldFrame {
-                        class: fi.class,
-                        name: &fi.name,
-                        file: &fi.file,
-                        eval: fi.eval,
-                    }
-                })
-                .collect();
-            let (view, notes) = fold::python_view(&ff);
-            drop(ff);
-            let full = full.clone();
+            let (view, notes) = self.fold_view(s.stack);
+            let full = self.stacks[s.stack as usize].clone();
             let mut out = Vec::with_capacity(view.len());
             for v in view {
                 out.push(match v {
@@ -1879,11 +1889,7 @@ impl Stacks {
             let id = if out == full {
                 s.stack
             } else {
-                let next = self.stacks.len() as u32;
-                *view_ids.entry(out.clone()).or_insert_with(|| {
-                    self.stacks.push(out);
-                    next
-                })
+                intern_stack(&mut self.stacks, &mut view_ids, out)
             };
             self.fold_notes.insert(s.stack, notes);
             memo.insert(s.stack, id);
@@ -1988,20 +1994,9 @@ impl Stacks {
                 None => {
                     let view = py_views.entry(py).or_insert_with(|| {
                         let full = &self.stacks[py as usize];
-                        let ff: Vec<FoldFrame> = full
-                            .iter()
-                            .map(|f| {
-                                let fi = &self.frames[*f as usize];
-                                FoldFrame {
-                                    class: fi.class,
-                                    name: &fi.name,
-                                    file: &fi.file,
-                                    eval: fi.eval,
-                                }
-                            })
-                            .collect();
-                        let (v, _) = fold::python_view(&ff);
-                        v.into_iter()
+                        self.fold_view(py)
+                            .0
+                            .into_iter()
                             .filter_map(|v| match v {
                                 ViewFrame::Input(i) | ViewFrame::Library(i) => Some(full[i]),
                                 ViewFrame::Made(_) => None,
@@ -2012,11 +2007,7 @@ impl Stacks {
                     out.push(marker);
                     out.extend_from_slice(view);
                     out.extend_from_slice(&self.stacks[s.py_stack as usize][1..]);
-                    let next = self.stacks.len() as u32;
-                    let id = *view_ids.entry(out.clone()).or_insert_with(|| {
-                        self.stacks.push(out);
-                        next
-                    });
+                    let id = intern_stack(&mut self.stacks, &mut view_ids, out);
                     made.insert((s.py_stack, py), id);
                     id
                 }
