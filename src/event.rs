@@ -128,6 +128,39 @@ pub struct Header {
     pub attached: Option<Attached>,
 }
 
+#[cfg(test)]
+impl Header {
+    /// A header for unit tests: `python3` started at `start` as PID
+    /// `job_pid`, 4 CPUs, /proc every 100 ms, no rank; tests change fields
+    /// with struct update syntax.
+    pub(crate) fn for_tests(start: MonoNs, job_pid: Pid) -> Header {
+        Header {
+            format: crate::record::FORMAT_NAME.into(),
+            version: RECORDING_VERSION,
+            gpuprof_version: "test".into(),
+            command: vec!["python3".into()],
+            host: "h".into(),
+            start,
+            anchor_realtime_ns: 0,
+            anchor_monotonic_ns: start.0,
+            anchor_error_ns: 0,
+            interval_ns: 100_000_000,
+            cpus: 4,
+            page_size: 4096,
+            clock_ticks_per_s: 100,
+            rank: None,
+            rank_env: Default::default(),
+            boot_id: None,
+            clock: None,
+            job_pid,
+            boottime_offset_ns: 0,
+            gpu_idle_threshold_pct: None,
+            attached: None,
+            step_range: None,
+        }
+    }
+}
+
 /// How `gpuprof attach` found the job.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Attached {

@@ -1142,28 +1142,8 @@ mod tests {
 
     fn header() -> Header {
         Header {
-            format: "gpuprof-recording".into(),
-            version: 1,
-            gpuprof_version: "test".into(),
             command: vec!["python3".into(), "train.py".into()],
-            host: "h".into(),
-            start: MonoNs(1_000 * MS),
-            anchor_realtime_ns: 0,
-            anchor_monotonic_ns: 1_000 * MS,
-            interval_ns: 100 * MS,
-            cpus: 4,
-            page_size: 4096,
-            clock_ticks_per_s: 100,
-            rank: None,
-            job_pid: Pid(10),
-            boottime_offset_ns: 0,
-            gpu_idle_threshold_pct: None,
-            step_range: None,
-            attached: None,
-            rank_env: Default::default(),
-            clock: None,
-            boot_id: None,
-            anchor_error_ns: 0,
+            ..Header::for_tests(MonoNs(1_000 * MS), Pid(10))
         }
     }
 

@@ -3010,28 +3010,8 @@ mod tests {
     fn perf_completes_the_process_table() {
         let ms = 1_000_000;
         let h = crate::event::Header {
-            format: "gpuprof-recording".into(),
-            version: 1,
-            gpuprof_version: "test".into(),
-            command: vec!["python3".into()],
-            host: "h".into(),
-            start: MonoNs(1_000 * ms),
-            anchor_realtime_ns: 0,
-            anchor_monotonic_ns: 1_000 * ms,
-            interval_ns: 100 * ms,
             cpus: 2,
-            page_size: 4096,
-            clock_ticks_per_s: 100,
-            rank: None,
-            job_pid: Pid(10),
-            boottime_offset_ns: 0,
-            gpu_idle_threshold_pct: None,
-            step_range: None,
-            attached: None,
-            rank_env: Default::default(),
-            clock: None,
-            boot_id: None,
-            anchor_error_ns: 0,
+            ..crate::event::Header::for_tests(MonoNs(1_000 * ms), Pid(10))
         };
         let comm = |t: u64, pid: i32, c: &str| Event::TaskComm {
             t: MonoNs(t * ms),

@@ -5,28 +5,9 @@ const S: u64 = 1_000_000_000;
 
 fn header() -> Event {
     Event::Header(Header {
-        format: crate::record::FORMAT_NAME.into(),
-        version: crate::event::RECORDING_VERSION,
-        gpuprof_version: "test".into(),
-        command: vec!["python".into()],
-        host: "h".into(),
-        start: MonoNs(10 * S),
         anchor_realtime_ns: 1_000 * S,
-        anchor_monotonic_ns: 10 * S,
-        anchor_error_ns: 0,
-        interval_ns: S / 10,
-        cpus: 4,
-        page_size: 4096,
-        clock_ticks_per_s: 100,
-        rank: None,
-        rank_env: Default::default(),
-        boot_id: None,
-        clock: None,
-        job_pid: Pid(100),
-        boottime_offset_ns: 0,
         gpu_idle_threshold_pct: Some(5.0),
-        attached: None,
-        step_range: None,
+        ..Header::for_tests(MonoNs(10 * S), Pid(100))
     })
 }
 
