@@ -404,7 +404,11 @@ impl GpuAnalysis {
     }
 
     /// The first moment from `t` on (within `within`) when the job's GPUs
-    /// were more busy than idle; None without GPU data (or never).
+    /// were more busy than idle. A busy stretch at `t` no longer than one
+    /// driver sample (the sample straddling `t`, still mostly busy with
+    /// earlier work) does not end the wait when idle time follows it: then
+    /// the first busy moment after that idle time. None without GPU data
+    /// (or never busy again).
     pub fn busy_again_after(&self, t: MonoNs, within: u64) -> Option<MonoNs> {
         let devs = self.job_devices();
         let step = devs
@@ -414,14 +418,28 @@ impl GpuAnalysis {
             .min()?
             .max(2_000_000)
             / 2;
-        let mut at = t;
+        let (mut at, mut was_idle, mut first_busy) = (t, false, None);
         while at.0 <= t.0 + within {
-            if self.idle_weight_at(at).is_some_and(|w| w < 0.5) {
-                return Some(at);
+            match self.idle_weight_at(at) {
+                Some(w) if w >= 0.5 => was_idle = true,
+                Some(_) if was_idle => return Some(at),
+                Some(_) => {
+                    let since = *first_busy.get_or_insert(at);
+                    if at.0 - since.0 > 2 * step {
+                        // Busy for longer than one sample: work, not the
+                        // tail of a straddling sample.
+                        return Some(since);
+                    }
+                }
+                None => {}
             }
             at = MonoNs(at.0 + step);
         }
-        None
+        if was_idle {
+            None
+        } else {
+            first_busy
+        }
     }
 
     /// How idle the job's GPUs were at `t`: the mean over them of the idle
