@@ -262,6 +262,65 @@ fn main_thread_computing_without_workers() {
     assert!(top.fix.contains("num_workers=3"), "{}", top.fix);
 }
 
+/// A main thread that sleeps between short steps is read R now and then,
+/// at the instant it wakes: with the workers keeping up, those readings are
+/// not a busy training loop (one in ten readings R, 2% of a core).
+#[test]
+fn occasional_r_readings_of_a_sleeping_main_thread_are_not_a_busy_loop() {
+    let main = Th {
+        pid: 10,
+        tid: 10,
+        state: |k| if k % 10 == 3 { 'R' } else { 'S' },
+        busy: |_| 0.02,
+    };
+    let a = analysis(4, &[main, worker_idle()], &[20], |_| 0.1);
+    let d = diagnose(&a, None, None);
+    assert!(!ids(&d).contains(&"training-loop"), "{:?}", ids(&d));
+    // The same readings with no core free: runnable is waiting for a CPU,
+    // which the GPU waits for too.
+    let a = analysis(2, &[main_r_every_other(), worker_idle()], &[20], |_| 0.98);
+    let d = diagnose(&a, None, None);
+    assert!(ids(&d).contains(&"training-loop"), "{:?}", ids(&d));
+}
+
+fn main_r_every_other() -> Th {
+    Th {
+        pid: 10,
+        tid: 10,
+        state: |k| if k % 2 == 0 { 'R' } else { 'S' },
+        busy: |_| 0.05,
+    }
+}
+
+fn worker_idle() -> Th {
+    Th {
+        pid: 20,
+        tid: 20,
+        state: |_| 'S',
+        busy: |_| 0.05,
+    }
+}
+
+/// A main thread using most of a core is busy even when its state
+/// readings happen to catch it sleeping.
+#[test]
+fn a_main_thread_using_a_core_is_busy_whatever_its_readings() {
+    let main = Th {
+        pid: 10,
+        tid: 10,
+        state: |_| 'S',
+        busy: |_| 0.8,
+    };
+    let a = analysis(4, &[main], &[], |_| 0.25);
+    let d = diagnose(&a, None, None);
+    assert_eq!(
+        d.top().map(|f| f.kind),
+        Some(FindingKind::MainProcessPreprocessing),
+        "{:?}",
+        ids(&d)
+    );
+}
+
 #[test]
 fn workers_blocked_on_io() {
     let w = |pid| Th {

@@ -23,6 +23,15 @@ pub const SATURATED_WORKERS_SHARE: f64 = 0.75;
 /// machine a busy thread waits for a core, and that wait is part of what
 /// the GPU waits for.
 pub const MAIN_BUSY_SHARE: f64 = 0.5;
+/// Thread states are read once per interval, so one R reading stands for
+/// the whole interval: a main thread that sleeps between short steps is
+/// read R now and then at the instant it wakes. An R reading is believed
+/// when the thread also used at least this share of a core in the bin, or
+/// when the machine had less than [`MAIN_BUSY_FREE_CORES`] idle (then
+/// being runnable with little CPU is the wait for a core). A thread that
+/// used [`MAIN_BUSY_SHARE`] of a core is busy whatever its state readings.
+pub const MAIN_BUSY_MIN_CPU: f64 = 0.2;
+pub const MAIN_BUSY_FREE_CORES: f64 = 0.5;
 /// The same for the live early warnings, which see only the cores a role
 /// used (no per-thread states while recording): half a core.
 pub const MAIN_BUSY_CORES: f64 = 0.5;

@@ -566,7 +566,7 @@ impl Timeline {
         {
             return Some(Cause::WriteStall);
         }
-        let main_busy = ge(self.main_r[i], th::MAIN_BUSY_SHARE);
+        let main_busy = self.main_busy(i);
         if self.workers.is_empty() && main_busy {
             return Some(Cause::MainPreprocessing);
         }
@@ -584,6 +584,24 @@ impl Timeline {
             return Some(Cause::TrainingLoop);
         }
         None
+    }
+
+    /// Whether the main thread computed (or waited for a core to compute)
+    /// for most of bin `i`: see [`th::MAIN_BUSY_MIN_CPU`].
+    fn main_busy(&self, i: usize) -> bool {
+        let ge = |v: f32, t: f64| !v.is_nan() && v as f64 >= t;
+        if ge(self.main_cpu[i], th::MAIN_BUSY_SHARE) {
+            return true;
+        }
+        if !ge(self.main_r[i], th::MAIN_BUSY_SHARE) {
+            return false;
+        }
+        let busy = self.sys_busy[i];
+        let no_free_core =
+            !busy.is_nan() && self.cores * (1.0 - busy as f64) < th::MAIN_BUSY_FREE_CORES;
+        ge(self.main_cpu[i], th::MAIN_BUSY_MIN_CPU)
+            || no_free_core
+            || ge(self.psi_cpu[i], th::OVERSUBSCRIBED_PSI_CPU)
     }
 
     pub fn bin_s(&self, i: usize) -> f64 {
