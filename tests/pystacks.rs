@@ -267,6 +267,79 @@ fn loader_workers_with_feeder_threads_have_python_frames() {
     }
 }
 
+/// py-spy reads what the agent does not sample, and no more: a loader job's
+/// processes are left to the agent (each py-spy read of a busy job is CPU
+/// taken from it), except a rank's main process, whose blocked threads
+/// py-spy still reads for the waits in collectives (its forked workers,
+/// with the same rank variables, are left to the agent).
+#[test]
+fn py_spy_reads_only_what_the_agent_does_not_sample() {
+    need_perf!();
+    let Some(py) = common::python_minor(11) else {
+        skip!("CPython 3.11 is not installed (pyenv)");
+    };
+    let script = scripts().join("loader_job.py");
+    let job = |rank: bool| -> Vec<String> {
+        let mut j: Vec<String> = vec!["env".into()];
+        if rank {
+            j.extend(["RANK=0".into(), "WORLD_SIZE=1".into()]);
+        }
+        j.extend([
+            py.to_str().unwrap().to_string(),
+            script.to_str().unwrap().to_string(),
+            "2".into(),
+            "2".into(),
+        ]);
+        j
+    };
+    let coverage = |out: &Path| -> (String, u64) {
+        let r = report(out);
+        let c = r["coverage"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["source"] == "python-stacks")
+            .expect("python-stacks coverage")["detail"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        (c, r["stacks"]["python_stacks"].as_u64().unwrap())
+    };
+    for rank in [false, true] {
+        let j = job(rank);
+        let args: Vec<&str> = j.iter().map(|s| s.as_str()).collect();
+        let (out, code) = record(&format!("pyspy-left-{rank}"), &[], &args);
+        assert_eq!(code, 0);
+        let (detail, stacks) = coverage(&out);
+        let r = report(&out);
+        let sampled = r["stacks"]["python"]["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["sampler"] == "same-instant")
+            .count();
+        assert_eq!(
+            sampled, 3,
+            "main and two workers sampled by the agent: {}",
+            r["stacks"]["python"]
+        );
+        if rank {
+            assert!(
+                detail.contains("read 1 Python process(es) and left 2 to the in-process agent"),
+                "{detail}"
+            );
+            assert!(stacks > 0, "the rank's main process is read: {detail}");
+        } else {
+            assert!(
+                detail.contains("read 0 Python process(es) and left 3 to the in-process agent"),
+                "{detail}"
+            );
+            assert_eq!(stacks, 0, "{detail}");
+        }
+        let _ = std::fs::remove_dir_all(&out);
+    }
+}
+
 /// The job's signals and children behave as without gpuprof: its own
 /// SIGTRAP handler gets its SIGTRAP, a default SIGTRAP kills it the same
 /// way, a thread with SIGTRAP blocked and children started every way run

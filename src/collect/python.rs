@@ -6,9 +6,15 @@
 //! Reading one process costs a fraction of a millisecond to a few
 //! milliseconds, so Python stacks are taken at a lower rate than perf's
 //! native samples: the loop keeps its own CPU under [`CPU_BUDGET`] of one
-//! core and never exceeds the native frequency. The analysis attaches each
-//! native sample to the nearest Python stack of the same thread (see
-//! `docs/stacks.md` for how, and where that is wrong).
+//! core and never exceeds the native frequency.
+//!
+//! When the in-process agent samples a process (same-instant Python frames,
+//! see `docs/stacks.md`), py-spy does not read it, unless it is the main
+//! process of a rank: py-spy's stacks include blocked threads, and the time
+//! a rank waits in collectives is measured from them
+//! (`analysis::collectives`). Nothing else uses py-spy's stacks of a process
+//! the agent samples, and on a job that keeps every core busy each read is
+//! taken from the job.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -18,7 +24,10 @@ use std::time::{Duration, Instant};
 use py_spy::config::{LineNo, LockingStrategy};
 use py_spy::{Config, PythonSpy};
 
+use crate::analysis::roles::RankIds;
 use crate::collect::intern::Interner;
+use crate::collect::perf::AgentVerdicts;
+use crate::collect::procfs::read_rank_env;
 use crate::event::{Coverage, Event, MonoNs, Pid, StackKind, StackStats, Tid};
 use crate::record::Sink;
 
@@ -32,6 +41,13 @@ const DISCOVER_EVERY: Duration = Duration::from_millis(25);
 const REDISCOVER_EVERY: Duration = Duration::from_secs(1);
 /// Attaching a process that just forked can fail transiently.
 const ATTACH_ATTEMPTS: u32 = 8;
+/// A Python process that has the agent loaded is left unread until the
+/// agent says whether it samples it: at once when it cannot, else at its
+/// first sample, after one sampling period of the process's CPU time
+/// (10 ms at 99 Hz), read within ~30 ms. A process still silent after this
+/// long (idle, or an agent that could not write its ring) is read, and left
+/// to the agent if it speaks up later.
+const AGENT_SILENT_LIMIT: Duration = Duration::from_secs(2);
 
 pub struct PySampler {
     stop: Arc<AtomicBool>,
@@ -49,6 +65,7 @@ impl PySampler {
         sink: Sink,
         tree_changes: Option<Arc<AtomicU64>>,
         root: Option<Pid>,
+        agent: Option<Arc<AgentVerdicts>>,
     ) -> std::io::Result<PySampler> {
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
@@ -57,6 +74,7 @@ impl PySampler {
             .spawn(move || {
                 let mut s = Sampler::new(frequency, sink, tree_changes);
                 s.root = root;
+                s.agent = agent;
                 s.run(&stop2);
                 s.finish()
             })?;
@@ -99,6 +117,26 @@ struct Sampler {
     frames_buf: Vec<u32>,
     root: Option<Pid>,
     announced: HashSet<Pid>,
+    /// What the in-process agent said of each process (None: no agent).
+    agent: Option<Arc<AgentVerdicts>>,
+    /// Python processes left to the agent, by executable (an exec makes
+    /// them new processes).
+    left_to_agent: HashMap<Pid, String>,
+    /// How many processes were left to the agent in all.
+    left_total: u64,
+    /// Python processes waiting for the agent's word, since when.
+    waiting: HashMap<Pid, (String, Instant)>,
+    /// Processes py-spy reads even when the agent samples them: the main
+    /// processes of ranks.
+    rank_mains: HashMap<Pid, bool>,
+}
+
+/// What to do with a Python process when the agent is in the job.
+#[derive(Debug, PartialEq, Eq)]
+enum Plan {
+    Read,
+    LeaveToAgent,
+    Wait,
 }
 
 impl Sampler {
@@ -131,6 +169,52 @@ impl Sampler {
             frames_buf: Vec::new(),
             root: None,
             announced: HashSet::new(),
+            agent: None,
+            left_to_agent: HashMap::new(),
+            left_total: 0,
+            waiting: HashMap::new(),
+            rank_mains: HashMap::new(),
+        }
+    }
+
+    fn leave_to_agent(&mut self, pid: Pid, exe: String) {
+        if self.left_to_agent.insert(pid, exe).is_none() {
+            self.left_total += 1;
+        }
+    }
+
+    /// Whether py-spy reads `pid` (a Python process running `exe`), leaves
+    /// it to the agent, or waits for the agent's word.
+    fn plan(&mut self, pid: Pid, exe: &str) -> Plan {
+        let Some(verdicts) = &self.agent else {
+            return Plan::Read;
+        };
+        if *self
+            .rank_mains
+            .entry(pid)
+            .or_insert_with(|| is_rank_main(pid))
+        {
+            return Plan::Read;
+        }
+        match verdicts.get(pid) {
+            Some(true) => Plan::LeaveToAgent,
+            Some(false) => Plan::Read,
+            None => {
+                if let Some(w) = self.waiting.get(&pid).filter(|w| w.0 == exe) {
+                    return if w.1.elapsed() < AGENT_SILENT_LIMIT {
+                        Plan::Wait
+                    } else {
+                        Plan::Read
+                    };
+                }
+                // Without the agent loaded (a launcher that cleared
+                // LD_PRELOAD, a static interpreter) no word will come.
+                if !verdicts.loaded_in(pid) {
+                    return Plan::Read;
+                }
+                self.waiting.insert(pid, (exe.to_string(), Instant::now()));
+                Plan::Wait
+            }
         }
     }
 
@@ -148,7 +232,8 @@ impl Sampler {
                 .tree_changes
                 .as_ref()
                 .map(|c| c.load(Ordering::Acquire));
-            let retry = self.rejected.values().any(|r| r.1 < ATTACH_ATTEMPTS);
+            let retry =
+                self.rejected.values().any(|r| r.1 < ATTACH_ATTEMPTS) || !self.waiting.is_empty();
             let due = match (since, changes) {
                 (None, _) => true,
                 (Some(e), Some(c)) => {
@@ -199,6 +284,9 @@ impl Sampler {
         }
         self.spies.retain(|p, _| live.contains(p));
         self.rejected.retain(|p, _| live.contains(p));
+        self.left_to_agent.retain(|p, _| live.contains(p));
+        self.waiting.retain(|p, _| live.contains(p));
+        self.rank_mains.retain(|p, _| live.contains(p));
         for pid in live {
             if self.spies.contains_key(&pid) {
                 continue;
@@ -212,9 +300,23 @@ impl Sampler {
                     continue;
                 }
             }
+            if self.left_to_agent.get(&pid).is_some_and(|e| *e == exe) {
+                continue;
+            }
             if !looks_like_python(pid, &exe) {
                 self.rejected.insert(pid, (exe, ATTACH_ATTEMPTS));
                 continue;
+            }
+            match self.plan(pid, &exe) {
+                Plan::Read => {
+                    self.waiting.remove(&pid);
+                }
+                Plan::Wait => continue,
+                Plan::LeaveToAgent => {
+                    self.waiting.remove(&pid);
+                    self.leave_to_agent(pid, exe);
+                    continue;
+                }
             }
             match PythonSpy::new(pid.0, &self.config) {
                 Ok(spy) => {
@@ -246,6 +348,23 @@ impl Sampler {
     }
 
     fn sample_all(&mut self) {
+        // A process attached before the agent spoke up (it was idle) is
+        // left to the agent once it does.
+        if let Some(v) = &self.agent {
+            let taken: Vec<Pid> = self
+                .spies
+                .keys()
+                .copied()
+                .filter(|p| v.get(*p) == Some(true) && self.rank_mains.get(p) == Some(&false))
+                .collect();
+            for pid in taken {
+                self.spies.remove(&pid);
+                let exe = std::fs::read_link(format!("/proc/{}/exe", pid.0))
+                    .map(|p| p.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                self.leave_to_agent(pid, exe);
+            }
+        }
         let mut pids: Vec<Pid> = self.spies.keys().copied().collect();
         pids.sort();
         for pid in pids {
@@ -309,8 +428,16 @@ impl Sampler {
         self.stats.busy_ns = crate::collect::thread_cpu_ns()
             .unwrap_or((self.busy + self.attach_time).as_nanos() as u64);
         let per_round = self.busy.as_secs_f64() * 1e3 / self.rounds.max(1) as f64;
+        let left = if self.agent.is_some() {
+            format!(
+                " and left {} to the in-process agent, which samples them (py-spy reads the Python processes the agent does not sample, and the ranks' main processes for their waits in collectives)",
+                self.left_total
+            )
+        } else {
+            String::new()
+        };
         self.stats.detail = format!(
-            "py-spy (non-blocking) read {} Python process(es) in {} rounds ({per_round:.2} ms per round, {:.0} ms finding and attaching processes), at most {} Hz, reads within {:.1}% of a core; thread CPU {:.3} s",
+            "py-spy (non-blocking) read {} Python process(es){left} in {} rounds ({per_round:.2} ms per round, {:.0} ms finding and attaching processes), at most {} Hz, reads within {:.1}% of a core; thread CPU {:.3} s",
             self.attached.len(),
             self.rounds,
             self.attach_time.as_secs_f64() * 1e3,
@@ -358,6 +485,36 @@ fn explain(e: &anyhow::Error) -> String {
     } else {
         format!("py-spy could not read it ({chain})")
     }
+}
+
+/// Whether `pid` is the main process of a rank: its environment names a
+/// rank ([`RankIds`]), and it is not a copy of a Python parent of the same
+/// rank (a DataLoader worker, forked or spawned, inherits its rank's
+/// variables; a rank started through a shell wrapper is still a rank). An
+/// environment that cannot be read counts as a rank: reading it costs less
+/// than missing a rank's waits.
+fn is_rank_main(pid: Pid) -> bool {
+    let Some(env) = read_rank_env(pid.0) else {
+        return true;
+    };
+    if RankIds::from_env(&env).rank.is_none() {
+        return false;
+    }
+    let Some(ppid) = parent_of(pid.0) else {
+        return true;
+    };
+    let parent_exe = std::fs::read_link(format!("/proc/{ppid}/exe"))
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    !(read_rank_env(ppid).as_ref() == Some(&env) && looks_like_python(Pid(ppid), &parent_exe))
+}
+
+/// The parent of a process, from `/proc/PID/stat`.
+fn parent_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The name may hold spaces and parentheses: fields follow the last ')'.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    rest.split_ascii_whitespace().nth(1)?.parse().ok()
 }
 
 /// A cheap pre-check before asking py-spy (which scans the binary).

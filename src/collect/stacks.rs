@@ -92,6 +92,7 @@ impl StackCollectors {
         let env = pyagent::job_env(&so, rings.path(), opts.frequency, opts.stack_size);
         let link = AgentLink {
             ring_dir: rings.path().to_path_buf(),
+            verdicts: Arc::new(perf::AgentVerdicts::new(so.clone())),
         };
         AgentPlan::Ready(Box::new(PreparedAgent {
             rings,
@@ -204,7 +205,10 @@ impl StackCollectors {
                 AgentPlan::Off(why) => why.clone(),
             },
         }));
-        match PySampler::start(opts.frequency, sink.clone(), tree_changes, root) {
+        // With the agent reading its processes, py-spy reads only those it
+        // does not sample, and the ranks' main processes.
+        let verdicts = link.filter(|_| agent_running).map(|l| l.verdicts);
+        match PySampler::start(opts.frequency, sink.clone(), tree_changes, root, verdicts) {
             Ok(p) => c.python = Some(p),
             Err(e) => sink.send_blocking(Event::Coverage(Coverage {
                 source: crate::collect::python::COVERAGE_SOURCE.into(),

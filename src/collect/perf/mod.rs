@@ -53,6 +53,57 @@ const AGENT_POLL_TIMEOUT_MS: i32 = 20;
 #[derive(Clone, Debug)]
 pub struct AgentLink {
     pub ring_dir: PathBuf,
+    /// What the agent said of each process, for the py-spy sampler.
+    pub verdicts: Arc<AgentVerdicts>,
+}
+
+/// Which processes the in-process agent samples, from its hello records:
+/// the perf reader writes, the py-spy sampler reads (it leaves those
+/// processes to the agent, see `collect::python`).
+#[derive(Debug)]
+pub struct AgentVerdicts {
+    said: std::sync::Mutex<HashMap<Pid, bool>>,
+    /// The agent's file, as the job's processes map it.
+    file: PathBuf,
+}
+
+impl AgentVerdicts {
+    pub fn new(file: PathBuf) -> AgentVerdicts {
+        AgentVerdicts {
+            said: Default::default(),
+            file,
+        }
+    }
+
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<Pid, bool>> {
+        self.said.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether the agent is loaded in `pid`: then it will say whether it
+    /// samples it (at once when it cannot, else at its first sample).
+    pub fn loaded_in(&self, pid: Pid) -> bool {
+        let Some(name) = self.file.to_str() else {
+            return false;
+        };
+        std::fs::read_to_string(format!("/proc/{}/maps", pid.0))
+            .is_ok_and(|m| m.lines().any(|l| l.ends_with(name)))
+    }
+
+    /// The agent said whether it samples `pid`.
+    pub fn set(&self, pid: Pid, sampling: bool) {
+        self.map().insert(pid, sampling);
+    }
+
+    /// `pid` exited or exec'd: whatever the agent said is void.
+    pub fn forget(&self, pid: Pid) {
+        self.map().remove(&pid);
+    }
+
+    /// Some(true): the agent samples `pid`; Some(false): it said it does
+    /// not; None: it has said nothing (yet).
+    pub fn get(&self, pid: Pid) -> Option<bool> {
+        self.map().get(&pid).copied()
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -286,6 +337,7 @@ struct AgentProc {
 
 struct Agent {
     rings: AgentRings,
+    verdicts: Arc<AgentVerdicts>,
     procs: BTreeMap<Pid, AgentProc>,
     buf: Vec<(usize, AgentRecord)>,
     last_reap: Instant,
@@ -378,6 +430,7 @@ impl Reader {
             interner: Interner::new(StackKind::Native),
             agent: agent.map(|a| Agent {
                 rings: AgentRings::new(a.ring_dir),
+                verdicts: a.verdicts,
                 procs: BTreeMap::new(),
                 buf: Vec::new(),
                 last_reap: Instant::now(),
@@ -553,6 +606,9 @@ impl Reader {
                     let mut pm = ProcessMaps::default();
                     pm.jit.push(own_perf_map(pid, Some(t)));
                     self.procs.insert(pid, pm);
+                    if let Some(a) = &self.agent {
+                        a.verdicts.forget(pid);
+                    }
                     self.tree_changes.fetch_add(1, Ordering::Release);
                 }
                 self.sink.send_blocking(Event::TaskComm {
@@ -594,6 +650,9 @@ impl Reader {
             Record::Exit { pid, tid, t } => {
                 if pid.0 == tid.0 {
                     self.procs.remove(&pid);
+                    if let Some(a) = &self.agent {
+                        a.verdicts.forget(pid);
+                    }
                 }
                 self.sink.send_blocking(Event::TaskExit { t, pid, tid });
             }
@@ -611,6 +670,7 @@ impl Reader {
         match rec {
             AgentRecord::Hello(h) => {
                 a.procs.entry(h.pid).or_default();
+                a.verdicts.set(h.pid, h.sampling);
                 self.sink.send_blocking(Event::PyProcess {
                     t: h.t,
                     pid: h.pid,
