@@ -248,6 +248,11 @@ impl Sampler {
                 self.attach_time += t.elapsed();
                 last_discover = Some(Instant::now());
             }
+            // Nothing to read (every Python process is left to the agent):
+            // wake only to look for new processes.
+            if self.spies.is_empty() {
+                next_round = Instant::now() + DISCOVER_EVERY;
+            }
             if Instant::now() >= next_round {
                 let round = Instant::now();
                 self.sample_all();
