@@ -23,7 +23,7 @@ use std::io::{Seek, SeekFrom, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TryRecvError, TrySendError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -46,6 +46,9 @@ const CHANNEL_CAPACITY: usize = 1 << 16;
 /// A gzip member ends after this long, or this much uncompressed data.
 const FLUSH_EVERY: Duration = Duration::from_secs(1);
 const MEMBER_MAX_BYTES: usize = 4 << 20;
+/// The writer wakes at most this often while events keep coming (the
+/// queue holds [`CHANNEL_CAPACITY`] events meanwhile).
+const BATCH_PAUSE: Duration = Duration::from_millis(20);
 
 /// Where collectors send their events. Cheap to clone; never blocks.
 #[derive(Clone)]
@@ -208,6 +211,9 @@ struct Members {
     line: Vec<u8>,
 }
 
+/// Level 6: on a minute of a loader job's recording (2.7 MB of events in
+/// 1 s members) it takes 45 ms of CPU for 375 kB, against 20 ms for 608 kB
+/// at level 1 — 0.07% of a core for a recording 1.6× smaller.
 fn new_encoder() -> GzEncoder<Vec<u8>> {
     GzEncoder::new(Vec::with_capacity(1 << 16), Compression::new(6))
 }
@@ -293,8 +299,21 @@ fn write_loop(file: File, rx: Receiver<Event>, mut tap: Option<Tap>) -> WriterSt
     };
     let mut member_start = Instant::now();
     loop {
-        let wait = FLUSH_EVERY.saturating_sub(member_start.elapsed());
-        let got = rx.recv_timeout(wait);
+        let got = match rx.try_recv() {
+            Ok(ev) => Ok(ev),
+            Err(TryRecvError::Disconnected) => Err(RecvTimeoutError::Disconnected),
+            Err(TryRecvError::Empty) => {
+                // Let events gather rather than wake for each one: a
+                // wake-up per event costs a futex call and two context
+                // switches, which on a job that keeps every core busy are
+                // taken from the job (thousands per second at the start of
+                // a run, when every stack is new).
+                let wait = FLUSH_EVERY.saturating_sub(member_start.elapsed());
+                std::thread::sleep(BATCH_PAUSE.min(wait));
+                let wait = FLUSH_EVERY.saturating_sub(member_start.elapsed());
+                rx.recv_timeout(wait)
+            }
+        };
         if let (Ok(ev), Some(tap)) = (&got, tap.as_mut()) {
             tap(ev);
         }
@@ -324,8 +343,8 @@ fn write_loop(file: File, rx: Receiver<Event>, mut tap: Option<Tap>) -> WriterSt
                     member_start = Instant::now();
                 }
             }
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
-            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => break,
         }
         if member_start.elapsed() >= FLUSH_EVERY {
             m.end_member();
