@@ -126,9 +126,9 @@ struct Sampler {
     left_total: u64,
     /// Python processes waiting for the agent's word, since when.
     waiting: HashMap<Pid, (String, Instant)>,
-    /// Processes py-spy reads even when the agent samples them: the main
-    /// processes of ranks.
-    rank_mains: HashMap<Pid, bool>,
+    /// Whether a process (running the executable) is the main process of
+    /// a rank, which py-spy reads even when the agent samples it.
+    rank_mains: HashMap<Pid, (String, bool)>,
 }
 
 /// What to do with a Python process when the agent is in the job.
@@ -189,12 +189,21 @@ impl Sampler {
         let Some(verdicts) = &self.agent else {
             return Plan::Read;
         };
-        if *self
+        let known = self
             .rank_mains
-            .entry(pid)
-            .or_insert_with(|| is_rank_main(pid))
-        {
-            return Plan::Read;
+            .get(&pid)
+            .filter(|r| r.0 == exe)
+            .map(|r| r.1);
+        match known.or_else(|| is_rank_main(pid)) {
+            Some(true) => {
+                self.rank_mains.insert(pid, (exe.to_string(), true));
+                return Plan::Read;
+            }
+            Some(false) => {
+                self.rank_mains.insert(pid, (exe.to_string(), false));
+            }
+            // Its environment cannot be read yet (mid-exec): ask again.
+            None => return Plan::Wait,
         }
         match verdicts.get(pid) {
             Some(true) => Plan::LeaveToAgent,
@@ -360,7 +369,7 @@ impl Sampler {
                 .spies
                 .keys()
                 .copied()
-                .filter(|p| v.get(*p) == Some(true) && self.rank_mains.get(p) == Some(&false))
+                .filter(|p| v.get(*p) == Some(true) && self.rank_mains.get(p).is_some_and(|r| !r.1))
                 .collect();
             for pid in taken {
                 self.spies.remove(&pid);
@@ -495,23 +504,20 @@ fn explain(e: &anyhow::Error) -> String {
 /// Whether `pid` is the main process of a rank: its environment names a
 /// rank ([`RankIds`]), and it is not a copy of a Python parent of the same
 /// rank (a DataLoader worker, forked or spawned, inherits its rank's
-/// variables; a rank started through a shell wrapper is still a rank). An
-/// environment that cannot be read counts as a rank: reading it costs less
-/// than missing a rank's waits.
-fn is_rank_main(pid: Pid) -> bool {
-    let Some(env) = read_rank_env(pid.0) else {
-        return true;
-    };
+/// variables; a rank started through a shell wrapper is still a rank).
+/// None while its environment cannot be read (mid-exec, or refused).
+fn is_rank_main(pid: Pid) -> Option<bool> {
+    let env = read_rank_env(pid.0)?;
     if RankIds::from_env(&env).rank.is_none() {
-        return false;
+        return Some(false);
     }
     let Some(ppid) = parent_of(pid.0) else {
-        return true;
+        return Some(true);
     };
     let parent_exe = std::fs::read_link(format!("/proc/{ppid}/exe"))
         .map(|p| p.to_string_lossy().into_owned())
         .unwrap_or_default();
-    !(read_rank_env(ppid).as_ref() == Some(&env) && looks_like_python(Pid(ppid), &parent_exe))
+    Some(!(read_rank_env(ppid).as_ref() == Some(&env) && looks_like_python(Pid(ppid), &parent_exe)))
 }
 
 /// The parent of a process, from `/proc/PID/stat`.
