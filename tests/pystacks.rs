@@ -335,6 +335,23 @@ fn py_spy_reads_only_what_the_agent_does_not_sample() {
                 "{detail}"
             );
             assert_eq!(stacks, 0, "{detail}");
+            // perf's own samples of the threads the agent kept up with were
+            // not unwound (the recording marks them), and no output shows
+            // them: the agent's samples of those threads are used.
+            let mut events = String::new();
+            std::io::Read::read_to_string(
+                &mut flate2::read::MultiGzDecoder::new(
+                    std::fs::File::open(out.join("recording/events.jsonl.gz")).unwrap(),
+                ),
+                &mut events,
+            )
+            .unwrap();
+            assert!(
+                events.contains("[perf: not unwound"),
+                "perf samples were all unwound"
+            );
+            let all = std::fs::read_to_string(out.join("stacks-all-native.folded")).unwrap();
+            assert!(!all.contains("not unwound"), "{all}");
         }
         let _ = std::fs::remove_dir_all(&out);
     }

@@ -324,6 +324,10 @@ enum FrameKey {
 /// Markers of agent samples whose Python frames are missing or cut.
 pub const MARKER_UNREADABLE: &str = "[python: unreadable]";
 pub const MARKER_TRUNCATED: &str = "[python: truncated]";
+/// A perf sample of a thread the agent was sampling at the time: not
+/// unwound (the agent's sample of the same thread is used; this one shows
+/// only if the analysis falls back to perf's samples of the thread).
+pub const MARKER_NOT_UNWOUND: &str = "[perf: not unwound, the agent sampled this thread]";
 
 /// What the agent did in one process.
 #[derive(Default)]
@@ -338,6 +342,8 @@ struct AgentProc {
 struct Agent {
     rings: AgentRings,
     verdicts: Arc<AgentVerdicts>,
+    /// Samples per thread so far: (the agent's, perf's).
+    counts: HashMap<(Pid, Tid), (u64, u64)>,
     procs: BTreeMap<Pid, AgentProc>,
     buf: Vec<(usize, AgentRecord)>,
     last_reap: Instant,
@@ -431,6 +437,7 @@ impl Reader {
             agent: agent.map(|a| Agent {
                 rings: AgentRings::new(a.ring_dir),
                 verdicts: a.verdicts,
+                counts: HashMap::new(),
                 procs: BTreeMap::new(),
                 buf: Vec::new(),
                 last_reap: Instant::now(),
@@ -648,6 +655,9 @@ impl Reader {
                 });
             }
             Record::Exit { pid, tid, t } => {
+                if let Some(a) = self.agent.as_mut() {
+                    a.counts.remove(&(pid, tid));
+                }
                 if pid.0 == tid.0 {
                     self.procs.remove(&pid);
                     if let Some(a) = &self.agent {
@@ -698,6 +708,7 @@ impl Reader {
             return;
         };
         let (pid, tid, t) = (smp.native.pid, smp.native.tid, smp.native.t);
+        a.counts.entry((pid, tid)).or_default().0 += 1;
         let st = a.procs.entry(pid).or_default();
         st.samples += 1;
         let mut py: Vec<FrameKey> = Vec::with_capacity(smp.frames.len());
@@ -814,6 +825,25 @@ impl Reader {
 
     fn sample(&mut self, s: ring::Sample) {
         self.stats.samples += 1;
+        if self.agent_keeps_up(s.pid, s.tid) {
+            // The analysis uses the agent's samples of this thread (see
+            // `analysis::stacks::agent_covers`): unwinding this copy of the
+            // same moment would be CPU taken from the job for nothing. It
+            // is kept, marked, for the counts that decide.
+            let id = self.interner.frame(
+                &FrameKey::Marker(MARKER_NOT_UNWOUND),
+                &self.sink,
+                |id, _| Event::StackMarker {
+                    id,
+                    marker: MARKER_NOT_UNWOUND.to_string(),
+                },
+            );
+            if let Some(stack) = self.interner.stack(&[id], &self.sink) {
+                self.interner
+                    .sample(s.pid, s.tid, s.t, stack, true, &self.sink);
+            }
+            return;
+        }
         self.sample_gen += 1;
         let pm = self.procs.entry(s.pid).or_default();
         if pm.is_empty() && !pm.seeded {
@@ -864,6 +894,19 @@ impl Reader {
             self.interner
                 .sample(s.pid, s.tid, s.t, stack, u.complete, &self.sink);
         }
+    }
+
+    /// Counts a perf sample of `tid`; true when the agent samples its
+    /// process and has kept up with perf on this thread so far (the rule
+    /// the analysis applies at the end: `analysis::stacks::agent_covers`).
+    fn agent_keeps_up(&mut self, pid: Pid, tid: Tid) -> bool {
+        let Some(a) = self.agent.as_mut() else {
+            return false;
+        };
+        let c = a.counts.entry((pid, tid)).or_default();
+        c.1 += 1;
+        let (agent, perf) = *c;
+        agent > 0 && 2 * agent + 5 >= perf && a.verdicts.get(pid) == Some(true)
     }
 
     fn finish(mut self) -> StackStats {
