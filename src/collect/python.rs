@@ -305,9 +305,7 @@ impl Sampler {
             if self.spies.contains_key(&pid) {
                 continue;
             }
-            let exe = std::fs::read_link(format!("/proc/{}/exe", pid.0))
-                .map(|p| p.to_string_lossy().into_owned())
-                .unwrap_or_default();
+            let exe = exe_of(pid.0);
             if let Some((seen_exe, attempts)) = self.rejected.get(&pid) {
                 // Retry only after an exec or for a transient failure.
                 if *seen_exe == exe && *attempts >= ATTACH_ATTEMPTS {
@@ -373,10 +371,7 @@ impl Sampler {
                 .collect();
             for pid in taken {
                 self.spies.remove(&pid);
-                let exe = std::fs::read_link(format!("/proc/{}/exe", pid.0))
-                    .map(|p| p.to_string_lossy().into_owned())
-                    .unwrap_or_default();
-                self.leave_to_agent(pid, exe);
+                self.leave_to_agent(pid, exe_of(pid.0));
             }
         }
         let mut pids: Vec<Pid> = self.spies.keys().copied().collect();
@@ -511,21 +506,24 @@ fn is_rank_main(pid: Pid) -> Option<bool> {
     if RankIds::from_env(&env).rank.is_none() {
         return Some(false);
     }
-    let Some(ppid) = parent_of(pid.0) else {
+    let Some(ppid) = procfs::process::Process::new(pid.0)
+        .and_then(|p| p.stat())
+        .ok()
+        .map(|st| st.ppid)
+    else {
         return Some(true);
     };
-    let parent_exe = std::fs::read_link(format!("/proc/{ppid}/exe"))
-        .map(|p| p.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    Some(!(read_rank_env(ppid).as_ref() == Some(&env) && looks_like_python(Pid(ppid), &parent_exe)))
+    Some(
+        !(read_rank_env(ppid).as_ref() == Some(&env)
+            && looks_like_python(Pid(ppid), &exe_of(ppid))),
+    )
 }
 
-/// The parent of a process, from `/proc/PID/stat`.
-fn parent_of(pid: i32) -> Option<i32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The name may hold spaces and parentheses: fields follow the last ')'.
-    let rest = &stat[stat.rfind(')')? + 2..];
-    rest.split_ascii_whitespace().nth(1)?.parse().ok()
+/// The executable of a process ("" when it cannot be read).
+fn exe_of(pid: i32) -> String {
+    std::fs::read_link(format!("/proc/{pid}/exe"))
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default()
 }
 
 /// A cheap pre-check before asking py-spy (which scans the binary).

@@ -158,6 +158,11 @@ pub struct Timeline {
     pub cause: Vec<Option<Cause>>,
 }
 
+/// A per-bin share at or above `t` (a bin without data never is).
+fn ge(v: f32, t: f64) -> bool {
+    !v.is_nan() && v as f64 >= t
+}
+
 fn bin_span(start: MonoNs, bin_ns: u64, i: usize) -> (MonoNs, MonoNs) {
     (
         MonoNs(start.0 + bin_ns * i as u64),
@@ -531,7 +536,6 @@ impl Timeline {
     }
 
     fn classify(&self, i: usize) -> Option<Cause> {
-        let ge = |v: f32, t: f64| !v.is_nan() && v as f64 >= t;
         if ge(self.psi_mem[i], th::MEMORY_PSI_SHARE) {
             return Some(Cause::MemoryPressure);
         }
@@ -589,7 +593,6 @@ impl Timeline {
     /// Whether the main thread computed (or waited for a core to compute)
     /// for most of bin `i`: see [`th::MAIN_BUSY_MIN_CPU`].
     fn main_busy(&self, i: usize) -> bool {
-        let ge = |v: f32, t: f64| !v.is_nan() && v as f64 >= t;
         if ge(self.main_cpu[i], th::MAIN_BUSY_SHARE) {
             return true;
         }

@@ -906,7 +906,7 @@ impl Reader {
         let c = a.counts.entry((pid, tid)).or_default();
         c.1 += 1;
         let (agent, perf) = *c;
-        agent > 0 && 2 * agent + 5 >= perf && a.verdicts.get(pid) == Some(true)
+        crate::analysis::stacks::agent_covers(agent, perf) && a.verdicts.get(pid) == Some(true)
     }
 
     fn finish(mut self) -> StackStats {
