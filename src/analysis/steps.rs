@@ -372,12 +372,11 @@ fn from_gpu_gaps(a: &Analysis) -> Option<(Vec<(MonoNs, MonoNs)>, String)> {
     if gaps.len() < 6 {
         return None;
     }
-    let starts: Vec<MonoNs> = gaps.iter().map(|g| g.0).collect();
-    let periods: Vec<f64> = starts.windows(2).map(|w| w[1].secs_since(w[0])).collect();
+    let (iv, merged) = gap_steps(&gaps);
+    let periods: Vec<f64> = iv.iter().map(|w| w.1.secs_since(w.0)).collect();
     if regularity(&periods) < MIN_REGULARITY {
         return None;
     }
-    let iv: Vec<(MonoNs, MonoNs)> = starts.windows(2).map(|w| (w[0], w[1])).collect();
     let res = a
         .gpu
         .devices
@@ -389,10 +388,63 @@ fn from_gpu_gaps(a: &Analysis) -> Option<(Vec<(MonoNs, MonoNs)>, String)> {
     Some((
         iv,
         format!(
-            "estimated from the GPU's idle gaps, which recur every {:.0} ms on average (one wait per step; NVML resolution {res:.0} ms): steps run from one gap's start to the next",
-            periods.iter().sum::<f64>() / periods.len() as f64 * 1e3
+            "estimated from the GPU's idle gaps, which recur every {:.0} ms on average (one wait per step; NVML resolution {res:.0} ms): steps run from one gap's start to the next{}",
+            periods.iter().sum::<f64>() / periods.len() as f64 * 1e3,
+            if merged > 0 {
+                format!("; {merged} stretch(es) with no gap seen, as long as several steps, after an ordinary gap, are counted as that many equal steps (the GPU went from one step to the next without a gap the driver's samples could show)")
+            } else {
+                String::new()
+            }
         ),
     ))
+}
+
+/// The GPU's busy stretch between two ordinary idle gaps can hold several
+/// steps: the next batch was ready (prefetched) and the GPU went straight
+/// on, or the gap between them was shorter than one driver sample (a 300 ms
+/// gap holds no whole 167 ms sample in one case in five). Such a period
+/// lasts a whole number of typical periods. A slow step looks different:
+/// its gap (the wait for its input) is longer, so a period is split only
+/// when the gap that starts it is ordinary.
+const MAX_STEPS_PER_STRETCH: f64 = 4.0;
+/// How close to a whole number of typical periods a stretch must be.
+const STRETCH_TOLERANCE: f64 = 0.2;
+
+/// Steps from the gaps' starts: one per period, or k equal ones where a
+/// period spans k typical periods (see above); and how many periods were
+/// split.
+fn gap_steps(gaps: &[(MonoNs, MonoNs)]) -> (Vec<(MonoNs, MonoNs)>, usize) {
+    let mut periods: Vec<f64> = gaps.windows(2).map(|w| w[1].0.secs_since(w[0].0)).collect();
+    let med = median(&mut periods);
+    let mut durs: Vec<f64> = gaps.iter().map(|g| g.1.secs_since(g.0)).collect();
+    let med_gap = median(&mut durs);
+    let mut out = Vec::new();
+    let mut merged = 0;
+    for w in gaps.windows(2) {
+        let (from, to) = (w[0].0, w[1].0);
+        let p = to.secs_since(from);
+        let k = (p / med.max(1e-9)).round();
+        let ordinary_gap = w[0].1.secs_since(w[0].0) <= 1.6 * med_gap;
+        if (2.0..=MAX_STEPS_PER_STRETCH).contains(&k)
+            && (p - k * med).abs() <= STRETCH_TOLERANCE * med
+            && ordinary_gap
+        {
+            merged += 1;
+            let step = (to.0 - from.0) / k as u64;
+            for i in 0..k as u64 {
+                let a = MonoNs(from.0 + i * step);
+                let b = if i + 1 == k as u64 {
+                    to
+                } else {
+                    MonoNs(a.0 + step)
+                };
+                out.push((a, b));
+            }
+        } else {
+            out.push((from, to));
+        }
+    }
+    (out, merged)
 }
 
 /// The sampled thread that drives the loop: the job's main thread (or the
@@ -1004,6 +1056,33 @@ pub fn analyze(a: &Analysis, step_range: Option<&str>) -> Steps {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn gpu_gap_stretches_of_several_steps_are_split_and_slow_steps_are_not() {
+        // Steps every 450 ms: a 300 ms idle gap, 150 ms busy. The gap of
+        // the third step was not seen (no whole driver sample in it); the
+        // sixth step waited 450 ms longer for its input (a slow step, as long
+        // as two: not split, its gap is not ordinary).
+        let ms = |x: f64| MonoNs((x * 1e6) as u64);
+        let mut gaps = Vec::new();
+        let mut t = 0.0;
+        for i in 0..9 {
+            let idle = if i == 5 { 750.0 } else { 300.0 };
+            if i != 2 {
+                gaps.push((ms(t), ms(t + idle)));
+            }
+            t += idle + 150.0;
+        }
+        let (iv, merged) = gap_steps(&gaps);
+        assert_eq!(merged, 1);
+        let d: Vec<u64> = iv.iter().map(|w| (w.1 .0 - w.0 .0) / 1_000_000).collect();
+        assert_eq!(d, vec![450, 450, 450, 450, 450, 900, 450, 450]);
+        // Without the split the spacing is not regular enough for steps.
+        let starts: Vec<f64> = gaps.windows(2).map(|w| w[1].0.secs_since(w[0].0)).collect();
+        let split: Vec<f64> = iv.iter().map(|w| w.1.secs_since(w.0)).collect();
+        assert!(regularity(&split) >= MIN_REGULARITY);
+        assert!(regularity(&starts) < regularity(&split));
+    }
+
     use super::*;
 
     #[test]
