@@ -7,8 +7,15 @@
 //! sampled whether the thread runs or is blocked (perf's cpu-clock samples
 //! only see threads on a CPU, and a thread waiting for its peers sleeps).
 //!
-//! Shares are taken from the thread's first sample in distributed code
-//! (`init_process_group`, a collective) to its end. Each sample stands for
+//! Shares are taken from the moment the job's first collective ended (the
+//! first exit from a collective seen in any thread: every rank leaves a
+//! collective together) to the thread's end. Before that moment the ranks
+//! have not yet met: the first collective absorbs their start-up skew (one
+//! rank importing or loading its first batch more slowly is not a
+//! straggler), and the time before it (`init_process_group`, building the
+//! model) would dilute every share by an amount that depends on where the
+//! sampler happened to look. Without any exit seen, shares start at the
+//! thread's first sample in distributed code. Each sample stands for
 //! the time until the thread's next sample (capped
 //! at twice the thread's median sampling gap, so a pause of the sampler is
 //! not counted). The moments a thread leaves a collective — shared by every
@@ -108,14 +115,22 @@ pub fn is_distributed_frame(_name: &str, file: &str) -> bool {
     COLLECTIVE_FILES.iter().any(|f| file.contains(f))
 }
 
-/// Every Python thread's time in collectives, measured from its first
-/// sample in distributed code on: imports and model building before
-/// `init_process_group` would dilute the shares, and more for a rank that
-/// started first.
+/// Every Python thread's time in collectives, measured from the end of the
+/// job's first collective on (see the module's comment); exits are kept
+/// from the thread's first sample in distributed code on.
 pub fn analyze(d: &StackData, window: (MonoNs, MonoNs)) -> Collectives {
     let (names, threads) = d.python_marks(window, &is_collective_frame);
     let (_, dist) = d.python_marks(window, &is_distributed_frame);
+    waits(&names, threads, &dist)
+}
+
+type Marks = BTreeMap<(Pid, Tid), Vec<(MonoNs, Option<u32>)>>;
+
+/// [`analyze`] on the threads' samples marked with their collective
+/// (`threads`) and with distributed code (`dist`).
+fn waits(names: &[String], threads: Marks, dist: &Marks) -> Collectives {
     let mut out = Collectives::default();
+    let mut per_thread = Vec::new();
     for ((pid, tid), samples) in threads {
         let Some(from) = dist
             .get(&(pid, tid))
@@ -125,8 +140,22 @@ pub fn analyze(d: &StackData, window: (MonoNs, MonoNs)) -> Collectives {
             continue;
         };
         let lo = samples.partition_point(|s| s.0 < from);
-        let w = thread_waits(pid, tid, &samples[lo..], &names);
+        per_thread.push((pid, tid, samples, lo));
+    }
+    let first_exit = per_thread
+        .iter()
+        .filter_map(|(_, _, s, lo)| first_exit(&s[*lo..]))
+        .min();
+    for (pid, tid, samples, lo) in per_thread {
+        let s = &samples[lo..];
+        // A thread that ended before the first collective did keeps its own
+        // start (it has nothing after it).
+        let count_from = first_exit
+            .filter(|t| s.last().is_some_and(|l| l.0 > *t))
+            .unwrap_or(MonoNs(0));
+        let w = thread_waits(pid, tid, s, names, count_from);
         if let Some(last) = samples.last() {
+            let from = s.first().map_or(last.0, |f| f.0).max(count_from);
             out.phase = Some(match out.phase {
                 Some((a, b)) => (a.min(from), b.max(last.0)),
                 None => (from, last.0),
@@ -137,11 +166,26 @@ pub fn analyze(d: &StackData, window: (MonoNs, MonoNs)) -> Collectives {
     out
 }
 
-fn thread_waits(pid: Pid, tid: Tid, s: &[(MonoNs, Option<u32>)], names: &[String]) -> ThreadWaits {
+/// The midpoint between a thread's last sample inside its first sampled
+/// collective and its next sample outside one.
+fn first_exit(s: &[(MonoNs, Option<u32>)]) -> Option<MonoNs> {
+    s.windows(2)
+        .find(|p| p[0].1.is_some() && p[1].1.is_none())
+        .map(|p| MonoNs(p[0].0 .0 + (p[1].0 .0 - p[0].0 .0) / 2))
+}
+
+/// A thread's waits, counting samples from `count_from` on; exits are
+/// found in all of `s`.
+fn thread_waits(
+    pid: Pid,
+    tid: Tid,
+    s: &[(MonoNs, Option<u32>)],
+    names: &[String],
+    count_from: MonoNs,
+) -> ThreadWaits {
     let mut w = ThreadWaits {
         pid,
         tid,
-        samples: s.len() as u64,
         ..Default::default()
     };
     let mut gaps: Vec<u64> = s.windows(2).map(|p| p[1].0 .0 - p[0].0 .0).collect();
@@ -150,13 +194,19 @@ fn thread_waits(pid: Pid, tid: Tid, s: &[(MonoNs, Option<u32>)], names: &[String
     let cap = (2 * median).max(1_000_000);
     for (i, (t, mark)) in s.iter().enumerate() {
         let next = s.get(i + 1);
+        let counted = *t >= count_from;
         let gap = next.map_or(median.min(cap), |n| (n.0 .0 - t.0).min(cap));
         let secs = gap as f64 / 1e9;
-        w.sampled_s += secs;
+        if counted {
+            w.samples += 1;
+            w.sampled_s += secs;
+        }
         if let Some(m) = mark {
-            w.wait_samples += 1;
-            w.wait_s += secs;
-            *w.functions.entry(names[*m as usize].clone()).or_default() += secs;
+            if counted {
+                w.wait_samples += 1;
+                w.wait_s += secs;
+                *w.functions.entry(names[*m as usize].clone()).or_default() += secs;
+            }
             if let Some((nt, None)) = next {
                 let span = nt.0 - t.0;
                 if span <= cap && w.exits.len() < MAX_EXITS_PER_THREAD {
@@ -193,7 +243,7 @@ mod tests {
             .enumerate()
             .map(|(i, m)| (MonoNs(1_000 * MS + i as u64 * 10 * MS), *m))
             .collect();
-        let w = thread_waits(Pid(1), Tid(1), &s, &["all_reduce".to_string()]);
+        let w = thread_waits(Pid(1), Tid(1), &s, &["all_reduce".to_string()], MonoNs(0));
         assert_eq!(w.samples, 7);
         assert_eq!(w.wait_samples, 4);
         assert!((w.wait_s - 0.040).abs() < 1e-9, "{}", w.wait_s);
@@ -206,6 +256,36 @@ mod tests {
     }
 
     #[test]
+    fn waits_count_from_the_first_collectives_end() {
+        // Rank 1 arrives first and waits 300 ms in the first all_reduce for
+        // rank 0 (start-up skew), then never waits; rank 0 waits in every
+        // step after that. Samples every 10 ms from 0 to 2 s; both are in
+        // distributed code from the start (init_process_group).
+        let at = |i: u64| MonoNs(i * 10 * MS);
+        let (mut r0, mut r1, mut d0, mut d1) = (vec![], vec![], vec![], vec![]);
+        for i in 0..200 {
+            // Rank 0: set-up for 300 ms, then half of every 100 ms step waiting.
+            let m0 = (i >= 30 && i % 10 < 5).then_some(0);
+            // Rank 1: in the first all_reduce from 20 to 300 ms.
+            let m1 = (2..30).contains(&i).then_some(0);
+            r0.push((at(i), m0));
+            r1.push((at(i), m1));
+            d0.push((at(i), Some(0)));
+            d1.push((at(i), Some(0)));
+        }
+        let names = ["all_reduce".to_string()];
+        let threads: Marks = [((Pid(10), Tid(10)), r0), ((Pid(11), Tid(11)), r1)].into();
+        let dist: Marks = [((Pid(10), Tid(10)), d0), ((Pid(11), Tid(11)), d1)].into();
+        let c = waits(&names, threads, &dist);
+        let (w0, w1) = (&c.threads[0], &c.threads[1]);
+        assert!((w0.share() - 0.5).abs() < 0.02, "{}", w0.share());
+        assert!(w1.share() < 0.01, "start-up skew counted: {}", w1.share());
+        // The first exit (rank 1 leaving at ~295 ms) still aligns clocks.
+        assert_eq!(w1.exits.len(), 1);
+        assert_eq!(c.phase.map(|p| p.0), Some(MonoNs(295 * MS)));
+    }
+
+    #[test]
     fn a_pause_in_sampling_is_not_counted_as_waiting() {
         // 10 ms apart, then one 2 s hole while inside the collective.
         let s = vec![
@@ -215,7 +295,7 @@ mod tests {
             (MonoNs(2_020 * MS), None),
             (MonoNs(2_030 * MS), None),
         ];
-        let w = thread_waits(Pid(1), Tid(1), &s, &["barrier".to_string()]);
+        let w = thread_waits(Pid(1), Tid(1), &s, &["barrier".to_string()], MonoNs(0));
         assert!(w.wait_s <= 0.041, "{}", w.wait_s);
         assert!(w.exits.is_empty(), "an exit 2 s wide says nothing");
     }

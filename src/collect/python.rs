@@ -264,9 +264,19 @@ impl Sampler {
             }
             if Instant::now() >= next_round {
                 let round = Instant::now();
+                let cpu0 = crate::collect::thread_cpu_ns();
                 self.sample_all();
                 self.interner.flush(Some(MonoNs::now()), &self.sink);
-                let work = round.elapsed();
+                let wall = round.elapsed();
+                // The budget is CPU: on a machine whose cores the job keeps
+                // busy, a round's wall time is mostly waiting for a core,
+                // and pacing on it would starve the sampler (one preempted
+                // round of 10 ms meant a second without samples) exactly
+                // when ranks' waits in collectives need them.
+                let work = match (cpu0, crate::collect::thread_cpu_ns()) {
+                    (Some(a), Some(b)) => Duration::from_nanos(b.saturating_sub(a)),
+                    _ => wall,
+                };
                 self.busy += work;
                 self.rounds += 1;
                 // Keep sampling within the CPU budget (attaching, once per
@@ -446,7 +456,7 @@ impl Sampler {
             String::new()
         };
         self.stats.detail = format!(
-            "py-spy (non-blocking) read {} Python process(es){left} in {} rounds ({per_round:.2} ms per round, {:.0} ms finding and attaching processes), at most {} Hz, reads within {:.1}% of a core; thread CPU {:.3} s",
+            "py-spy (non-blocking) read {} Python process(es){left} in {} rounds ({per_round:.2} ms of CPU per round, {:.0} ms finding and attaching processes), at most {} Hz, reads within {:.1}% of a core; thread CPU {:.3} s",
             self.attached.len(),
             self.rounds,
             self.attach_time.as_secs_f64() * 1e3,
