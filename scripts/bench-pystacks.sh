@@ -44,10 +44,15 @@ run() {
     bare) "${cmd[@]}" > "$out" 2>&1 ;;
     gpuprof) "$GPUPROF" -q -o "$WORK/g.$job.$i" -- "${cmd[@]}" > "$out" 2>&1 ;;
     gpuprof-pyspy) "$GPUPROF" -q -o "$WORK/p.$job.$i" --python-frames py-spy -- "${cmd[@]}" > "$out" 2>&1 ;;
-    pyspy-native) "$PYSPY" record --subprocesses --native -r 99 -o "$WORK/n.$job.$i.svg" -- "${cmd[@]}" > "$out" 2>&1 ;;
-    pyspy-nonblock) "$PYSPY" record --subprocesses --nonblocking -r 99 -o "$WORK/b.$job.$i.svg" -- "${cmd[@]}" > "$out" 2>&1 ;;
+    # A competitor that crashes (py-spy --native segfaults on some
+    # kernels) is reported, not fatal: the job's own time is still read
+    # when it got to print it.
+    pyspy-native) "$PYSPY" record --subprocesses --native -r 99 -o "$WORK/n.$job.$i.svg" -- "${cmd[@]}" > "$out" 2>&1 \
+        || echo "$cfg run $i on $job: py-spy exited with status $?" >&2 ;;
+    pyspy-nonblock) "$PYSPY" record --subprocesses --nonblocking -r 99 -o "$WORK/b.$job.$i.svg" -- "${cmd[@]}" > "$out" 2>&1 \
+        || echo "$cfg run $i on $job: py-spy exited with status $?" >&2 ;;
     esac
-    grep -oE '(steps|fib) in [0-9.]+ s' "$out" | tail -1 | awk '{print $3}' >> "$WORK/$job.$cfg"
+    grep -oE '(steps|fib) in [0-9.]+ s' "$out" | tail -1 | awk '{print $3}' >> "$WORK/$job.$cfg" || true
     grep -oE 'cpu [0-9.]+ s' "$out" | tail -1 | awk '{print $2}' >> "$WORK/$job.$cfg.cpu" || true
     if [ "$cfg" = gpuprof ] || [ "$cfg" = gpuprof-pyspy ]; then
         local d; d="$WORK/$([ "$cfg" = gpuprof ] && echo g || echo p).$job.$i"
@@ -86,6 +91,10 @@ for job in loader calls; do
     bc_=$( [ -s "$WORK/$job.bare.cpu" ] && median < "$WORK/$job.bare.cpu" || echo 0)
     printf "  %-15s %9s %8s %9s %8s\n" config job_s ratio job_cpu_s ratio
     for c in "${configs[@]}"; do
+        if [ ! -s "$WORK/$job.$c" ]; then
+            printf "  %-15s %9s\n" "$c" "no run finished"
+            continue
+        fi
         j=$(median < "$WORK/$job.$c")
         if [ -s "$WORK/$job.$c.cpu" ] && [ "$bc_" != 0 ]; then
             cc=$(median < "$WORK/$job.$c.cpu")
