@@ -182,6 +182,7 @@ async fn run(
     let samplers = SamplerThread::start(&sink, cfg.interval, true, Some(target.pid))?;
     let gpu = session::start_gpu(&cfg, &sink)?;
     let stacks = StackCollectors::start_attached(cfg.stacks.as_ref(), target.pid, &sink, cfg.quiet);
+    samplers.follow(stacks.news());
     sink.send_blocking(Event::Coverage(crate::event::Coverage {
         source: crate::collect::nvtx::COVERAGE_SOURCE.into(),
         available: false,

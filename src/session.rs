@@ -20,6 +20,7 @@ use crate::collect::nvtx::{self, NvtxCollector, NvtxPlan};
 use crate::collect::procfs::TreeCollector;
 use crate::collect::stacks::{AgentPlan, StackCollectors};
 use crate::collect::system::SystemCollector;
+use crate::collect::TreeNews;
 use crate::event::{ClockAnchor, Event, Footer, Header, JobStatus, MonoNs, Pid, RECORDING_VERSION};
 use crate::launch;
 use crate::outdir::{OutDir, Reserve};
@@ -32,14 +33,18 @@ pub(crate) struct Samplers {
     system: SystemCollector,
     files: FilesCollector,
     cgroup: CgroupCollector,
+    /// The perf reader's news of new processes and libraries, once stacks
+    /// are sampled: the tree and the libraries are then re-read on news.
+    news: Option<Arc<TreeNews>>,
 }
 
 impl Samplers {
     fn tick(&mut self) {
-        self.tree.tick();
+        let news = self.news.as_deref();
+        self.tree.tick(news);
         self.system.tick();
         let live = self.tree.live_pids();
-        self.files.tick(&live);
+        self.files.tick(&live, news);
         self.cgroup.tick(&live);
     }
 }
@@ -69,6 +74,7 @@ impl SamplerThread {
             system: SystemCollector::new(sink.clone()),
             files: FilesCollector::new(sink.clone()),
             cgroup: CgroupCollector::new(sink.clone()),
+            news: None,
         })));
         let stop = Arc::new(AtomicBool::new(false));
         let active = Arc::new(AtomicBool::new(active));
@@ -99,6 +105,14 @@ impl SamplerThread {
             active,
             thread: Some(thread),
         })
+    }
+
+    /// Re-read the tree and libraries on the perf reader's news (and a
+    /// safety-net period) instead of at every pass.
+    pub(crate) fn follow(&self, news: Option<Arc<TreeNews>>) {
+        if let Some(s) = self.shared.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+            s.news = news;
+        }
     }
 
     fn with<R>(&self, f: impl FnOnce(&mut Samplers) -> R) -> Option<R> {
@@ -465,6 +479,7 @@ async fn run(
     // Between fork and exec: perf events enabled by the job's exec.
     let stacks =
         StackCollectors::start(cfg.stacks.as_ref(), suspended.pid, &sink, cfg.quiet, agent);
+    samplers.follow(stacks.news());
     // Lives until gpuprof exits: its ring folder must outlast the job's
     // use of it, even after a --duration window closed.
     let mut nvtx = NvtxCollector::start(nvtx_plan, &sink, !delayed);

@@ -16,6 +16,27 @@ pub mod python;
 pub mod stacks;
 pub mod system;
 
+/// What the perf reader learns as it happens, for the collectors that would
+/// otherwise poll /proc for it: counters bumped on every new process or
+/// exec (`processes`) and every new executable mapping, i.e. a library
+/// loaded (`mappings`). A collector re-reads when a counter moved, and
+/// still now and then without news (a process perf does not follow).
+#[derive(Debug, Default)]
+pub struct TreeNews {
+    pub processes: std::sync::atomic::AtomicU64,
+    pub mappings: std::sync::atomic::AtomicU64,
+}
+
+impl TreeNews {
+    pub fn processes(&self) -> u64 {
+        self.processes.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    pub fn mappings(&self) -> u64 {
+        self.mappings.load(std::sync::atomic::Ordering::Acquire)
+    }
+}
+
 /// CPU time the calling thread has used, in ns (`CLOCK_THREAD_CPUTIME_ID`).
 pub fn thread_cpu_ns() -> Option<u64> {
     let mut ts = libc::timespec {

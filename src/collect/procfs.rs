@@ -6,15 +6,21 @@
 //! tree is therefore found without scanning all of /proc.
 
 use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
 
 use procfs::process::Process;
 
+use crate::collect::TreeNews;
 use crate::event::{Event, MonoNs, Pid, Tid};
 use crate::record::Sink;
 
 /// Passes during which a process's command line is re-read to catch an exec
 /// that keeps the process name (2 s at the default interval).
 const YOUNG_PASSES: u32 = 20;
+/// With the perf reader's news of new processes, the tree is walked when
+/// there is news, and this often without (a process perf does not follow);
+/// between walks the known processes are read.
+const REWALK_EVERY: Duration = Duration::from_secs(1);
 
 struct ThreadState {
     comm: String,
@@ -47,6 +53,8 @@ pub struct TreeCollector {
     ns_per_tick: u64,
     page_size: u64,
     procs: HashMap<i32, ProcState>,
+    /// When the tree was last walked, and the news counter then.
+    last_walk: Option<(Instant, u64)>,
 }
 
 impl TreeCollector {
@@ -59,6 +67,7 @@ impl TreeCollector {
             ns_per_tick: 1_000_000_000 / tps,
             page_size: procfs::page_size(),
             procs: HashMap::new(),
+            last_walk: None,
         }
     }
 
@@ -90,13 +99,34 @@ impl TreeCollector {
         order
     }
 
-    /// One sampling pass over the tree.
-    pub fn tick(&mut self) {
+    /// One sampling pass over the tree. With `news` (perf follows the
+    /// job), the tree is walked only when a process was created or exec'd
+    /// since the last walk, or `REWALK_EVERY` has passed: walking reads a
+    /// `children` file per thread of every process, a third of a pass.
+    pub fn tick(&mut self, news: Option<&TreeNews>) {
         let now = MonoNs::now();
-        let live = self.discover();
-        let live_set: HashSet<i32> = live.iter().copied().collect();
-        for pid in live {
-            self.sample(pid, now, true);
+        // Read before walking: a fork during the walk moves it again.
+        let count = news.map(|n| n.processes());
+        let walk = match (count, self.last_walk) {
+            (Some(c), Some((at, c0))) => c != c0 || at.elapsed() >= REWALK_EVERY,
+            _ => true,
+        };
+        let mut live_set: HashSet<i32> = HashSet::new();
+        if walk {
+            let live = self.discover();
+            self.last_walk = count.map(|c| (Instant::now(), c));
+            for pid in live {
+                self.sample(pid, now, true, true);
+                live_set.insert(pid);
+            }
+        } else {
+            for pid in self.live_pids() {
+                // Gone, or its PID already reused by a process that is not
+                // the job's: exited.
+                if self.sample(pid, now, true, false) {
+                    live_set.insert(pid);
+                }
+            }
         }
         for (pid, st) in self.procs.iter_mut() {
             if !st.exited && !live_set.contains(pid) {
@@ -131,7 +161,7 @@ impl TreeCollector {
     /// reaped (its /proc entry still holds the final CPU and IO totals).
     pub fn final_sample(&mut self, pid: i32) {
         let now = MonoNs::now();
-        self.sample(pid, now, false);
+        self.sample(pid, now, false, true);
     }
 
     /// Mark a process reaped by gpuprof with its exit status.
@@ -147,15 +177,25 @@ impl TreeCollector {
         });
     }
 
-    fn sample(&mut self, pid: i32, now: MonoNs, with_threads: bool) {
-        let Ok(proc_) = Process::new(pid) else { return };
-        let Ok(stat) = proc_.stat() else { return };
+    /// Read a process (and its threads); `adopt`: a process not known by
+    /// this PID is new to the job (it was found in the tree), else it is
+    /// left alone. Whether it was read.
+    fn sample(&mut self, pid: i32, now: MonoNs, with_threads: bool, adopt: bool) -> bool {
+        let Ok(proc_) = Process::new(pid) else {
+            return false;
+        };
+        let Ok(stat) = proc_.stat() else {
+            return false;
+        };
         let known = self.procs.get(&pid);
         let is_new = match known {
             None => true,
             // Same PID, different start time: the PID was reused.
             Some(st) => st.start_ticks != stat.starttime || st.exited && stat.state != 'Z',
         };
+        if is_new && !adopt {
+            return false;
+        }
         // An exec usually renames the process; a wrapper that keeps the name
         // (pyenv's `python3` shim is a bash script named python3) does not,
         // so young processes also have their command line compared.
@@ -235,9 +275,11 @@ impl TreeCollector {
             });
         }
         if !with_threads {
-            return;
+            return true;
         }
-        let Ok(tasks) = proc_.tasks() else { return };
+        let Ok(tasks) = proc_.tasks() else {
+            return true;
+        };
         for task in tasks.flatten() {
             let Ok(ts) = task.stat() else { continue };
             let tid = task.tid;
@@ -274,6 +316,7 @@ impl TreeCollector {
                 });
             }
         }
+        true
     }
 }
 

@@ -17,7 +17,7 @@
 //! taken from the job.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -26,6 +26,7 @@ use py_spy::{Config, PythonSpy};
 
 use crate::analysis::roles::RankIds;
 use crate::collect::intern::Interner;
+use crate::collect::TreeNews;
 use crate::collect::perf::AgentVerdicts;
 use crate::collect::procfs::read_rank_env;
 use crate::event::{Coverage, Event, MonoNs, Pid, StackKind, StackStats, Tid};
@@ -56,14 +57,14 @@ pub struct PySampler {
 
 impl PySampler {
     /// Start following the Python processes among gpuprof's descendants.
-    /// `tree_changes` is bumped by the perf reader on every new process and
+    /// `news.processes` is bumped by the perf reader on every new process and
     /// exec; without it the process list is polled.
     /// `root`: follow that running process and its descendants instead
     /// (`gpuprof attach`).
     pub fn start(
         frequency: u64,
         sink: Sink,
-        tree_changes: Option<Arc<AtomicU64>>,
+        news: Option<Arc<TreeNews>>,
         root: Option<Pid>,
         agent: Option<Arc<AgentVerdicts>>,
     ) -> std::io::Result<PySampler> {
@@ -72,7 +73,7 @@ impl PySampler {
         let thread = std::thread::Builder::new()
             .name("gpuprof-python".into())
             .spawn(move || {
-                let mut s = Sampler::new(frequency, sink, tree_changes);
+                let mut s = Sampler::new(frequency, sink, news);
                 s.root = root;
                 s.agent = agent;
                 s.run(&stop2);
@@ -112,7 +113,7 @@ struct Sampler {
     busy: Duration,
     attach_time: Duration,
     first_error: Option<String>,
-    tree_changes: Option<Arc<AtomicU64>>,
+    news: Option<Arc<TreeNews>>,
     rounds: u64,
     frames_buf: Vec<u32>,
     root: Option<Pid>,
@@ -140,7 +141,7 @@ enum Plan {
 }
 
 impl Sampler {
-    fn new(frequency: u64, sink: Sink, tree_changes: Option<Arc<AtomicU64>>) -> Sampler {
+    fn new(frequency: u64, sink: Sink, news: Option<Arc<TreeNews>>) -> Sampler {
         let config = Config {
             blocking: LockingStrategy::NonBlocking,
             native: false,
@@ -164,7 +165,7 @@ impl Sampler {
             busy: Duration::ZERO,
             attach_time: Duration::ZERO,
             first_error: None,
-            tree_changes,
+            news,
             rounds: 0,
             frames_buf: Vec::new(),
             root: None,
@@ -237,10 +238,7 @@ impl Sampler {
             // (or, without perf, periodically), so that a fresh worker gets
             // Python frames from its start without walking /proc all the time.
             let since = last_discover.map(|l| l.elapsed());
-            let changes = self
-                .tree_changes
-                .as_ref()
-                .map(|c| c.load(Ordering::Acquire));
+            let changes = self.news.as_ref().map(|n| n.processes());
             let retry =
                 self.rejected.values().any(|r| r.1 < ATTACH_ATTEMPTS) || !self.waiting.is_empty();
             let due = match (since, changes) {

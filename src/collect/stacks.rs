@@ -5,13 +5,13 @@
 //! (of every Python process: blocked threads included, for the rank analysis).
 
 use std::ffi::OsString;
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use crate::agent::AgentDir;
 use crate::collect::perf::pyagent::{self, RingDir};
 use crate::collect::perf::{self, AgentLink, PerfOptions, PerfSampler};
 use crate::collect::python::PySampler;
+use crate::collect::TreeNews;
 use crate::event::{Coverage, Event, Pid};
 use crate::record::Sink;
 
@@ -22,6 +22,8 @@ pub const AGENT_COVERAGE_SOURCE: &str = "python-same-instant";
 pub struct StackCollectors {
     perf: Option<PerfSampler>,
     python: Option<PySampler>,
+    /// What the perf reader learns of new processes and libraries.
+    news: Option<Arc<TreeNews>>,
 }
 
 /// The in-process agent, ready before the job is forked: its folder (which
@@ -159,15 +161,15 @@ impl StackCollectors {
             AgentPlan::Off(_) => None,
         };
         let mut c = StackCollectors::default();
-        let changes = Arc::new(AtomicU64::new(0));
-        let mut tree_changes = None;
+        let changes = Arc::new(TreeNews::default());
+        let mut news = None;
         let mut agent_running = false;
         match open(opts) {
             Ok(opened) => {
                 match PerfSampler::start(opened, sink.clone(), changes.clone(), link.clone()) {
                     Ok(s) => {
                         c.perf = Some(s);
-                        tree_changes = Some(changes);
+                        news = Some(changes);
                         agent_running = link.is_some();
                     }
                     Err(e) => {
@@ -208,7 +210,7 @@ impl StackCollectors {
         // With the agent reading its processes, py-spy reads only those it
         // does not sample, and the ranks' main processes.
         let verdicts = link.filter(|_| agent_running).map(|l| l.verdicts);
-        match PySampler::start(opts.frequency, sink.clone(), tree_changes, root, verdicts) {
+        match PySampler::start(opts.frequency, sink.clone(), news.clone(), root, verdicts) {
             Ok(p) => c.python = Some(p),
             Err(e) => sink.send_blocking(Event::Coverage(Coverage {
                 source: crate::collect::python::COVERAGE_SOURCE.into(),
@@ -216,7 +218,13 @@ impl StackCollectors {
                 detail: format!("cannot start the Python sampler thread: {e}"),
             })),
         }
+        c.news = news;
         c
+    }
+
+    /// News of new processes and libraries, while perf is read.
+    pub fn news(&self) -> Option<Arc<TreeNews>> {
+        self.news.clone()
     }
 
     /// The job ended (or recording stops): drain, symbolize, write the

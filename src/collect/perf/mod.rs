@@ -21,13 +21,14 @@ mod unwind;
 use std::collections::{BTreeMap, HashMap};
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub use ring::{online_cpus, parse_cpu_list, perf_event_paranoid, ring_bytes_for, OpenError};
 
 use crate::collect::intern::Interner;
+use crate::collect::TreeNews;
 use crate::event::{Coverage, Event, MonoNs, Pid, SampleSource, StackKind, StackStats, Tid};
 use crate::record::Sink;
 use pyagent::{AgentRecord, AgentRings, Note, PyStatus};
@@ -275,11 +276,11 @@ pub struct PerfSampler {
 
 impl PerfSampler {
     /// Start reading the rings. Call before releasing the job.
-    /// `tree_changes` is bumped on every new process and every exec.
+    /// `news` is bumped on every new process, exec and executable mapping.
     pub fn start(
         opened: Opened,
         sink: Sink,
-        tree_changes: Arc<AtomicU64>,
+        news: Arc<TreeNews>,
         agent: Option<AgentLink>,
     ) -> std::io::Result<PerfSampler> {
         let stop = Arc::new(AtomicBool::new(false));
@@ -287,7 +288,7 @@ impl PerfSampler {
         let thread = std::thread::Builder::new()
             .name("gpuprof-perf".into())
             .spawn(move || {
-                let mut r = Reader::new(opened, sink, tree_changes, agent);
+                let mut r = Reader::new(opened, sink, news, agent);
                 r.run(&stop2);
                 r.finish()
             })?;
@@ -365,7 +366,7 @@ struct Reader {
     stats: StackStats,
     busy: Duration,
     frames_buf: Vec<u32>,
-    tree_changes: Arc<AtomicU64>,
+    news: Arc<TreeNews>,
     attached: Option<Attached>,
     /// Names of sampled JIT frames, from perf maps: (file, address) → name.
     jit_names: HashMap<(u32, u64), Arc<str>>,
@@ -420,7 +421,7 @@ impl Reader {
     fn new(
         opened: Opened,
         sink: Sink,
-        tree_changes: Arc<AtomicU64>,
+        news: Arc<TreeNews>,
         agent: Option<AgentLink>,
     ) -> Reader {
         let mut files = Files::default();
@@ -450,7 +451,7 @@ impl Reader {
             },
             busy: Duration::ZERO,
             frames_buf: Vec::with_capacity(64),
-            tree_changes,
+            news,
             attached: opened.attached,
             jit_names: HashMap::new(),
             sample_gen: 0,
@@ -600,6 +601,7 @@ impl Reader {
                 let pm = self.procs.entry(m.pid).or_default();
                 pm.add(&mut self.files, &m);
                 self.announce_files();
+                self.news.mappings.fetch_add(1, Ordering::Release);
             }
             Record::Comm {
                 pid,
@@ -616,7 +618,7 @@ impl Reader {
                     if let Some(a) = &self.agent {
                         a.verdicts.forget(pid);
                     }
-                    self.tree_changes.fetch_add(1, Ordering::Release);
+                    self.news.processes.fetch_add(1, Ordering::Release);
                 }
                 self.sink.send_blocking(Event::TaskComm {
                     t,
@@ -637,7 +639,7 @@ impl Reader {
                     a.forked.insert(tid);
                 }
                 if pid.0 == tid.0 && pid != ppid {
-                    self.tree_changes.fetch_add(1, Ordering::Release);
+                    self.news.processes.fetch_add(1, Ordering::Release);
                     if let Some(parent) = self.procs.get(&ppid) {
                         // The child runs its parent's code, JIT code too,
                         // and names new JIT code in a map of its own.
