@@ -110,7 +110,12 @@ impl SamplerThread {
     /// Re-read the tree and libraries on the perf reader's news (and a
     /// safety-net period) instead of at every pass.
     pub(crate) fn follow(&self, news: Option<Arc<TreeNews>>) {
-        if let Some(s) = self.shared.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+        if let Some(s) = self
+            .shared
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_mut()
+        {
             s.news = news;
         }
     }

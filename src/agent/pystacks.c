@@ -495,6 +495,35 @@ struct perf_siginfo {
     uint32_t type, flags;
 };
 
+/* glibc's initial stack pointer (argc, just above _start's frame); absent
+ * from other C libraries. */
+extern void *__libc_stack_end __attribute__((weak));
+
+/* How much of the interrupted stack to copy: up to where the thread's stack
+ * ends, when that is known and nearer than g_stack_bytes. The outermost
+ * frame lies just below it: for the main thread, glibc's __libc_stack_end;
+ * for a thread glibc created, its descriptor (pthread_self()), which glibc
+ * places at the top of the thread's stack, above start_thread's frame.
+ * A typical Python stack uses a few KiB, and copying the full g_stack_bytes
+ * at every sample was most of the handler's and the reader's work. An end
+ * that is not a little above sp (a thread on a stack of its own making,
+ * another C library) leaves the copy at g_stack_bytes, which the kernel
+ * cuts at the end of the mapping. */
+#define STACK_END_SLACK 128
+static size_t stack_copy_len(uintptr_t sp)
+{
+    size_t len = g_stack_bytes;
+    uintptr_t ends[2] = {(uintptr_t)pthread_self(), 0};
+    if (&__libc_stack_end)
+        ends[1] = (uintptr_t)__libc_stack_end;
+    for (int i = 0; i < 2; i++) {
+        uintptr_t e = ends[i];
+        if (e > sp && e - sp + STACK_END_SLACK < len)
+            len = (e - sp + STACK_END_SLACK + 7) & ~(size_t)7;
+    }
+    return len;
+}
+
 static void on_sigtrap(int sig, siginfo_t *si, void *ucv)
 {
     const struct perf_siginfo *ps = (const struct perf_siginfo *)si;
@@ -571,8 +600,9 @@ static void on_sigtrap(int sig, siginfo_t *si, void *ucv)
     /* The stack from the interrupted stack pointer up: the copy stops at
      * the end of the mapping, as the kernel's does for perf samples. */
     uint8_t *stack = (uint8_t *)(fo + n);
-    struct iovec l = {stack, g_stack_bytes};
-    struct iovec rm = {(void *)sp, g_stack_bytes};
+    size_t want = stack_copy_len(sp);
+    struct iovec l = {stack, want};
+    struct iovec rm = {(void *)sp, want};
     ssize_t got = process_vm_readv(getpid(), &l, 1, &rm, 1, 0);
     if (got < 0) {
         /* Partial reads return what was read; a failure here means the

@@ -111,9 +111,7 @@ impl FilesCollector {
             });
             let count = news.map(|n| n.mappings());
             let stale = match (count, st.last_maps) {
-                (Some(c), Some((at, c0))) => {
-                    c != c0 || now.duration_since(at) >= MAPS_LATE_EVERY
-                }
+                (Some(c), Some((at, c0))) => c != c0 || now.duration_since(at) >= MAPS_LATE_EVERY,
                 _ => true,
             };
             if now >= st.next_maps && stale {

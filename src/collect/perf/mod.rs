@@ -418,12 +418,7 @@ fn frame_event(id: u32, key: &FrameKey, rings: &AgentRings) -> Event {
 }
 
 impl Reader {
-    fn new(
-        opened: Opened,
-        sink: Sink,
-        news: Arc<TreeNews>,
-        agent: Option<AgentLink>,
-    ) -> Reader {
+    fn new(opened: Opened, sink: Sink, news: Arc<TreeNews>, agent: Option<AgentLink>) -> Reader {
         let mut files = Files::default();
         let unknown_file = files.id_of("[unknown]");
         let mut r = Reader {
@@ -615,8 +610,9 @@ impl Reader {
                     let mut pm = ProcessMaps::default();
                     pm.jit.push(own_perf_map(pid, Some(t)));
                     self.procs.insert(pid, pm);
-                    if let Some(a) = &self.agent {
+                    if let Some(a) = self.agent.as_mut() {
                         a.verdicts.forget(pid);
+                        a.rings.expect();
                     }
                     self.news.processes.fetch_add(1, Ordering::Release);
                 }
@@ -640,6 +636,9 @@ impl Reader {
                 }
                 if pid.0 == tid.0 && pid != ppid {
                     self.news.processes.fetch_add(1, Ordering::Release);
+                    if let Some(a) = self.agent.as_mut() {
+                        a.rings.expect();
+                    }
                     if let Some(parent) = self.procs.get(&ppid) {
                         // The child runs its parent's code, JIT code too,
                         // and names new JIT code in a map of its own.

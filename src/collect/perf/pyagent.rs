@@ -460,6 +460,8 @@ pub struct AgentRings {
     rings: Vec<MappedRing>,
     known: HashMap<PathBuf, ()>,
     last_scan: Option<Instant>,
+    /// Scan often until then: a new ring is expected.
+    expect_until: Option<Instant>,
     /// Records that could not be decoded (or a ring whose layout broke).
     pub malformed: u64,
     /// Python function names: id → (qualified name, file).
@@ -468,8 +470,15 @@ pub struct AgentRings {
     scratch: Vec<AgentRecord>,
 }
 
-/// How often the folder is listed for new rings.
+/// How often the folder is listed for new rings while one is expected (a
+/// process was created or exec'd within `EXPECT_FOR`, or a ring was found
+/// not yet initialised) ...
 const SCAN_EVERY: Duration = Duration::from_millis(20);
+const EXPECT_FOR: Duration = Duration::from_secs(2);
+/// ... and otherwise (a process that stayed idle since it started makes its
+/// ring at its first sample). Listing the folder 50 times a second was a
+/// tenth of the reader's work.
+const SCAN_IDLE_EVERY: Duration = Duration::from_millis(200);
 
 impl AgentRings {
     pub fn new(dir: PathBuf) -> AgentRings {
@@ -478,6 +487,8 @@ impl AgentRings {
             rings: Vec::new(),
             known: HashMap::new(),
             last_scan: None,
+            // The job itself is about to start.
+            expect_until: Some(Instant::now() + EXPECT_FOR),
             malformed: 0,
             names: Vec::new(),
             name_ids: HashMap::new(),
@@ -487,6 +498,11 @@ impl AgentRings {
 
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// A process was created or exec'd: its ring may appear soon.
+    pub fn expect(&mut self) {
+        self.expect_until = Some(Instant::now() + EXPECT_FOR);
     }
 
     fn scan(&mut self) {
@@ -525,6 +541,7 @@ impl AgentRings {
                 }
                 None => {
                     // Not initialised yet (the magic comes last): next scan.
+                    self.expect();
                 }
             }
         }
@@ -534,7 +551,12 @@ impl AgentRings {
     /// here (see [`AgentRings::resolve`]) rather than returned. Looks for new
     /// rings every few ms (every time with `force`).
     pub fn drain(&mut self, out: &mut Vec<(usize, AgentRecord)>, force: bool) {
-        if force || self.last_scan.map_or(true, |l| l.elapsed() >= SCAN_EVERY) {
+        let every = if self.expect_until.is_some_and(|u| Instant::now() < u) {
+            SCAN_EVERY
+        } else {
+            SCAN_IDLE_EVERY
+        };
+        if force || self.last_scan.map_or(true, |l| l.elapsed() >= every) {
             self.scan();
             self.last_scan = Some(Instant::now());
         }
