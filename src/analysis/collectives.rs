@@ -7,9 +7,10 @@
 //! sampled whether the thread runs or is blocked (perf's cpu-clock samples
 //! only see threads on a CPU, and a thread waiting for its peers sleeps).
 //!
-//! Shares are taken from the moment the job's first collective ended (the
-//! first exit from a collective seen in any thread: every rank leaves a
-//! collective together) to the thread's end. Before that moment the ranks
+//! Shares are taken from the moment the thread's first collective ended
+//! (the first exit from a collective seen in any thread after this one
+//! entered distributed code: every rank leaves a collective together) to
+//! the thread's end. Before that moment the ranks
 //! have not yet met: the first collective absorbs their start-up skew (one
 //! rank importing or loading its first batch more slowly is not a
 //! straggler), and the time before it (`init_process_group`, building the
@@ -102,9 +103,6 @@ impl ThreadWaits {
 /// The threads' time in collectives.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Collectives {
-    /// From the first Python sample in distributed code (any thread) to the
-    /// last sample of those threads.
-    pub phase: Option<(MonoNs, MonoNs)>,
     /// Per Python thread that ran distributed code, sorted by (pid, tid).
     pub threads: Vec<ThreadWaits>,
 }
@@ -116,7 +114,7 @@ pub fn is_distributed_frame(_name: &str, file: &str) -> bool {
 }
 
 /// Every Python thread's time in collectives, measured from the end of the
-/// job's first collective on (see the module's comment); exits are kept
+/// thread's first collective on (see the module's comment); exits are kept
 /// from the thread's first sample in distributed code on.
 pub fn analyze(d: &StackData, window: (MonoNs, MonoNs)) -> Collectives {
     let (names, threads) = d.python_marks(window, &is_collective_frame);
@@ -142,26 +140,27 @@ fn waits(names: &[String], threads: Marks, dist: &Marks) -> Collectives {
         let lo = samples.partition_point(|s| s.0 < from);
         per_thread.push((pid, tid, samples, lo));
     }
-    let first_exit = per_thread
+    let mut exits: Vec<MonoNs> = per_thread
         .iter()
         .filter_map(|(_, _, s, lo)| first_exit(&s[*lo..]))
-        .min();
+        .collect();
+    exits.sort();
     for (pid, tid, samples, lo) in per_thread {
         let s = &samples[lo..];
-        // A thread that ended before the first collective did keeps its own
-        // start (it has nothing after it).
-        let count_from = first_exit
-            .filter(|t| s.last().is_some_and(|l| l.0 > *t))
-            .unwrap_or(MonoNs(0));
-        let w = thread_waits(pid, tid, s, names, count_from);
-        if let Some(last) = samples.last() {
-            let from = s.first().map_or(last.0, |f| f.0).max(count_from);
-            out.phase = Some(match out.phase {
-                Some((a, b)) => (a.min(from), b.max(last.0)),
-                None => (from, last.0),
-            });
-        }
-        out.threads.push(w);
+        // The first collective the thread can have been part of ended at
+        // the first exit after it entered distributed code (a launcher's
+        // rendezvous barrier, before the ranks existed, is not one of
+        // theirs). A thread that ended before any did keeps its own start.
+        let count_from = match (s.first(), s.last()) {
+            (Some(first), Some(last)) => exits
+                .iter()
+                .find(|t| **t >= first.0 && **t < last.0)
+                .copied()
+                .unwrap_or(MonoNs(0)),
+            _ => MonoNs(0),
+        };
+        out.threads
+            .push(thread_waits(pid, tid, s, names, count_from));
     }
     out
 }
@@ -280,9 +279,38 @@ mod tests {
         let (w0, w1) = (&c.threads[0], &c.threads[1]);
         assert!((w0.share() - 0.5).abs() < 0.02, "{}", w0.share());
         assert!(w1.share() < 0.01, "start-up skew counted: {}", w1.share());
-        // The first exit (rank 1 leaving at ~295 ms) still aligns clocks.
-        assert_eq!(w1.exits.len(), 1);
-        assert_eq!(c.phase.map(|p| p.0), Some(MonoNs(295 * MS)));
+        // Both count from the first exit (rank 1 leaving at 295 ms: the
+        // samples from 300 ms on), which still aligns clocks.
+        assert_eq!((w0.samples, w1.samples), (170, 170));
+        assert_eq!(w1.exits, vec![(MonoNs(295 * MS), 5 * MS)]);
+    }
+
+    #[test]
+    fn an_exit_before_a_thread_entered_distributed_code_is_not_its_start() {
+        // A launcher's rendezvous barrier ends at 25 ms; the rank enters
+        // init_process_group at 100 ms, waits in its first all_reduce
+        // until 295 ms, then half of every 100 ms step.
+        let at = |i: u64| MonoNs(i * 10 * MS);
+        let launcher: Vec<_> = (0..50).map(|i| (at(i), (i < 3).then_some(0))).collect();
+        let rank: Vec<_> = (10..200)
+            .map(|i| (at(i), (i < 30 || i % 10 >= 5).then_some(0)))
+            .collect();
+        let dist =
+            |v: &[(MonoNs, Option<u32>)]| -> Vec<_> { v.iter().map(|s| (s.0, Some(0))).collect() };
+        let names = ["barrier".to_string()];
+        let dist: Marks = [
+            ((Pid(1), Tid(1)), dist(&launcher[..3])),
+            ((Pid(2), Tid(2)), dist(&rank)),
+        ]
+        .into();
+        let threads: Marks = [((Pid(1), Tid(1)), launcher), ((Pid(2), Tid(2)), rank)].into();
+        let c = waits(&names, threads, &dist);
+        let r = &c.threads[1];
+        assert_eq!(
+            r.samples, 170,
+            "counted from its own first collective's end"
+        );
+        assert!((r.share() - 0.5).abs() < 0.02, "{}", r.share());
     }
 
     #[test]
