@@ -1056,6 +1056,8 @@ pub fn analyze(a: &Analysis, step_range: Option<&str>) -> Steps {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn gpu_gap_stretches_of_several_steps_are_split_and_slow_steps_are_not() {
         // Steps every 450 ms: a 300 ms idle gap, 150 ms busy. The gap of
@@ -1082,8 +1084,6 @@ mod tests {
         assert!(regularity(&split) >= MIN_REGULARITY);
         assert!(regularity(&starts) < regularity(&split));
     }
-
-    use super::*;
 
     #[test]
     fn slow_step_patterns() {

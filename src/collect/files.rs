@@ -14,7 +14,7 @@ use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::time::{Duration, Instant};
 
-use crate::collect::TreeNews;
+use crate::collect::{NewsMark, TreeNews};
 use crate::event::{Event, MonoNs, MountInfo, OpenFile, Pid};
 use crate::record::Sink;
 
@@ -62,7 +62,7 @@ struct ProcFiles {
     next_maps: Instant,
     /// When `/proc/PID/maps` was last read, and the perf reader's count of
     /// new mappings then.
-    last_maps: Option<(Instant, u64)>,
+    last_maps: NewsMark,
     next_files: Instant,
     libs: HashSet<String>,
     files: HashSet<String>,
@@ -97,31 +97,28 @@ impl FilesCollector {
     /// was a fifth of this thread's work.
     pub fn tick(&mut self, live: &[i32], news: Option<&TreeNews>) {
         let now = Instant::now();
+        // Read before the maps are: a library loaded meanwhile moves it again.
+        let count = news.map(|n| n.mappings());
         let live_set: HashSet<i32> = live.iter().copied().collect();
         self.procs.retain(|pid, _| live_set.contains(pid));
         for &pid in live {
             let st = self.procs.entry(pid).or_insert_with(|| ProcFiles {
                 born: now,
                 next_maps: now,
-                last_maps: None,
+                last_maps: NewsMark::default(),
                 next_files: now,
                 libs: HashSet::new(),
                 files: HashSet::new(),
                 per_dev: HashMap::new(),
             });
-            let count = news.map(|n| n.mappings());
-            let stale = match (count, st.last_maps) {
-                (Some(c), Some((at, c0))) => c != c0 || now.duration_since(at) >= MAPS_LATE_EVERY,
-                _ => true,
-            };
-            if now >= st.next_maps && stale {
+            if now >= st.next_maps && st.last_maps.due(count, now, MAPS_LATE_EVERY) {
                 let every = if now.duration_since(st.born) < MAPS_EARLY_FOR {
                     MAPS_EARLY_EVERY
                 } else {
                     MAPS_LATE_EVERY
                 };
                 st.next_maps = now + every;
-                st.last_maps = count.map(|c| (now, c));
+                st.last_maps.set(count, now);
                 let added = new_libraries(pid, &mut st.libs);
                 if !added.is_empty() {
                     self.sink.send(Event::Libraries {

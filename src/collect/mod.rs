@@ -37,6 +37,32 @@ impl TreeNews {
     }
 }
 
+/// When a collector last re-read what [`TreeNews`] counts, and the count
+/// then.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NewsMark(Option<(std::time::Instant, u64)>);
+
+impl NewsMark {
+    /// Whether to read again: `count` moved since the mark, `every` has
+    /// passed, or there is no news to go by (no count, or never read).
+    pub fn due(
+        &self,
+        count: Option<u64>,
+        now: std::time::Instant,
+        every: std::time::Duration,
+    ) -> bool {
+        match (count, self.0) {
+            (Some(c), Some((at, c0))) => c != c0 || now.duration_since(at) >= every,
+            _ => true,
+        }
+    }
+
+    /// Read at `now`, with `count` read before.
+    pub fn set(&mut self, count: Option<u64>, now: std::time::Instant) {
+        self.0 = count.map(|c| (now, c));
+    }
+}
+
 /// CPU time the calling thread has used, in ns (`CLOCK_THREAD_CPUTIME_ID`).
 pub fn thread_cpu_ns() -> Option<u64> {
     let mut ts = libc::timespec {
@@ -46,4 +72,22 @@ pub fn thread_cpu_ns() -> Option<u64> {
     // SAFETY: ts is a valid timespec to write into.
     let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
     (rc == 0).then(|| ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::NewsMark;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn news_mark_is_due_on_news_after_a_while_or_without_news() {
+        let (t0, every) = (Instant::now(), Duration::from_secs(1));
+        let mut m = NewsMark::default();
+        assert!(m.due(Some(3), t0, every), "never read");
+        m.set(Some(3), t0);
+        assert!(!m.due(Some(3), t0 + every / 2, every));
+        assert!(m.due(Some(4), t0 + every / 2, every), "news");
+        assert!(m.due(Some(3), t0 + every, every), "safety net");
+        assert!(m.due(None, t0, every), "no news to go by");
+    }
 }

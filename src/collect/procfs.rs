@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use procfs::process::Process;
 
-use crate::collect::TreeNews;
+use crate::collect::{NewsMark, TreeNews};
 use crate::event::{Event, MonoNs, Pid, Tid};
 use crate::record::Sink;
 
@@ -54,7 +54,7 @@ pub struct TreeCollector {
     page_size: u64,
     procs: HashMap<i32, ProcState>,
     /// When the tree was last walked, and the news counter then.
-    last_walk: Option<(Instant, u64)>,
+    last_walk: NewsMark,
 }
 
 impl TreeCollector {
@@ -67,7 +67,7 @@ impl TreeCollector {
             ns_per_tick: 1_000_000_000 / tps,
             page_size: procfs::page_size(),
             procs: HashMap::new(),
-            last_walk: None,
+            last_walk: NewsMark::default(),
         }
     }
 
@@ -107,14 +107,10 @@ impl TreeCollector {
         let now = MonoNs::now();
         // Read before walking: a fork during the walk moves it again.
         let count = news.map(|n| n.processes());
-        let walk = match (count, self.last_walk) {
-            (Some(c), Some((at, c0))) => c != c0 || at.elapsed() >= REWALK_EVERY,
-            _ => true,
-        };
         let mut live_set: HashSet<i32> = HashSet::new();
-        if walk {
+        if self.last_walk.due(count, Instant::now(), REWALK_EVERY) {
+            self.last_walk.set(count, Instant::now());
             let live = self.discover();
-            self.last_walk = count.map(|c| (Instant::now(), c));
             for pid in live {
                 self.sample(pid, now, true, true);
                 live_set.insert(pid);
