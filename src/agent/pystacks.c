@@ -504,8 +504,9 @@ extern void *__libc_stack_end __attribute__((weak));
  * frame lies just below it: for the main thread, glibc's __libc_stack_end;
  * for a thread glibc created, its descriptor (pthread_self()), which glibc
  * places at the top of the thread's stack, above start_thread's frame.
- * A typical Python stack uses a few KiB, and copying the full g_stack_bytes
- * at every sample was most of the handler's and the reader's work. An end
+ * A typical Python stack uses a few KiB; the copy used to run on to the end
+ * of the stack's mapping (the environment above the main thread's stack),
+ * 6.5-13.5 KiB per sample on average against 2.7 KiB now. An end
  * that is not a little above sp (a thread on a stack of its own making,
  * another C library) leaves the copy at g_stack_bytes, which the kernel
  * cuts at the end of the mapping. */
