@@ -8,9 +8,9 @@
 //! only see threads on a CPU, and a thread waiting for its peers sleeps).
 //!
 //! Shares are taken from the moment the thread's first collective ended
-//! (the first exit from a collective seen in any thread after this one
-//! entered distributed code: every rank leaves a collective together) to
-//! the thread's end. Before that moment the ranks
+//! (the first exit from a collective seen in any thread after this one's
+//! first sample: every rank leaves a collective together) to the thread's
+//! end. Before that moment the ranks
 //! have not yet met: the first collective absorbs their start-up skew (one
 //! rank importing or loading its first batch more slowly is not a
 //! straggler), and the time before it (`init_process_group`, building the
@@ -148,10 +148,12 @@ fn waits(names: &[String], threads: Marks, dist: &Marks) -> Collectives {
     for (pid, tid, samples, lo) in per_thread {
         let s = &samples[lo..];
         // The first collective the thread can have been part of ended at
-        // the first exit after it entered distributed code (a launcher's
-        // rendezvous barrier, before the ranks existed, is not one of
-        // theirs). A thread that ended before any did keeps its own start.
-        let count_from = match (s.first(), s.last()) {
+        // the first exit after its first sample (a launcher's rendezvous
+        // barrier, before the ranks existed, is not one of theirs; a
+        // rank's first sample in distributed code is no bound, it may be
+        // deep in a collective). A thread that ended before any exit keeps
+        // its own start.
+        let count_from = match (samples.first(), s.last()) {
             (Some(first), Some(last)) => exits
                 .iter()
                 .find(|t| **t >= first.0 && **t < last.0)
@@ -286,7 +288,7 @@ mod tests {
     }
 
     #[test]
-    fn an_exit_before_a_thread_entered_distributed_code_is_not_its_start() {
+    fn an_exit_before_a_thread_existed_is_not_its_start() {
         // A launcher's rendezvous barrier ends at 25 ms; the rank enters
         // init_process_group at 100 ms, waits in its first all_reduce
         // until 295 ms, then half of every 100 ms step.
@@ -311,6 +313,36 @@ mod tests {
             "counted from its own first collective's end"
         );
         assert!((r.share() - 0.5).abs() < 0.02, "{}", r.share());
+    }
+
+    #[test]
+    fn a_rank_first_seen_in_distributed_code_late_counts_from_the_first_exit() {
+        // Rank A leaves the first all_reduce at 295 ms. Rank B was sampled
+        // from 0 but never in init_process_group: its first sample in
+        // distributed code is 550 ms, inside a collective it leaves at
+        // 895 ms. Its count starts at its first sample in distributed code
+        // (295 ms is earlier), not at its own first exit: 145 samples.
+        let at = |i: u64| MonoNs(i * 10 * MS);
+        let a: Vec<_> = (0..200)
+            .map(|i| (at(i), (2..30).contains(&i).then_some(0)))
+            .collect();
+        let b: Vec<_> = (0..200)
+            .map(|i| {
+                let waiting = (i >= 30 && i % 10 >= 5) || (55..90).contains(&i);
+                (at(i), waiting.then_some(0))
+            })
+            .collect();
+        let dist_a: Vec<_> = a.iter().map(|s| (s.0, Some(0))).collect();
+        let dist_b: Vec<_> = b
+            .iter()
+            .map(|s| (s.0, (s.0 >= at(55)).then_some(0)))
+            .collect();
+        let names = ["all_reduce".to_string()];
+        let threads: Marks = [((Pid(1), Tid(1)), a), ((Pid(2), Tid(2)), b)].into();
+        let dist: Marks = [((Pid(1), Tid(1)), dist_a), ((Pid(2), Tid(2)), dist_b)].into();
+        let c = waits(&names, threads, &dist);
+        let w = &c.threads[1];
+        assert_eq!((w.samples, w.wait_samples), (145, 35 + 55), "{w:?}");
     }
 
     #[test]
