@@ -1217,8 +1217,10 @@ struct Markers {
     truncated: u32,
 }
 
-/// An agent sample: its native frames (outermost first), then its Python
-/// frames of the same instant, then maybe a marker. Each interpreter frame
+/// An agent sample: its native frames and its Python frames of the same
+/// instant, each outermost first, and maybe a marker (told apart by kind,
+/// not position: the recorder puts the Python frames first, earlier
+/// recordings have them after the native leaf). Each interpreter frame
 /// is followed by the run of Python frames it executed (runs start at entry
 /// frames), matched from the innermost outwards, so that every native frame
 /// stays (the native view) and the Python view folds the interpreter's. All must match when both
@@ -1419,7 +1421,9 @@ pub fn analyze(
             *c
         } else {
             let nat = r.native(s.stack);
-            let root = nat.first().is_some_and(|f| {
+            // The outermost native frame (an agent sample's Python frames
+            // come first).
+            let root = nat.iter().find(|f| f.1 == Kind::Native).is_some_and(|f| {
                 let f = &r.frames[f.0 as usize];
                 f.class != FrameClass::Python && ROOT_FRAMES.contains(&f.name.as_str())
             });
@@ -2844,9 +2848,13 @@ mod tests {
             |f: &[(u32, Kind)], complete| merge_same_instant(f, complete, &is_eval, &no_pm, &m);
         // _start, eval, C call back into Python, eval, zlib leaf; Python:
         // <module>* main, worker* compress.
-        let (out, how) = merge(&kinds("N E N E N P* P P* P"), true);
+        let f = kinds("N E N E N P* P P* P");
+        let (out, how) = merge(&f, true);
         assert_eq!(how, Attribution::SameInstant);
         assert_eq!(out, vec![0, 101, 5, 6, 2, 103, 7, 8, 4]);
+        // The same sample recorded with its Python frames first.
+        let python_first: Vec<(u32, Kind)> = f[5..].iter().chain(&f[..5]).copied().collect();
+        assert_eq!(merge(&python_first, true), (out, how));
         // One run too many with both sides complete: nothing is placed; the
         // native frames stay, the marker follows the outer interpreter frame.
         let f = kinds("N E N N P* P P* P");
@@ -2874,11 +2882,35 @@ mod tests {
     }
 
     /// An agent sample and a perf sample of the same thread: the agent's is
-    /// used, the perf one is not counted again.
+    /// used, the perf one is not counted again. Its Python frames may come
+    /// after its native leaf (earlier recordings) or before its native root
+    /// (the recorder now): same stacks, and the root is found either way
+    /// (the samples are marked incomplete: only a named root makes them
+    /// count as reaching it).
     #[test]
     fn agent_samples_replace_perf_samples_of_their_thread() {
+        let python_last = vec![
+            node(StackKind::Native, 5, Some(4), 5),
+            node(StackKind::Native, 6, Some(5), 6),
+        ];
+        let python_first = vec![
+            node(StackKind::Native, 7, None, 5),
+            node(StackKind::Native, 8, Some(7), 6),
+            node(StackKind::Native, 9, Some(8), 0),
+            node(StackKind::Native, 10, Some(9), 1),
+            node(StackKind::Native, 11, Some(10), 2),
+            node(StackKind::Native, 12, Some(11), 3),
+            node(StackKind::Native, 13, Some(12), 4),
+        ];
+        for (nodes, leaf) in [(python_last, 6), (python_first, 13)] {
+            agent_samples_replace_perf_samples(nodes, leaf);
+        }
+    }
+
+    fn agent_samples_replace_perf_samples(nodes: Vec<Event>, leaf: u32) {
         let mut d = data();
-        let evs = vec![
+        let mut evs = nodes;
+        evs.extend(vec![
             Event::InlinePyFrame {
                 id: 5,
                 name: "<module>".into(),
@@ -2891,8 +2923,6 @@ mod tests {
                 file: "/x/job.py".into(),
                 entry: false,
             },
-            node(StackKind::Native, 5, Some(4), 5),
-            node(StackKind::Native, 6, Some(5), 6),
             Event::PyProcess {
                 t: MonoNs(0),
                 pid: Pid(10),
@@ -2906,11 +2936,11 @@ mod tests {
                 tid: Tid(10),
                 t0: MonoNs(1_003_000_000),
                 dt_us: vec![0, 10_000, 10_000, 10_000],
-                stacks: vec![6, 6, 6, 6],
-                incomplete: vec![],
+                stacks: vec![leaf; 4],
+                incomplete: vec![0, 1, 2, 3],
                 source: SampleSource::Agent,
             }),
-        ];
+        ]);
         for e in &evs {
             d.add(e);
         }
@@ -2930,6 +2960,7 @@ mod tests {
         // py-spy's stacks of a process the agent samples are no view of
         // their own.
         assert!(st.python_only.is_empty());
+        assert_eq!(st.report.unwind_coverage, 1.0, "leaf {leaf}");
     }
 
     #[test]
