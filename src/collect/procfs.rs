@@ -6,9 +6,13 @@
 //! tree is therefore found without scanning all of /proc.
 
 use std::collections::{HashMap, HashSet};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use procfs::process::Process;
+use procfs::process::{Io, Process, Stat};
+use procfs::{FromBufRead, FromRead};
 
 use crate::collect::{NewsMark, TreeNews};
 use crate::event::{Event, MonoNs, Pid, Tid};
@@ -21,8 +25,14 @@ const YOUNG_PASSES: u32 = 20;
 /// there is news, and this often without (a process perf does not follow);
 /// between walks the known processes are read.
 const REWALK_EVERY: Duration = Duration::from_secs(1);
+/// Most `/proc` files kept open between passes (see [`Kept`]), and at most
+/// a quarter of the open-files limit: the rest are opened on each pass.
+const KEPT_MAX: usize = 1024;
 
 struct ThreadState {
+    stat: Kept,
+    /// Seen in the last pass.
+    alive: bool,
     comm: String,
     user: u64,
     sys: u64,
@@ -37,8 +47,72 @@ struct ProcState {
     /// Passes this process has been seen in (saturating).
     seen: u32,
     exited: bool,
+    stat: Kept,
+    io: Kept,
     threads: HashMap<i32, ThreadState>,
     last: [u64; 8],
+}
+
+/// A `/proc` file read again on every pass through a descriptor kept open:
+/// a read at offset 0 makes the kernel generate it afresh, and it saves the
+/// path lookup, open and close of each pass (most of the /proc sampler's
+/// cost, with a stat file per thread every 100 ms). A kept descriptor
+/// stays tied to the task it was opened for: once that task is reaped the
+/// read fails (ESRCH) even if its PID is reused.
+#[derive(Default)]
+struct Kept(Option<File>);
+
+/// Descriptors kept open by every [`Kept`], against [`kept_limit`].
+static KEPT_OPEN: AtomicUsize = AtomicUsize::new(0);
+
+/// [`KEPT_MAX`], or a quarter of the open-files limit if lower: the job
+/// does not share it (gpuprof's limit is its own), but perf events, the
+/// agents' rings and the outputs need descriptors too.
+fn kept_limit() -> usize {
+    static LIMIT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *LIMIT.get_or_init(|| {
+        let soft = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+            .map_or(1024, |(soft, _)| soft);
+        KEPT_MAX.min(usize::try_from(soft / 4).unwrap_or(KEPT_MAX))
+    })
+}
+
+impl Kept {
+    /// The file's bytes into `buf`; opens `path()` when not kept, and keeps
+    /// the descriptor while fewer than [`kept_limit`] are.
+    fn read(&mut self, path: impl FnOnce() -> String, buf: &mut Vec<u8>) -> std::io::Result<()> {
+        buf.clear();
+        let mut opened = None;
+        let f = match &self.0 {
+            Some(f) => f,
+            None => &*opened.insert(File::open(path())?),
+        };
+        let mut chunk = [0u8; 4096];
+        loop {
+            let n = f.read_at(&mut chunk, buf.len() as u64)?;
+            if n == 0 {
+                break;
+            }
+            buf.extend_from_slice(&chunk[..n]);
+        }
+        if opened.is_some() && KEPT_OPEN.load(Ordering::Relaxed) < kept_limit() {
+            KEPT_OPEN.fetch_add(1, Ordering::Relaxed);
+            self.0 = opened;
+        }
+        Ok(())
+    }
+
+    fn close(&mut self) {
+        if self.0.take().is_some() {
+            KEPT_OPEN.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Drop for Kept {
+    fn drop(&mut self) {
+        self.close();
+    }
 }
 
 /// Samples the job's process tree. Owned by the sampling thread; the reaper
@@ -55,6 +129,8 @@ pub struct TreeCollector {
     procs: HashMap<i32, ProcState>,
     /// When the tree was last walked, and the news counter then.
     last_walk: NewsMark,
+    /// Reused for every file read.
+    buf: Vec<u8>,
 }
 
 impl TreeCollector {
@@ -68,6 +144,7 @@ impl TreeCollector {
             page_size: procfs::page_size(),
             procs: HashMap::new(),
             last_walk: NewsMark::default(),
+            buf: Vec::with_capacity(4096),
         }
     }
 
@@ -127,6 +204,7 @@ impl TreeCollector {
         for (pid, st) in self.procs.iter_mut() {
             if !st.exited && !live_set.contains(pid) {
                 st.exited = true;
+                st.close_files();
                 self.sink.send_blocking(Event::ProcessExit {
                     t: now,
                     pid: Pid(*pid),
@@ -165,6 +243,7 @@ impl TreeCollector {
         let now = MonoNs::now();
         if let Some(st) = self.procs.get_mut(&pid) {
             st.exited = true;
+            st.close_files();
         }
         self.sink.send_blocking(Event::ProcessExit {
             t: now,
@@ -177,10 +256,36 @@ impl TreeCollector {
     /// this PID is new to the job (it was found in the tree), else it is
     /// left alone. Whether it was read.
     fn sample(&mut self, pid: i32, now: MonoNs, with_threads: bool, adopt: bool) -> bool {
-        let Ok(proc_) = Process::new(pid) else {
+        let mut buf = std::mem::take(&mut self.buf);
+        let read = self.sample_with(pid, now, with_threads, adopt, &mut buf);
+        self.buf = buf;
+        read
+    }
+
+    fn sample_with(
+        &mut self,
+        pid: i32,
+        now: MonoNs,
+        with_threads: bool,
+        adopt: bool,
+        buf: &mut Vec<u8>,
+    ) -> bool {
+        let stat_path = || format!("/proc/{pid}/stat");
+        // Through the kept descriptor of the process known by this PID; if
+        // that process is gone, the PID may now be another's: open afresh.
+        let mut fresh = Kept::default();
+        let mut from_kept = false;
+        if let Some(st) = self.procs.get_mut(&pid).filter(|st| !st.exited) {
+            from_kept = st.stat.read(stat_path, buf).is_ok();
+            if !from_kept {
+                st.close_files();
+            }
+        }
+        if !from_kept && (!adopt || fresh.read(stat_path, buf).is_err()) {
             return false;
-        };
-        let Ok(stat) = proc_.stat() else {
+        }
+        let Ok(stat) = Stat::from_read(&buf[..]) else {
+            fresh.close();
             return false;
         };
         let known = self.procs.get(&pid);
@@ -190,6 +295,7 @@ impl TreeCollector {
             Some(st) => st.start_ticks != stat.starttime || st.exited && stat.state != 'Z',
         };
         if is_new && !adopt {
+            fresh.close();
             return false;
         }
         // An exec usually renames the process; a wrapper that keeps the name
@@ -198,14 +304,23 @@ impl TreeCollector {
         let young = known.is_some_and(|st| st.seen < YOUNG_PASSES);
         let mut cmdline = None;
         let mut execed = known.is_some_and(|st| !is_new && st.comm != stat.comm);
+        let proc_ = || Process::new(pid).ok();
         if !is_new && !execed && young {
-            let now_cmd = proc_.cmdline().unwrap_or_default();
+            let now_cmd = proc_().and_then(|p| p.cmdline().ok()).unwrap_or_default();
             execed = known.is_some_and(|st| !now_cmd.is_empty() && st.cmdline != now_cmd);
             cmdline = Some(now_cmd);
         }
         if is_new || execed {
-            let cmdline = cmdline.unwrap_or_else(|| proc_.cmdline().unwrap_or_default());
-            let exe = proc_.exe().ok().map(|p| p.to_string_lossy().into_owned());
+            let p = proc_();
+            let cmdline = cmdline.unwrap_or_else(|| {
+                p.as_ref()
+                    .and_then(|p| p.cmdline().ok())
+                    .unwrap_or_default()
+            });
+            let exe = p
+                .as_ref()
+                .and_then(|p| p.exe().ok())
+                .map(|p| p.to_string_lossy().into_owned());
             self.sink.send_blocking(Event::Process {
                 t: now,
                 pid: Pid(pid),
@@ -220,6 +335,9 @@ impl TreeCollector {
                 st.cmdline = cmdline.clone();
             }
             if is_new {
+                if let Some(mut old) = self.procs.remove(&pid) {
+                    old.close_files();
+                }
                 self.procs.insert(
                     pid,
                     ProcState {
@@ -228,6 +346,8 @@ impl TreeCollector {
                         cmdline: cmdline.clone(),
                         seen: 0,
                         exited: false,
+                        stat: std::mem::take(&mut fresh),
+                        io: Kept::default(),
                         threads: HashMap::new(),
                         last: [u64::MAX; 8],
                     },
@@ -237,10 +357,17 @@ impl TreeCollector {
         let ns_per_tick = self.ns_per_tick;
         let page_size = self.page_size;
         let st = self.procs.get_mut(&pid).expect("inserted above");
+        if st.stat.0.is_none() {
+            st.stat = std::mem::take(&mut fresh);
+        }
         st.comm = stat.comm.clone();
         st.seen = st.seen.saturating_add(1);
 
-        let io = proc_.io().ok();
+        let io = st
+            .io
+            .read(|| format!("/proc/{pid}/io"), buf)
+            .ok()
+            .and_then(|()| Io::from_buf_read(&buf[..]).ok());
         let rss = stat.rss * page_size;
         let (rb, wb, rc, wc) = io
             .map(|io| (io.read_bytes, io.write_bytes, io.rchar, io.wchar))
@@ -273,19 +400,8 @@ impl TreeCollector {
         if !with_threads {
             return true;
         }
-        let Ok(tasks) = proc_.tasks() else {
-            return true;
-        };
-        for task in tasks.flatten() {
-            let Ok(ts) = task.stat() else { continue };
-            let tid = task.tid;
-            let th = st.threads.entry(tid).or_insert_with(|| ThreadState {
-                comm: String::new(),
-                user: u64::MAX,
-                sys: 0,
-                state: '?',
-                cpu: -1,
-            });
+        for (tid, ts) in st.thread_stats(pid, stat.num_threads, buf) {
+            let th = st.threads.get_mut(&tid).expect("read above");
             if th.comm != ts.comm {
                 th.comm = ts.comm.clone();
                 self.sink.send_blocking(Event::Thread {
@@ -313,6 +429,72 @@ impl TreeCollector {
             }
         }
         true
+    }
+}
+
+impl ProcState {
+    fn close_files(&mut self) {
+        self.stat.close();
+        self.io.close();
+        self.threads.clear();
+    }
+
+    /// The stat of each of the process's threads. The thread list is read
+    /// again only when it may have changed: the process has another number
+    /// of threads than those known, or a known one is gone (its kept
+    /// descriptor fails once it is reaped, even if its TID is reused).
+    /// Threads that are gone are forgotten.
+    fn thread_stats(&mut self, pid: i32, num_threads: i64, buf: &mut Vec<u8>) -> Vec<(i32, Stat)> {
+        let mut out = Vec::with_capacity(self.threads.len());
+        if self.threads.len() as i64 == num_threads {
+            for (&tid, th) in self.threads.iter_mut() {
+                let path = || format!("/proc/{pid}/task/{tid}/stat");
+                match th.stat.read(path, buf) {
+                    Ok(()) => match Stat::from_read(&buf[..]) {
+                        Ok(ts) => out.push((tid, ts)),
+                        Err(_) => break,
+                    },
+                    Err(_) => break,
+                }
+            }
+            if out.len() == self.threads.len() {
+                return out;
+            }
+            out.clear();
+        }
+        let Ok(rd) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            return out;
+        };
+        for th in self.threads.values_mut() {
+            th.alive = false;
+        }
+        for ent in rd.flatten() {
+            let Some(tid) = ent.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+                continue;
+            };
+            let th = self.threads.entry(tid).or_insert_with(|| ThreadState {
+                stat: Kept::default(),
+                alive: false,
+                comm: String::new(),
+                user: u64::MAX,
+                sys: 0,
+                state: '?',
+                cpu: -1,
+            });
+            let path = || format!("/proc/{pid}/task/{tid}/stat");
+            let mut read = th.stat.read(path, buf);
+            if read.is_err() && th.stat.0.is_some() {
+                // A kept descriptor of a thread gone, its TID reused.
+                th.stat.close();
+                read = th.stat.read(path, buf);
+            }
+            if let Some(ts) = read.ok().and_then(|()| Stat::from_read(&buf[..]).ok()) {
+                th.alive = true;
+                out.push((tid, ts));
+            }
+        }
+        self.threads.retain(|_, th| th.alive);
+        out
     }
 }
 
