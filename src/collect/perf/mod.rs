@@ -350,6 +350,18 @@ struct Agent {
     last_reap: Instant,
 }
 
+impl Agent {
+    /// Counts a perf sample of `tid`; true when the agent samples its
+    /// process and has kept up with perf on this thread so far (the rule
+    /// the analysis applies at the end: `analysis::stacks::agent_covers`).
+    fn keeps_up(&mut self, pid: Pid, tid: Tid) -> bool {
+        let c = self.counts.entry((pid, tid)).or_default();
+        c.1 += 1;
+        let (agent, perf) = *c;
+        crate::analysis::stacks::agent_covers(agent, perf) && self.verdicts.get(pid) == Some(true)
+    }
+}
+
 struct Reader {
     rings: Rings,
     job: Pid,
@@ -365,7 +377,7 @@ struct Reader {
     pending: Vec<Record>,
     stats: StackStats,
     busy: Duration,
-    frames_buf: Vec<u32>,
+    keys_buf: Vec<FrameKey>,
     news: Arc<TreeNews>,
     attached: Option<Attached>,
     /// Names of sampled JIT frames, from perf maps: (file, address) → name.
@@ -445,7 +457,7 @@ impl Reader {
                 ..Default::default()
             },
             busy: Duration::ZERO,
-            frames_buf: Vec::with_capacity(64),
+            keys_buf: Vec::with_capacity(64),
             news,
             attached: opened.attached,
             jit_names: HashMap::new(),
@@ -525,24 +537,56 @@ impl Reader {
     }
 
     /// Move every available record out of the rings (the agents' too).
+    /// A perf sample of a thread the agent keeps up with is decided here,
+    /// before its stack (up to `--stack-size` bytes) is copied: the copy
+    /// would be CPU taken from the job for nothing.
     fn drain(&mut self, last: bool) {
         let nregs = ring::REGS_MASK.count_ones() as usize;
-        for s in self.rings.samplers.iter_mut() {
+        let Reader {
+            rings,
+            agent,
+            pending,
+            ..
+        } = self;
+        for s in rings.samplers.iter_mut() {
             while let Some(rec) = s.next_record() {
                 let body = rec.to_contiguous();
+                if let (Some(a), Some((pid, tid, t))) =
+                    (agent.as_mut(), ring::sample_head(rec.ty(), &body))
+                {
+                    if a.keeps_up(pid, tid) {
+                        pending.push(Record::Covered { pid, tid, t });
+                        continue;
+                    }
+                }
                 if let Some(r) = ring::parse(rec.ty(), rec.misc(), &body, nregs) {
-                    self.pending.push(r);
+                    if let (
+                        Some(a),
+                        Record::Comm {
+                            pid, exec: true, ..
+                        },
+                    ) = (agent.as_ref(), &r)
+                    {
+                        // A new program: the agent's verdict on the old one
+                        // no longer holds for the samples read after this.
+                        a.verdicts.forget(*pid);
+                    }
+                    pending.push(r);
                 }
             }
         }
-        if let Some(a) = self.agent.as_mut() {
+        if let Some(a) = agent.as_mut() {
             a.rings.drain(&mut a.buf, last);
             if a.last_reap.elapsed() >= Duration::from_secs(1) {
                 a.rings.reap(&mut a.buf);
                 a.last_reap = Instant::now();
             }
             for (ring, rec) in a.buf.drain(..) {
-                self.pending.push(Record::Agent { ring, rec });
+                if let AgentRecord::Sample(smp) = &rec {
+                    let key = (smp.native.pid, smp.native.tid);
+                    a.counts.entry(key).or_default().0 += 1;
+                }
+                pending.push(Record::Agent { ring, rec });
             }
         }
     }
@@ -592,6 +636,7 @@ impl Reader {
     fn process(&mut self, r: Record) {
         match r {
             Record::Sample(s) => self.sample(s),
+            Record::Covered { pid, tid, t } => self.covered_sample(pid, tid, t),
             Record::Mmap2(m) => {
                 let pm = self.procs.entry(m.pid).or_default();
                 pm.add(&mut self.files, &m);
@@ -701,15 +746,14 @@ impl Reader {
         }
     }
 
-    /// The native stack of an agent sample, unwound like a perf sample,
-    /// followed by its Python frames (outermost first) and, when they are
-    /// missing or cut, a marker saying so.
+    /// An agent sample as one recorded stack: its Python frames, then its
+    /// native stack (unwound like a perf sample), each outermost first,
+    /// and, when the Python frames are missing or cut, a marker saying so.
     fn agent_sample(&mut self, ring: usize, smp: pyagent::AgentSample) {
         let Some(a) = self.agent.as_mut() else {
             return;
         };
         let (pid, tid, t) = (smp.native.pid, smp.native.tid, smp.native.t);
-        a.counts.entry((pid, tid)).or_default().0 += 1;
         let st = a.procs.entry(pid).or_default();
         st.samples += 1;
         let mut py: Vec<FrameKey> = Vec::with_capacity(smp.frames.len());
@@ -792,26 +836,27 @@ impl Reader {
                 .or_insert_with(|| e.name.clone());
         }
         self.announce_files();
-        self.frames_buf.clear();
-        let keys = u
-            .frames
-            .iter()
-            .rev()
-            .map(|&(f, o)| FrameKey::Native(f, o))
-            .chain(py)
-            .chain(marker.map(FrameKey::Marker));
+        self.keys_buf.clear();
+        // Python frames first: a thread's consecutive samples then share
+        // the Python part and most of the native part of their stack,
+        // which a native leaf put before the Python frames would split
+        // (the analysis tells the two apart by kind, not by position).
+        self.keys_buf.extend(
+            py.into_iter()
+                .chain(u.frames.iter().rev().map(|&(f, o)| FrameKey::Native(f, o)))
+                .chain(marker.map(FrameKey::Marker)),
+        );
         let rings = &self.agent.as_ref().expect("agent present").rings;
         let (symbols, paths, jit) = (&self.symbols, &self.paths, &self.jit_names);
-        for key in keys {
-            let id = self.interner.frame(&key, &self.sink, |id, k| {
+        let stack = self
+            .interner
+            .stack_of(tid, &self.keys_buf, &self.sink, |id, k| {
                 if let FrameKey::Native(file, offset) = *k {
                     queue_name(symbols, paths, jit, id, file, offset);
                 }
                 frame_event(id, k, rings)
             });
-            self.frames_buf.push(id);
-        }
-        if let Some(stack) = self.interner.stack(&self.frames_buf, &self.sink) {
+        if let Some(stack) = stack {
             self.interner.sample_from(
                 SampleSource::Agent,
                 pid,
@@ -824,27 +869,28 @@ impl Reader {
         }
     }
 
+    /// A perf sample of a thread the agent keeps up with. The analysis uses
+    /// the agent's samples of this thread (see
+    /// `analysis::stacks::agent_covers`): unwinding this copy of the same
+    /// moment would be CPU taken from the job for nothing. It is kept,
+    /// marked, for the counts that decide.
+    fn covered_sample(&mut self, pid: Pid, tid: Tid, t: MonoNs) {
+        self.stats.samples += 1;
+        let id = self.interner.frame(
+            &FrameKey::Marker(MARKER_NOT_UNWOUND),
+            &self.sink,
+            |id, _| Event::StackMarker {
+                id,
+                marker: MARKER_NOT_UNWOUND.to_string(),
+            },
+        );
+        if let Some(stack) = self.interner.stack(&[id], &self.sink) {
+            self.interner.sample(pid, tid, t, stack, true, &self.sink);
+        }
+    }
+
     fn sample(&mut self, s: ring::Sample) {
         self.stats.samples += 1;
-        if self.agent_keeps_up(s.pid, s.tid) {
-            // The analysis uses the agent's samples of this thread (see
-            // `analysis::stacks::agent_covers`): unwinding this copy of the
-            // same moment would be CPU taken from the job for nothing. It
-            // is kept, marked, for the counts that decide.
-            let id = self.interner.frame(
-                &FrameKey::Marker(MARKER_NOT_UNWOUND),
-                &self.sink,
-                |id, _| Event::StackMarker {
-                    id,
-                    marker: MARKER_NOT_UNWOUND.to_string(),
-                },
-            );
-            if let Some(stack) = self.interner.stack(&[id], &self.sink) {
-                self.interner
-                    .sample(s.pid, s.tid, s.t, stack, true, &self.sink);
-            }
-            return;
-        }
         self.sample_gen += 1;
         let pm = self.procs.entry(s.pid).or_default();
         if pm.is_empty() && !pm.seeded {
@@ -880,34 +926,27 @@ impl Reader {
         if !u.complete {
             self.stats.truncated += 1;
         }
-        self.frames_buf.clear();
-        for &(file, offset) in u.frames.iter().rev() {
-            let (symbols, paths, jit) = (&self.symbols, &self.paths, &self.jit_names);
-            let id = self
-                .interner
-                .frame(&FrameKey::Native(file, offset), &self.sink, |id, _| {
-                    queue_name(symbols, paths, jit, id, file, offset);
-                    Event::NativeFrame { id, file, offset }
-                });
-            self.frames_buf.push(id);
-        }
-        if let Some(stack) = self.interner.stack(&self.frames_buf, &self.sink) {
+        self.keys_buf.clear();
+        self.keys_buf.extend(
+            u.frames
+                .iter()
+                .rev()
+                .map(|&(file, offset)| FrameKey::Native(file, offset)),
+        );
+        let (symbols, paths, jit) = (&self.symbols, &self.paths, &self.jit_names);
+        let stack = self
+            .interner
+            .stack_of(s.tid, &self.keys_buf, &self.sink, |id, k| {
+                let FrameKey::Native(file, offset) = *k else {
+                    unreachable!("perf samples have native frames only")
+                };
+                queue_name(symbols, paths, jit, id, file, offset);
+                Event::NativeFrame { id, file, offset }
+            });
+        if let Some(stack) = stack {
             self.interner
                 .sample(s.pid, s.tid, s.t, stack, u.complete, &self.sink);
         }
-    }
-
-    /// Counts a perf sample of `tid`; true when the agent samples its
-    /// process and has kept up with perf on this thread so far (the rule
-    /// the analysis applies at the end: `analysis::stacks::agent_covers`).
-    fn agent_keeps_up(&mut self, pid: Pid, tid: Tid) -> bool {
-        let Some(a) = self.agent.as_mut() else {
-            return false;
-        };
-        let c = a.counts.entry((pid, tid)).or_default();
-        c.1 += 1;
-        let (agent, perf) = *c;
-        crate::analysis::stacks::agent_covers(agent, perf) && a.verdicts.get(pid) == Some(true)
     }
 
     fn finish(mut self) -> StackStats {

@@ -395,6 +395,13 @@ pub enum Record {
         lost: u64,
         t: MonoNs,
     },
+    /// A sample of a thread whose same instant the Python agent sampled
+    /// (decided as it was read: its stack was not copied).
+    Covered {
+        pid: Pid,
+        tid: Tid,
+        t: MonoNs,
+    },
     /// A record of the in-process Python agent, from ring `ring`.
     Agent {
         ring: usize,
@@ -410,7 +417,8 @@ impl Record {
             Record::Comm { t, .. }
             | Record::Fork { t, .. }
             | Record::Exit { t, .. }
-            | Record::Lost { t, .. } => *t,
+            | Record::Lost { t, .. }
+            | Record::Covered { t, .. } => *t,
             Record::Agent { rec, .. } => rec.time(),
         }
     }
@@ -475,6 +483,20 @@ fn trailer_time(body: &[u8]) -> Option<MonoNs> {
 fn cstr(b: &[u8]) -> String {
     let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
     String::from_utf8_lossy(&b[..end]).into_owned()
+}
+
+/// The thread and time of a sample record (`ty`, its body without the
+/// header), read without copying its stack; `None` for other records.
+pub fn sample_head(ty: u32, body: &[u8]) -> Option<(Pid, Tid, MonoNs)> {
+    if ty != RECORD_SAMPLE {
+        return None;
+    }
+    // After the ip: pid, tid, time (the layout `parse` reads).
+    let mut c = Cursor { b: body, pos: 8 };
+    let pid = c.u32()? as i32;
+    let tid = c.u32()? as i32;
+    let t = c.u64()?;
+    Some((Pid(pid), Tid(tid), MonoNs(t)))
 }
 
 /// Decode one record body (without its 8-byte header) of the layout that
@@ -613,6 +635,12 @@ mod tests {
         assert_eq!((s.pid, s.tid, s.t), (Pid(7), Tid(8), MonoNs(123_456)));
         assert_eq!(s.regs, Some([0xb0, 0x5000, 0x401000, 0]));
         assert_eq!(s.stack, vec![0xaa; 8]);
+        assert_eq!(
+            sample_head(RECORD_SAMPLE, &body),
+            Some((Pid(7), Tid(8), MonoNs(123_456)))
+        );
+        assert_eq!(sample_head(RECORD_COMM, &body), None);
+        assert_eq!(sample_head(RECORD_SAMPLE, &body[..20]), None);
         // Every truncation is rejected, none panics.
         for n in 0..body.len() {
             let _ = parse(RECORD_SAMPLE, 0, &body[..n], 3);
