@@ -47,8 +47,11 @@ pub const DEFAULT_STACK_SIZE: u32 = 32 * 1024;
 /// with earlier times can still arrive and be ordered before them.
 const REORDER_WINDOW_NS: u64 = 10_000_000;
 const POLL_TIMEOUT_MS: i32 = 50;
-/// With agents writing rings (which cannot wake the reader), drain more often.
+/// With agents writing rings (which cannot wake the reader), drain more
+/// often while they are busy or new (`AgentRings::eager`) ...
 const AGENT_POLL_TIMEOUT_MS: i32 = 20;
+/// ... and otherwise at perf's own pace.
+const AGENT_SLOW_POLL_MS: i32 = POLL_TIMEOUT_MS;
 
 /// The in-process agent's side of a recording: where its rings are.
 #[derive(Clone, Debug)]
@@ -515,10 +518,10 @@ impl Reader {
                     idx.push(i);
                 }
             }
-            let timeout = if self.agent.is_some() {
-                AGENT_POLL_TIMEOUT_MS
-            } else {
-                POLL_TIMEOUT_MS
+            let timeout = match &self.agent {
+                Some(a) if a.rings.eager() => AGENT_POLL_TIMEOUT_MS,
+                Some(_) => AGENT_SLOW_POLL_MS,
+                None => POLL_TIMEOUT_MS,
             };
             if fds.is_empty() {
                 std::thread::sleep(Duration::from_millis(timeout as u64));

@@ -154,9 +154,10 @@ pub fn job_env(
     ]
 }
 
-/// Ring size of one process: room for 50 ms (the reader drains every 20 ms
-/// when agents run) of 8 busy threads, counting each sample at its largest
-/// reservation; between 1 and 16 MiB (2 MiB at 99 Hz).
+/// Ring size of one process: room for 50 ms of 8 busy threads, counting
+/// each sample at its largest reservation; between 1 and 16 MiB (2 MiB at
+/// 99 Hz). The reader drains every 20 ms while a ring is more than an
+/// eighth full (or new rings are expected), every 50 ms otherwise.
 pub fn ring_bytes_for(frequency: u64, stack_bytes: u32) -> usize {
     let per = stack_bytes as usize + 4096 + 128;
     let want = (frequency as usize).saturating_mul(per).saturating_mul(8) / 20;
@@ -373,6 +374,8 @@ struct MappedRing {
     parent: Option<usize>,
     /// Records dropped for a full ring, read when it was released.
     dropped_at_end: u64,
+    /// Share of the ring in use when it was last drained.
+    used: f64,
 }
 
 impl MappedRing {
@@ -397,6 +400,7 @@ impl MappedRing {
         }
         let mask = self.capacity - 1;
         let head = self.atomic(OFF_HEAD).load(Ordering::Acquire);
+        self.used = head.saturating_sub(self.tail) as f64 / self.capacity as f64;
         let mut n = 0;
         while self.tail < head {
             let idx = (self.tail & mask) as usize;
@@ -479,6 +483,8 @@ const EXPECT_FOR: Duration = Duration::from_secs(2);
 /// ring at its first sample). Listing the folder 50 times a second was a
 /// tenth of the reader's work.
 const SCAN_IDLE_EVERY: Duration = Duration::from_millis(200);
+/// See [`AgentRings::eager`].
+const BUSY_SHARE: f64 = 0.125;
 
 impl AgentRings {
     pub fn new(dir: PathBuf) -> AgentRings {
@@ -537,6 +543,7 @@ impl AgentRings {
                         codes: HashMap::new(),
                         parent: None,
                         dropped_at_end: 0,
+                        used: 0.0,
                     });
                 }
                 None => {
@@ -565,6 +572,18 @@ impl AgentRings {
                 self.drain_one(i, out);
             }
         }
+    }
+
+    /// Whether the rings should be drained at the quick pace: a new ring
+    /// is expected (a process was just created or exec'd), or a ring was
+    /// more than [`BUSY_SHARE`] full at its last drain. A ring holds 50 ms
+    /// of 8 threads' samples at their largest ([`ring_bytes_for`]); a job
+    /// with a busy thread or two per process fills a few percent of it in
+    /// 50 ms, and waking the reader 50
+    /// times a second for that was a fifth of its work.
+    pub fn eager(&self) -> bool {
+        self.expect_until.is_some_and(|u| Instant::now() < u)
+            || self.rings.iter().any(|r| !r.done && r.used > BUSY_SHARE)
     }
 
     fn drain_one(&mut self, i: usize, out: &mut Vec<(usize, AgentRecord)>) {
