@@ -414,6 +414,9 @@ static int check_codes(struct frame_out *f, uint32_t n, uint32_t tid)
     return 0;
 }
 
+/* Bytes read at once below a frame of a data stack (3.11+), see walk(). */
+#define WALK_WINDOW 2048
+
 /* Walk the thread's frame chain, innermost first, into `out`. */
 static uint32_t walk(void *tstate, uintptr_t sp, struct frame_out *out, uint32_t *nout)
 {
@@ -430,10 +433,28 @@ static uint32_t walk(void *tstate, uintptr_t sp, struct frame_out *out, uint32_t
     }
     uint32_t n = 0;
     uintptr_t last_shim = 0;
-    uint8_t fr[80];
+    /* From 3.11 the frames of a thread are pushed on its data stack, each
+     * older one just below the newer: one read of the memory below a frame
+     * (within its page, which is mapped if the frame is) usually holds the
+     * next ones, instead of a system call per frame (a deep stack took
+     * dozens per sample). 3.9-3.10 frames are heap objects: one each. */
+    int below = L->fr_is_entry >= 0 || L->owner_cstack >= 0;
+    uint8_t win[WALK_WINDOW];
+    uintptr_t win_lo = 0, win_hi = 0;
     while (f) {
-        if (rd(fr, f, (size_t)L->fr_read))
-            return *nout = n, ST_UNREADABLE;
+        const uint8_t *fr;
+        if (f >= win_lo && f <= win_hi && win_hi - f >= (uintptr_t)L->fr_read) {
+            fr = win + (f - win_lo);
+        } else {
+            uintptr_t room = below ? WALK_WINDOW - (uintptr_t)L->fr_read : 0;
+            uintptr_t lo = f - ((f & 4095) < room ? (f & 4095) : room);
+            size_t len = (size_t)(f - lo) + (size_t)L->fr_read;
+            if (rd(win, lo, len))
+                return *nout = n, ST_UNREADABLE;
+            win_lo = lo;
+            win_hi = lo + len;
+            fr = win + (f - lo);
+        }
         uintptr_t back = rd_ptr(fr, L->fr_back);
         if (L->owner_cstack >= 0 && fr[L->fr_owner] == L->owner_cstack) {
             /* A shim frame on the C stack of one eval-loop call: the frame
