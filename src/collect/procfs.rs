@@ -55,8 +55,9 @@ struct ProcState {
 
 /// A `/proc` file read again on every pass through a descriptor kept open:
 /// a read at offset 0 makes the kernel generate it afresh, and it saves the
-/// path lookup, open and close of each pass (most of the /proc sampler's
-/// cost, with a stat file per thread every 100 ms). A kept descriptor
+/// path lookup, open and close of each pass (`openat` alone was 18% of the
+/// /proc sampler's samples in a profile, with a stat file per thread every
+/// 100 ms). A kept descriptor
 /// stays tied to the task it was opened for: once that task is reaped the
 /// read fails (ESRCH) even if its PID is reused.
 #[derive(Default)]
@@ -270,22 +271,7 @@ impl TreeCollector {
         adopt: bool,
         buf: &mut Vec<u8>,
     ) -> bool {
-        let stat_path = || format!("/proc/{pid}/stat");
-        // Through the kept descriptor of the process known by this PID; if
-        // that process is gone, the PID may now be another's: open afresh.
-        let mut fresh = Kept::default();
-        let mut from_kept = false;
-        if let Some(st) = self.procs.get_mut(&pid).filter(|st| !st.exited) {
-            from_kept = st.stat.read(stat_path, buf).is_ok();
-            if !from_kept {
-                st.close_files();
-            }
-        }
-        if !from_kept && (!adopt || fresh.read(stat_path, buf).is_err()) {
-            return false;
-        }
-        let Ok(stat) = Stat::from_read(&buf[..]) else {
-            fresh.close();
+        let Some((stat, mut fresh)) = self.read_stat(pid, adopt, buf) else {
             return false;
         };
         let known = self.procs.get(&pid);
@@ -295,7 +281,6 @@ impl TreeCollector {
             Some(st) => st.start_ticks != stat.starttime || st.exited && stat.state != 'Z',
         };
         if is_new && !adopt {
-            fresh.close();
             return false;
         }
         // An exec usually renames the process; a wrapper that keeps the name
@@ -304,66 +289,120 @@ impl TreeCollector {
         let young = known.is_some_and(|st| st.seen < YOUNG_PASSES);
         let mut cmdline = None;
         let mut execed = known.is_some_and(|st| !is_new && st.comm != stat.comm);
-        let proc_ = || Process::new(pid).ok();
         if !is_new && !execed && young {
-            let now_cmd = proc_().and_then(|p| p.cmdline().ok()).unwrap_or_default();
+            let now_cmd = Process::new(pid)
+                .and_then(|p| p.cmdline())
+                .unwrap_or_default();
             execed = known.is_some_and(|st| !now_cmd.is_empty() && st.cmdline != now_cmd);
             cmdline = Some(now_cmd);
         }
         if is_new || execed {
-            let p = proc_();
-            let cmdline = cmdline.unwrap_or_else(|| {
-                p.as_ref()
-                    .and_then(|p| p.cmdline().ok())
-                    .unwrap_or_default()
-            });
-            let exe = p
-                .as_ref()
-                .and_then(|p| p.exe().ok())
-                .map(|p| p.to_string_lossy().into_owned());
-            self.sink.send_blocking(Event::Process {
-                t: now,
-                pid: Pid(pid),
-                ppid: Pid(stat.ppid),
-                start_boot_ns: stat.starttime * self.ns_per_tick,
-                comm: stat.comm.clone(),
-                cmdline: cmdline.clone(),
-                exe,
-                rank_env: read_rank_env(pid),
-            });
-            if let Some(st) = self.procs.get_mut(&pid).filter(|_| !is_new) {
-                st.cmdline = cmdline.clone();
-            }
-            if is_new {
-                if let Some(mut old) = self.procs.remove(&pid) {
-                    old.close_files();
-                }
-                self.procs.insert(
-                    pid,
-                    ProcState {
-                        start_ticks: stat.starttime,
-                        comm: stat.comm.clone(),
-                        cmdline: cmdline.clone(),
-                        seen: 0,
-                        exited: false,
-                        stat: std::mem::take(&mut fresh),
-                        io: Kept::default(),
-                        threads: HashMap::new(),
-                        last: [u64::MAX; 8],
-                    },
-                );
-            }
+            self.announce(pid, now, &stat, cmdline, is_new, &mut fresh);
         }
-        let ns_per_tick = self.ns_per_tick;
-        let page_size = self.page_size;
         let st = self.procs.get_mut(&pid).expect("inserted above");
         if st.stat.0.is_none() {
-            st.stat = std::mem::take(&mut fresh);
+            st.stat = fresh;
         }
         st.comm = stat.comm.clone();
         st.seen = st.seen.saturating_add(1);
+        let (sink, ns_per_tick) = (&self.sink, self.ns_per_tick);
+        st.sample(sink, pid, now, &stat, ns_per_tick, self.page_size, buf);
+        if with_threads {
+            st.sample_threads(sink, pid, now, stat.num_threads, ns_per_tick, buf);
+        }
+        true
+    }
 
-        let io = st
+    /// The stat of `pid`, through the kept descriptor of the process known
+    /// by this PID; if that process is gone, the PID may now be another's:
+    /// with `adopt`, it is opened afresh (returned with the stat, to be
+    /// kept if the process is).
+    fn read_stat(&mut self, pid: i32, adopt: bool, buf: &mut Vec<u8>) -> Option<(Stat, Kept)> {
+        let stat_path = || format!("/proc/{pid}/stat");
+        let mut fresh = Kept::default();
+        let mut from_kept = false;
+        if let Some(st) = self.procs.get_mut(&pid).filter(|st| !st.exited) {
+            from_kept = st.stat.read(stat_path, buf).is_ok();
+            if !from_kept {
+                st.close_files();
+            }
+        }
+        if !from_kept && (!adopt || fresh.read(stat_path, buf).is_err()) {
+            return None;
+        }
+        let stat = Stat::from_read(&buf[..]).ok()?;
+        Some((stat, fresh))
+    }
+
+    /// A process new to the job, or one that exec'd: its `process` event,
+    /// and (new) its state, keeping `fresh`, the stat file it was read from.
+    fn announce(
+        &mut self,
+        pid: i32,
+        now: MonoNs,
+        stat: &Stat,
+        cmdline: Option<Vec<String>>,
+        is_new: bool,
+        fresh: &mut Kept,
+    ) {
+        let p = Process::new(pid).ok();
+        let cmdline = cmdline.unwrap_or_else(|| {
+            p.as_ref()
+                .and_then(|p| p.cmdline().ok())
+                .unwrap_or_default()
+        });
+        let exe = p
+            .as_ref()
+            .and_then(|p| p.exe().ok())
+            .map(|p| p.to_string_lossy().into_owned());
+        self.sink.send_blocking(Event::Process {
+            t: now,
+            pid: Pid(pid),
+            ppid: Pid(stat.ppid),
+            start_boot_ns: stat.starttime * self.ns_per_tick,
+            comm: stat.comm.clone(),
+            cmdline: cmdline.clone(),
+            exe,
+            rank_env: read_rank_env(pid),
+        });
+        if !is_new {
+            if let Some(st) = self.procs.get_mut(&pid) {
+                st.cmdline = cmdline;
+            }
+            return;
+        }
+        // The state of the process that had this PID goes, its files too.
+        self.procs.insert(
+            pid,
+            ProcState {
+                start_ticks: stat.starttime,
+                comm: stat.comm.clone(),
+                cmdline,
+                seen: 0,
+                exited: false,
+                stat: std::mem::take(fresh),
+                io: Kept::default(),
+                threads: HashMap::new(),
+                last: [u64::MAX; 8],
+            },
+        );
+    }
+}
+
+impl ProcState {
+    /// The process's CPU, memory and IO figures, sent when they changed.
+    #[allow(clippy::too_many_arguments)]
+    fn sample(
+        &mut self,
+        sink: &Sink,
+        pid: i32,
+        now: MonoNs,
+        stat: &Stat,
+        ns_per_tick: u64,
+        page_size: u64,
+        buf: &mut Vec<u8>,
+    ) {
+        let io = self
             .io
             .read(|| format!("/proc/{pid}/io"), buf)
             .ok()
@@ -382,29 +421,39 @@ impl TreeCollector {
             wc,
             stat.num_threads as u64,
         ];
-        if vals != st.last {
-            st.last = vals;
-            self.sink.send(Event::ProcessSample {
-                t: now,
-                pid: Pid(pid),
-                user_ns: stat.utime * ns_per_tick,
-                sys_ns: stat.stime * ns_per_tick,
-                rss_bytes: rss,
-                read_bytes: rb,
-                write_bytes: wb,
-                rchar: rc,
-                wchar: wc,
-                threads: stat.num_threads as u32,
-            });
+        if vals == self.last {
+            return;
         }
-        if !with_threads {
-            return true;
-        }
-        for (tid, ts) in st.thread_stats(pid, stat.num_threads, buf) {
-            let th = st.threads.get_mut(&tid).expect("read above");
+        self.last = vals;
+        sink.send(Event::ProcessSample {
+            t: now,
+            pid: Pid(pid),
+            user_ns: stat.utime * ns_per_tick,
+            sys_ns: stat.stime * ns_per_tick,
+            rss_bytes: rss,
+            read_bytes: rb,
+            write_bytes: wb,
+            rchar: rc,
+            wchar: wc,
+            threads: stat.num_threads as u32,
+        });
+    }
+
+    /// Each thread's name (when it changed) and CPU time (when it moved).
+    fn sample_threads(
+        &mut self,
+        sink: &Sink,
+        pid: i32,
+        now: MonoNs,
+        num_threads: i64,
+        ns_per_tick: u64,
+        buf: &mut Vec<u8>,
+    ) {
+        for (tid, ts) in self.thread_stats(pid, num_threads, buf) {
+            let th = self.threads.get_mut(&tid).expect("read above");
             if th.comm != ts.comm {
                 th.comm = ts.comm.clone();
-                self.sink.send_blocking(Event::Thread {
+                sink.send_blocking(Event::Thread {
                     t: now,
                     pid: Pid(pid),
                     tid: Tid(tid),
@@ -417,7 +466,7 @@ impl TreeCollector {
                 th.sys = ts.stime;
                 th.state = ts.state;
                 th.cpu = cpu;
-                self.sink.send(Event::ThreadCpu {
+                sink.send(Event::ThreadCpu {
                     t: now,
                     pid: Pid(pid),
                     tid: Tid(tid),
@@ -428,11 +477,8 @@ impl TreeCollector {
                 });
             }
         }
-        true
     }
-}
 
-impl ProcState {
     fn close_files(&mut self) {
         self.stat.close();
         self.io.close();
