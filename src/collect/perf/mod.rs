@@ -381,6 +381,8 @@ struct Reader {
     stats: StackStats,
     busy: Duration,
     keys_buf: Vec<FrameKey>,
+    /// The one-frame stack of a `covered_sample`, once interned.
+    not_unwound: Option<u32>,
     news: Arc<TreeNews>,
     attached: Option<Attached>,
     /// Names of sampled JIT frames, from perf maps: (file, address) → name.
@@ -461,6 +463,7 @@ impl Reader {
             },
             busy: Duration::ZERO,
             keys_buf: Vec::with_capacity(64),
+            not_unwound: None,
             news,
             attached: opened.attached,
             jit_names: HashMap::new(),
@@ -879,17 +882,24 @@ impl Reader {
     /// marked, for the counts that decide.
     fn covered_sample(&mut self, pid: Pid, tid: Tid, t: MonoNs) {
         self.stats.samples += 1;
-        let id = self.interner.frame(
-            &FrameKey::Marker(MARKER_NOT_UNWOUND),
-            &self.sink,
-            |id, _| Event::StackMarker {
-                id,
-                marker: MARKER_NOT_UNWOUND.to_string(),
-            },
-        );
-        if let Some(stack) = self.interner.stack(&[id], &self.sink) {
-            self.interner.sample(pid, tid, t, stack, true, &self.sink);
-        }
+        let stack = match self.not_unwound {
+            Some(stack) => stack,
+            None => {
+                let id = self.interner.frame(
+                    &FrameKey::Marker(MARKER_NOT_UNWOUND),
+                    &self.sink,
+                    |id, _| Event::StackMarker {
+                        id,
+                        marker: MARKER_NOT_UNWOUND.to_string(),
+                    },
+                );
+                let Some(stack) = self.interner.stack(&[id], &self.sink) else {
+                    return;
+                };
+                *self.not_unwound.insert(stack)
+            }
+        };
+        self.interner.sample(pid, tid, t, stack, true, &self.sink);
     }
 
     fn sample(&mut self, s: ring::Sample) {
