@@ -21,13 +21,36 @@ pub mod system;
 /// exec (`processes`) and every new executable mapping, i.e. a library
 /// loaded (`mappings`). A collector re-reads when a counter moved, and
 /// still now and then without news (a process perf does not follow).
+/// One thread may [`listen`](TreeNews::listen) for process news: it is
+/// unparked on each, so it can sleep long without news instead of polling
+/// the counter (each wake-up is CPU taken from the job on a busy machine).
 #[derive(Debug, Default)]
 pub struct TreeNews {
-    pub processes: std::sync::atomic::AtomicU64,
+    processes: std::sync::atomic::AtomicU64,
     pub mappings: std::sync::atomic::AtomicU64,
+    listener: std::sync::Mutex<Option<std::thread::Thread>>,
 }
 
 impl TreeNews {
+    /// A process was created or exec'd: count it and wake the listener.
+    pub fn new_process(&self) {
+        self.processes
+            .fetch_add(1, std::sync::atomic::Ordering::Release);
+        if let Some(t) = self
+            .listener
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
+            t.unpark();
+        }
+    }
+
+    /// Be unparked on every later [`new_process`](TreeNews::new_process).
+    pub fn listen(&self) {
+        *self.listener.lock().unwrap_or_else(|e| e.into_inner()) = Some(std::thread::current());
+    }
+
     pub fn processes(&self) -> u64 {
         self.processes.load(std::sync::atomic::Ordering::Acquire)
     }
@@ -76,7 +99,31 @@ pub fn thread_cpu_ns() -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
-    use super::NewsMark;
+    use super::{NewsMark, TreeNews};
+
+    #[test]
+    fn process_news_wakes_the_listener() {
+        use std::sync::Arc;
+        use std::time::{Duration, Instant};
+        let news = Arc::new(TreeNews::default());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let n2 = news.clone();
+        let t = std::thread::spawn(move || {
+            n2.listen();
+            tx.send(()).unwrap();
+            let t0 = Instant::now();
+            while n2.processes() == 0 && t0.elapsed() < Duration::from_secs(30) {
+                std::thread::park_timeout(Duration::from_secs(30));
+            }
+            t0.elapsed()
+        });
+        rx.recv().unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        news.new_process();
+        let waited = t.join().unwrap();
+        assert_eq!(news.processes(), 1);
+        assert!(waited < Duration::from_secs(10), "not woken: {waited:?}");
+    }
     use std::time::{Duration, Instant};
 
     #[test]

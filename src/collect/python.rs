@@ -84,6 +84,7 @@ impl PySampler {
 
     pub fn stop(self) -> StackStats {
         self.stop.store(true, Ordering::Release);
+        self.thread.thread().unpark();
         self.thread.join().unwrap_or_else(|_| StackStats {
             kind: Some(StackKind::Python),
             detail: "the Python sampler thread panicked".into(),
@@ -237,34 +238,25 @@ impl Sampler {
         let mut last_discover: Option<Instant> = None;
         let mut seen_changes = u64::MAX;
         let mut next_round = Instant::now();
+        if let Some(n) = &self.news {
+            n.listen();
+        }
         while !stop.load(Ordering::Acquire) {
             // Look for new Python processes when perf saw a fork or an exec
             // (or, without perf, periodically), so that a fresh worker gets
             // Python frames from its start without walking /proc all the time.
-            let since = last_discover.map(|l| l.elapsed());
             let changes = self.news.as_ref().map(|n| n.processes());
-            let retry =
-                self.rejected.values().any(|r| r.1 < ATTACH_ATTEMPTS) || !self.waiting.is_empty();
-            let due = match (since, changes) {
-                (None, _) => true,
-                (Some(e), Some(c)) => {
-                    (c != seen_changes || retry) && e >= DISCOVER_EVERY || e >= REDISCOVER_EVERY
-                }
-                (Some(e), None) => e >= DISCOVER_EVERY * 4,
-            };
-            if due {
+            if self
+                .next_discovery(last_discover, seen_changes)
+                .map_or(true, |t| Instant::now() >= t)
+            {
                 let t = Instant::now();
                 seen_changes = changes.unwrap_or(0);
                 self.discover();
                 self.attach_time += t.elapsed();
                 last_discover = Some(Instant::now());
             }
-            // Nothing to read (every Python process is left to the agent):
-            // wake only to look for new processes.
-            if self.spies.is_empty() {
-                next_round = Instant::now() + DISCOVER_EVERY;
-            }
-            if Instant::now() >= next_round {
+            if !self.spies.is_empty() && Instant::now() >= next_round {
                 let round = Instant::now();
                 let cpu0 = crate::collect::thread_cpu_ns();
                 self.sample_all();
@@ -289,12 +281,39 @@ impl Sampler {
                     .min(Duration::from_secs(1));
                 next_round = Instant::now() + sleep;
             }
+            // Sleep until the next round or discovery. With every Python
+            // process left to the agent there is no round, and the thread
+            // sleeps until perf's news of a process (which unparks it) or
+            // the safety net: polling the news every 25 ms cost ~40
+            // wake-ups a second, each taken from the job on a busy machine.
             let now = Instant::now();
-            if next_round > now {
-                std::thread::sleep((next_round - now).min(DISCOVER_EVERY));
+            let mut wake = self
+                .next_discovery(last_discover, seen_changes)
+                .unwrap_or(now);
+            if !self.spies.is_empty() {
+                wake = wake.min(next_round);
+            }
+            if wake > now {
+                std::thread::park_timeout(wake - now);
             }
         }
         self.interner.flush(None, &self.sink);
+    }
+
+    /// When the process list is next read: soon after perf's news of a
+    /// process (at most every `DISCOVER_EVERY`), soon while an attach is
+    /// retried or a process waits for the agent's word, else at the safety
+    /// net's period (without perf's news, every `4 × DISCOVER_EVERY`).
+    /// `None`: at once (never read yet).
+    fn next_discovery(&self, last: Option<Instant>, seen_changes: u64) -> Option<Instant> {
+        let last = last?;
+        let retry =
+            self.rejected.values().any(|r| r.1 < ATTACH_ATTEMPTS) || !self.waiting.is_empty();
+        Some(match self.news.as_ref().map(|n| n.processes()) {
+            Some(c) if c != seen_changes || retry => last + DISCOVER_EVERY,
+            Some(_) => last + REDISCOVER_EVERY,
+            None => last + DISCOVER_EVERY * 4,
+        })
     }
 
     fn discover(&mut self) {

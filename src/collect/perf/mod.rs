@@ -665,7 +665,7 @@ impl Reader {
                         a.verdicts.forget(pid);
                         a.rings.expect();
                     }
-                    self.news.processes.fetch_add(1, Ordering::Release);
+                    self.news.new_process();
                 }
                 self.sink.send_blocking(Event::TaskComm {
                     t,
@@ -686,7 +686,7 @@ impl Reader {
                     a.forked.insert(tid);
                 }
                 if pid.0 == tid.0 && pid != ppid {
-                    self.news.processes.fetch_add(1, Ordering::Release);
+                    self.news.new_process();
                     if let Some(a) = self.agent.as_mut() {
                         a.rings.expect();
                     }
