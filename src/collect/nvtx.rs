@@ -11,7 +11,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsString;
 use std::fs::File;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -23,6 +23,8 @@ use crate::event::{
     Coverage, Event, MonoNs, NvtxBatch, NvtxRangeRec, NvtxStats, NvtxTotal, Pid, Tid,
 };
 use crate::record::Sink;
+use nix::sys::eventfd::{EfdFlags, EventFd};
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 
 pub const COVERAGE_SOURCE: &str = "nvtx";
 /// The variable NVTX v3 reads in a 64-bit process.
@@ -57,8 +59,15 @@ const REC_THREAD_EXIT: u8 = 9;
 const POLL: Duration = Duration::from_millis(20);
 /// How often the folder is listed for new rings (a thread's first NVTX
 /// call creates one, and its records wait there until it is found) and
-/// instances are checked for having ended.
+/// instances are checked for having ended. With inotify, new files wake
+/// the reader at once, and the folder is listed this often only while
+/// rings are open (threads and instances end without a file event).
 const SCAN: Duration = Duration::from_millis(50);
+/// With inotify and no ring open, the reader wakes this often (pending
+/// ranges, counters, and a listing in case an event was missed) instead
+/// of listing the folder every `SCAN`: most jobs never call NVTX, and each
+/// wake-up is CPU taken from the job on a busy machine.
+const IDLE_WAKE: Duration = Duration::from_secs(1);
 /// Completed ranges wait at most this long before they are written.
 const FLUSH: Duration = Duration::from_secs(1);
 /// Counters are written this often (cumulative), so that a killed gpuprof
@@ -231,6 +240,8 @@ impl NvtxPlan {
 /// The reader thread.
 pub struct NvtxCollector {
     stop: Arc<AtomicBool>,
+    /// Wakes the reader from its wait on the folder's events.
+    wake: Option<Arc<EventFd>>,
     active: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
     /// Keeps the ring folder until the collector is dropped.
@@ -257,6 +268,7 @@ impl NvtxCollector {
             }));
             return NvtxCollector {
                 stop,
+                wake: None,
                 active,
                 thread: None,
                 _dir: None,
@@ -271,11 +283,15 @@ impl NvtxCollector {
         }));
         let path = dir.path.clone();
         let (stop2, active2, sink2) = (stop.clone(), active.clone(), sink.clone());
+        let wake = EventFd::from_flags(EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)
+            .ok()
+            .map(Arc::new);
+        let wake2 = wake.clone();
         let thread = std::thread::Builder::new()
             .name("gpuprof-nvtx".into())
             .spawn(move || {
                 let mut r = Reader::new(path, sink2);
-                r.run(&stop2, &active2);
+                r.run(&stop2, &active2, wake2.as_deref());
             })
             .ok();
         if thread.is_none() {
@@ -287,6 +303,7 @@ impl NvtxCollector {
         }
         NvtxCollector {
             stop,
+            wake,
             active,
             thread,
             _dir: Some(dir),
@@ -303,6 +320,9 @@ impl NvtxCollector {
     pub fn stop(&mut self) {
         self.stop.store(true, Ordering::Release);
         if let Some(t) = self.thread.take() {
+            if let Some(w) = &self.wake {
+                let _ = w.write(1);
+            }
             t.thread().unpark();
             let _ = t.join();
         }
@@ -372,6 +392,35 @@ impl Drop for Mapping {
             libc::munmap(self.ptr.cast(), self.len);
         }
     }
+}
+
+/// Wait up to `timeout` for a file event in the watched folder or the stop
+/// signal; true when files were added (the events are consumed).
+fn wait_for_files(watch: &Inotify, stop: &EventFd, timeout: Duration) -> bool {
+    let mut fds = [
+        libc::pollfd {
+            fd: watch.as_fd().as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: stop.as_fd().as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+    ];
+    // SAFETY: fds is a valid array of two pollfd.
+    let rc = unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout.as_millis() as libc::c_int) };
+    let mut any = false;
+    if rc > 0 && fds[0].revents != 0 {
+        while let Ok(evs) = watch.read_events() {
+            if evs.is_empty() {
+                break;
+            }
+            any = true;
+        }
+    }
+    any
 }
 
 fn le_u32(b: &[u8], o: usize) -> u32 {
@@ -494,14 +543,28 @@ impl Reader {
         }
     }
 
-    fn run(&mut self, stop: &AtomicBool, active: &AtomicBool) {
+    fn run(&mut self, stop: &AtomicBool, active: &AtomicBool, wake: Option<&EventFd>) {
+        // New instance and ring files are renamed into the folder: watch
+        // for that rather than list the folder 20 times a second. Without
+        // inotify (or the stop signal), the folder is listed every SCAN.
+        let watch = wake.and_then(|w| {
+            let i = Inotify::init(InitFlags::IN_CLOEXEC | InitFlags::IN_NONBLOCK).ok()?;
+            i.add_watch(&self.dir, AddWatchFlags::IN_MOVED_TO).ok()?;
+            Some((i, w))
+        });
         let mut last_scan: Option<Instant> = None;
         let mut last_flush = Instant::now();
         let mut last_stats = Instant::now();
+        let mut news = false;
         loop {
             let stopping = stop.load(Ordering::Acquire);
             self.active = active.load(Ordering::Acquire);
-            if stopping || last_scan.map_or(true, |t| t.elapsed() >= SCAN) {
+            let scan_every = if watch.is_none() || !self.rings.is_empty() {
+                SCAN
+            } else {
+                IDLE_WAKE
+            };
+            if stopping || news || last_scan.map_or(true, |t| t.elapsed() >= scan_every) {
                 self.scan();
                 last_scan = Some(Instant::now());
             }
@@ -519,14 +582,23 @@ impl Reader {
             }
             // Wake often only while the job is emitting: idle rings are
             // checked every 2.5 polls, and with no ring at all only the
-            // folder is listed.
-            std::thread::park_timeout(if self.rings.is_empty() {
-                SCAN
-            } else if busy {
-                POLL
+            // folder is watched (or listed).
+            let timeout = if !self.rings.is_empty() {
+                if busy {
+                    POLL
+                } else {
+                    POLL * 5 / 2
+                }
             } else {
-                POLL * 5 / 2
-            });
+                scan_every
+            };
+            news = match &watch {
+                Some((i, w)) => wait_for_files(i, w, timeout),
+                None => {
+                    std::thread::park_timeout(timeout);
+                    false
+                }
+            };
         }
         // Whatever is still open ends with the recording.
         let now = MonoNs::now().0;
