@@ -49,7 +49,7 @@ const MEMBER_MAX_BYTES: usize = 4 << 20;
 /// The writer wakes at most this often while events keep coming (the
 /// queue holds [`CHANNEL_CAPACITY`] events meanwhile: a few thousand
 /// arrive per second at a run's start, a few hundred later).
-const BATCH_PAUSE: Duration = Duration::from_millis(100);
+const BATCH_PAUSE: Duration = Duration::from_millis(200);
 
 /// Where collectors send their events. Cheap to clone; never blocks.
 #[derive(Clone)]

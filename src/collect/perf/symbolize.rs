@@ -130,30 +130,37 @@ fn run(rx: Receiver<Item>, sink: Sink) -> Duration {
     let mut since = Instant::now();
     let mut open = true;
     while open {
-        // Wait for a frame, then let the rest of its batch gather: one
-        // wake-up per batch instead of one per new frame (50 a second on a
-        // loader job, each taken from the job on a busy machine). `finish`
-        // unparks the thread so that the last batch does not wait.
+        // One wake-up per batch, not one per new frame (50 a second on a
+        // loader job, each taken from the job on a busy machine): sleep
+        // out the batch's time, take what gathered, and block only when
+        // nothing did. `finish` unparks the thread so that the last batch
+        // does not wait.
         let mut add = |item| match item {
             Item::Lookup(id, path, offset) => pending.entry(path).or_default().push((id, offset)),
             Item::Named(id, name) => named.push((id, name)),
         };
-        match rx.recv() {
-            Ok(item) => add(item),
-            Err(_) => open = false,
-        }
-        if open {
-            std::thread::park_timeout(BATCH_EVERY.saturating_sub(since.elapsed()));
-            loop {
-                match rx.try_recv() {
-                    Ok(item) => add(item),
-                    Err(TryRecvError::Empty) => break,
-                    Err(TryRecvError::Disconnected) => {
-                        open = false;
-                        break;
-                    }
+        std::thread::park_timeout(BATCH_EVERY.saturating_sub(since.elapsed()));
+        let mut got = false;
+        loop {
+            match rx.try_recv() {
+                Ok(item) => {
+                    add(item);
+                    got = true;
+                }
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => {
+                    open = false;
+                    break;
                 }
             }
+        }
+        if open && !got {
+            match rx.recv() {
+                Ok(item) => add(item),
+                Err(_) => open = false,
+            }
+            since = Instant::now();
+            continue;
         }
         if !pending.is_empty() || !named.is_empty() {
             let t = Instant::now();
