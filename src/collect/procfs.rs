@@ -61,7 +61,7 @@ struct ProcState {
 /// stays tied to the task it was opened for: once that task is reaped the
 /// read fails (ESRCH) even if its PID is reused.
 #[derive(Default)]
-struct Kept(Option<File>);
+pub(crate) struct Kept(Option<File>);
 
 /// Descriptors kept open by every [`Kept`], against [`kept_limit`].
 static KEPT_OPEN: AtomicUsize = AtomicUsize::new(0);
@@ -79,9 +79,37 @@ fn kept_limit() -> usize {
 }
 
 impl Kept {
-    /// The file's bytes into `buf`; opens `path()` when not kept, and keeps
-    /// the descriptor while fewer than [`kept_limit`] are.
-    fn read(&mut self, path: impl FnOnce() -> String, buf: &mut Vec<u8>) -> std::io::Result<()> {
+    /// A single-record file (one `show` per read, as `/proc/PID/stat`,
+    /// `/proc/PID/io`, `/proc/stat`, `/proc/pressure/*` and cgroup
+    /// counters are) into `buf`: the kernel generates the whole text and
+    /// copies as much as asked, so a read shorter than asked is all of it
+    /// and the read at the end, which returns nothing, is skipped (half
+    /// the /proc sampler's system calls). Opens `path()` when not kept,
+    /// and keeps the descriptor while fewer than [`kept_limit`] are.
+    pub(crate) fn read(
+        &mut self,
+        path: impl FnOnce() -> String,
+        buf: &mut Vec<u8>,
+    ) -> std::io::Result<()> {
+        self.read_with(path, buf, true)
+    }
+
+    /// A file of many records (`/proc/diskstats`): a short read may end at
+    /// a record that did not fit the kernel's buffer, so read until the end.
+    pub(crate) fn read_all(
+        &mut self,
+        path: impl FnOnce() -> String,
+        buf: &mut Vec<u8>,
+    ) -> std::io::Result<()> {
+        self.read_with(path, buf, false)
+    }
+
+    fn read_with(
+        &mut self,
+        path: impl FnOnce() -> String,
+        buf: &mut Vec<u8>,
+        single: bool,
+    ) -> std::io::Result<()> {
         buf.clear();
         let mut opened = None;
         let f = match &self.0 {
@@ -91,10 +119,10 @@ impl Kept {
         let mut chunk = [0u8; 4096];
         loop {
             let n = f.read_at(&mut chunk, buf.len() as u64)?;
-            if n == 0 {
+            buf.extend_from_slice(&chunk[..n]);
+            if n == 0 || single && n < chunk.len() {
                 break;
             }
-            buf.extend_from_slice(&chunk[..n]);
         }
         if opened.is_some() && KEPT_OPEN.load(Ordering::Relaxed) < kept_limit() {
             KEPT_OPEN.fetch_add(1, Ordering::Relaxed);
@@ -103,7 +131,7 @@ impl Kept {
         Ok(())
     }
 
-    fn close(&mut self) {
+    pub(crate) fn close(&mut self) {
         if self.0.take().is_some() {
             KEPT_OPEN.fetch_sub(1, Ordering::Relaxed);
         }
@@ -580,4 +608,36 @@ fn children_of(pid: i32) -> Vec<i32> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Kept;
+
+    #[test]
+    fn kept_files_read_whole_whatever_their_size() {
+        let dir = tempfile::tempdir().unwrap();
+        for len in [0usize, 1, 4095, 4096, 4097, 8192, 10_000] {
+            let p = dir.path().join(format!("f{len}"));
+            let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+            std::fs::write(&p, &data).unwrap();
+            let path = p.to_string_lossy().into_owned();
+            let (mut k, mut buf) = (Kept::default(), Vec::new());
+            k.read(|| path.clone(), &mut buf).unwrap();
+            assert_eq!(buf, data, "single-record read of {len} bytes");
+            // Kept open: read again at offset 0, not appended.
+            k.read(|| unreachable!("kept"), &mut buf).unwrap();
+            assert_eq!(buf.len(), len);
+            let mut k = Kept::default();
+            k.read_all(|| path.clone(), &mut buf).unwrap();
+            assert_eq!(buf, data, "read to the end, {len} bytes");
+        }
+        // A /proc file generated afresh on each read through one descriptor.
+        let (mut k, mut buf) = (Kept::default(), Vec::new());
+        k.read(|| "/proc/self/stat".into(), &mut buf).unwrap();
+        let text = String::from_utf8(buf.clone()).unwrap();
+        assert!(text.starts_with(&format!("{} (", std::process::id())) && text.ends_with('\n'));
+        k.read(|| unreachable!("kept"), &mut buf).unwrap();
+        assert!(buf.ends_with(b"\n"));
+    }
 }

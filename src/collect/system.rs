@@ -3,8 +3,9 @@
 
 use std::collections::{HashMap, HashSet};
 
-use procfs::{Current, CurrentSI};
+use procfs::{Current, FromRead, FromReadSI};
 
+use crate::collect::procfs::Kept;
 use crate::event::{Coverage, CpuTimes, DiskCounters, Event, MonoNs, Psi};
 use crate::record::Sink;
 
@@ -25,6 +26,39 @@ pub struct SystemCollector {
     psi: bool,
     ticks: u64,
     last_memory: Option<std::time::Instant>,
+    /// The files read every tick, kept open (see [`Kept`]).
+    files: TickFiles,
+    buf: Vec<u8>,
+}
+
+#[derive(Default)]
+struct TickFiles {
+    stat: Kept,
+    diskstats: Kept,
+    psi: [Kept; 3],
+}
+
+impl TickFiles {
+    fn stat(&mut self, buf: &mut Vec<u8>) -> Option<procfs::KernelStats> {
+        self.stat.read(|| "/proc/stat".into(), buf).ok()?;
+        procfs::KernelStats::from_read(&buf[..], procfs::current_system_info()).ok()
+    }
+
+    fn diskstats(&mut self, buf: &mut Vec<u8>) -> Option<procfs::DiskStats> {
+        self.diskstats
+            .read_all(|| "/proc/diskstats".into(), buf)
+            .ok()?;
+        procfs::DiskStats::from_read(&buf[..]).ok()
+    }
+
+    /// `/proc/pressure/{cpu,io,memory}` (index 0, 1, 2).
+    fn pressure<T: FromRead>(&mut self, i: usize, buf: &mut Vec<u8>) -> Option<T> {
+        let name = ["cpu", "io", "memory"][i];
+        self.psi[i]
+            .read(|| format!("/proc/pressure/{name}"), buf)
+            .ok()?;
+        T::from_read(&buf[..]).ok()
+    }
 }
 
 impl SystemCollector {
@@ -57,13 +91,16 @@ impl SystemCollector {
             psi,
             ticks: 0,
             last_memory: None,
+            files: TickFiles::default(),
+            buf: Vec::with_capacity(4096),
         }
     }
 
     pub fn tick(&mut self) {
         let now = MonoNs::now();
         self.ticks += 1;
-        if let Ok(ks) = procfs::KernelStats::current() {
+        let buf = &mut self.buf;
+        if let Some(ks) = self.files.stat(buf) {
             let conv = |c: &procfs::CpuTime| CpuTimes {
                 user: c.user * self.ns_per_tick,
                 nice: c.nice * self.ns_per_tick,
@@ -87,7 +124,7 @@ impl SystemCollector {
                 procs_blocked: ks.procs_blocked.unwrap_or(0),
             });
         }
-        if let Ok(ds) = procfs::DiskStats::current() {
+        if let Some(ds) = self.files.diskstats(buf) {
             let mut changed = Vec::new();
             for d in ds.0 {
                 if !self.block_devices.contains(&d.name) {
@@ -118,14 +155,14 @@ impl SystemCollector {
                 some_us: some.total,
                 full_us: full.map(|f| f.total),
             };
-            let cpu = procfs::CpuPressure::current()
-                .ok()
+            let cpu = (self.files)
+                .pressure::<procfs::CpuPressure>(0, buf)
                 .map(|p| rec(&p.some, Some(&p.full)));
-            let io = procfs::IoPressure::current()
-                .ok()
+            let io = (self.files)
+                .pressure::<procfs::IoPressure>(1, buf)
                 .map(|p| rec(&p.some, Some(&p.full)));
-            let memory = procfs::MemoryPressure::current()
-                .ok()
+            let memory = (self.files)
+                .pressure::<procfs::MemoryPressure>(2, buf)
                 .map(|p| rec(&p.some, Some(&p.full)));
             self.sink.send(Event::Pressure {
                 t: now,
