@@ -5,8 +5,9 @@
 //!
 //! Once a second the cgroup of every live process of the job is read from
 //! `/proc/PID/cgroup`; the cgroup holding most of them is followed (a job
-//! moved into a cgroup after it started is followed too). Each tick its
-//! limits and counters are read:
+//! moved into a cgroup after it started is followed too), and its limits
+//! are looked up; each tick the counters of the cgroup holding the
+//! tightest limit are read:
 //!
 //! - cgroup v1 (the `cpu` controller's hierarchy): `cpu.cfs_quota_us` and
 //!   `cpu.cfs_period_us` of the cgroup and each ancestor — the tightest
@@ -25,6 +26,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use crate::collect::procfs::Kept;
 use crate::event::{CgroupCpu, CgroupMemory, Event, MonoNs};
 use crate::record::Sink;
 
@@ -170,9 +172,18 @@ fn shown_path(m: &Mount, dir: &Path) -> String {
     }
 }
 
-/// The tightest CPU quota over `dir` and its ancestors, with the
-/// throttling counters of the cgroup that holds it.
-fn read_cpu(m: &Mount, dir: &Path) -> Option<CgroupCpu> {
+/// The tightest CPU quota over a cgroup and its ancestors: the cgroup that
+/// holds it, whose counters are the ones that move when it throttles.
+#[derive(Clone, Debug, PartialEq)]
+struct CpuLimit {
+    v2: bool,
+    dir: PathBuf,
+    path: String,
+    quota_us: u64,
+    period_us: u64,
+}
+
+fn cpu_limit(m: &Mount, dir: &Path) -> Option<CpuLimit> {
     let mut best: Option<(f64, &Path, u64, u64)> = None;
     for d in ancestors(m, dir) {
         let (quota, period) = if m.v2 {
@@ -202,26 +213,44 @@ fn read_cpu(m: &Mount, dir: &Path) -> Option<CgroupCpu> {
         }
     }
     let (_, d, quota_us, period_us) = best?;
-    let st = read(&d.join("cpu.stat")).unwrap_or_default();
-    let throttled_ns = if m.v2 {
-        stat(&st, "throttled_usec").unwrap_or(0) * 1000
-    } else {
-        stat(&st, "throttled_time").unwrap_or(0)
-    };
-    Some(CgroupCpu {
-        path: shown_path(m, d),
+    Some(CpuLimit {
         v2: m.v2,
+        dir: d.to_path_buf(),
+        path: shown_path(m, d),
         quota_us,
         period_us,
-        nr_periods: stat(&st, "nr_periods").unwrap_or(0),
-        nr_throttled: stat(&st, "nr_throttled").unwrap_or(0),
-        throttled_ns,
     })
 }
 
-/// The tightest memory limit over `dir` and its ancestors (below the
-/// machine's memory), with that cgroup's usage.
-fn read_memory(m: &Mount, dir: &Path, mem_total: u64) -> Option<CgroupMemory> {
+/// The limit with the throttling counters of its cgroup (`cpu.stat` text).
+fn cpu_figures(l: &CpuLimit, cpu_stat: &str) -> CgroupCpu {
+    let throttled_ns = if l.v2 {
+        stat(cpu_stat, "throttled_usec").unwrap_or(0) * 1000
+    } else {
+        stat(cpu_stat, "throttled_time").unwrap_or(0)
+    };
+    CgroupCpu {
+        path: l.path.clone(),
+        v2: l.v2,
+        quota_us: l.quota_us,
+        period_us: l.period_us,
+        nr_periods: stat(cpu_stat, "nr_periods").unwrap_or(0),
+        nr_throttled: stat(cpu_stat, "nr_throttled").unwrap_or(0),
+        throttled_ns,
+    }
+}
+
+/// The tightest memory limit over a cgroup and its ancestors (below the
+/// machine's memory), and the file of that cgroup's usage.
+#[derive(Clone, Debug, PartialEq)]
+struct MemoryLimit {
+    v2: bool,
+    usage_file: PathBuf,
+    path: String,
+    limit_bytes: u64,
+}
+
+fn memory_limit(m: &Mount, dir: &Path, mem_total: u64) -> Option<MemoryLimit> {
     let mut best: Option<(u64, &Path)> = None;
     for d in ancestors(m, dir) {
         let limit = if m.v2 {
@@ -240,18 +269,35 @@ fn read_memory(m: &Mount, dir: &Path, mem_total: u64) -> Option<CgroupMemory> {
         }
     }
     let (limit_bytes, d) = best?;
-    let usage_bytes = if m.v2 {
-        read_u64(&d.join("memory.current"))
-    } else {
-        read_u64(&d.join("memory.usage_in_bytes"))
-    }
-    .unwrap_or(0);
-    Some(CgroupMemory {
-        path: shown_path(m, d),
+    Some(MemoryLimit {
         v2: m.v2,
+        usage_file: d.join(if m.v2 {
+            "memory.current"
+        } else {
+            "memory.usage_in_bytes"
+        }),
+        path: shown_path(m, d),
         limit_bytes,
-        usage_bytes,
     })
+}
+
+fn memory_figures(l: &MemoryLimit, usage: &str) -> CgroupMemory {
+    CgroupMemory {
+        path: l.path.clone(),
+        v2: l.v2,
+        limit_bytes: l.limit_bytes,
+        usage_bytes: usage.trim().parse().unwrap_or(0),
+    }
+}
+
+/// A counter file read every tick through a kept descriptor.
+fn read_kept(k: &mut Kept, path: &Path, buf: &mut Vec<u8>) -> String {
+    if k.read(|| path.to_string_lossy().into_owned(), buf).is_err() {
+        // A removed cgroup: the next resolution finds where the job went.
+        k.close();
+        return String::new();
+    }
+    String::from_utf8_lossy(buf).into_owned()
 }
 
 /// The cgroup followed for one resource: the hierarchy and the directory.
@@ -261,14 +307,20 @@ struct Followed {
     dir: PathBuf,
 }
 
+/// Limits are looked up when the cgroups are resolved (once a second: a
+/// limit changed by hand shows within that), and only the counters of the
+/// cgroup that holds each limit are read every tick: reading every
+/// ancestor's limit files every tick was 9 files opened per tick for
+/// limits that almost never change.
 pub struct CgroupCollector {
     sink: Sink,
     mounts: Vec<Mount>,
     mem_total: u64,
     resolved_at: Option<Instant>,
-    cpu: Option<Followed>,
-    memory: Option<Followed>,
+    cpu: Option<(CpuLimit, Kept)>,
+    memory: Option<(MemoryLimit, Kept)>,
     last: (Option<CgroupCpu>, Option<CgroupMemory>),
+    buf: Vec<u8>,
 }
 
 impl CgroupCollector {
@@ -287,6 +339,7 @@ impl CgroupCollector {
             cpu: None,
             memory: None,
             last: (None, None),
+            buf: Vec::new(),
         }
     }
 
@@ -335,14 +388,28 @@ impl CgroupCollector {
             .map_or(true, |t| t.elapsed() >= RESOLVE_PERIOD)
         {
             self.resolved_at = Some(Instant::now());
-            self.cpu = self.resolve("cpu", pids);
-            self.memory = self.resolve("memory", pids);
+            let cpu = self
+                .resolve("cpu", pids)
+                .and_then(|f| cpu_limit(&f.mount, &f.dir));
+            if cpu.as_ref() != self.cpu.as_ref().map(|c| &c.0) {
+                self.cpu = cpu.map(|l| (l, Kept::default()));
+            }
+            let memory = self
+                .resolve("memory", pids)
+                .and_then(|f| memory_limit(&f.mount, &f.dir, self.mem_total));
+            if memory.as_ref() != self.memory.as_ref().map(|m| &m.0) {
+                self.memory = memory.map(|l| (l, Kept::default()));
+            }
         }
-        let cpu = self.cpu.as_ref().and_then(|f| read_cpu(&f.mount, &f.dir));
-        let memory = self
-            .memory
-            .as_ref()
-            .and_then(|f| read_memory(&f.mount, &f.dir, self.mem_total));
+        let buf = &mut self.buf;
+        let cpu = self.cpu.as_mut().map(|(l, k)| {
+            let st = read_kept(k, &l.dir.join("cpu.stat"), buf);
+            cpu_figures(l, &st)
+        });
+        let memory = self.memory.as_mut().map(|(l, k)| {
+            let usage = read_kept(k, &l.usage_file, buf);
+            memory_figures(l, &usage)
+        });
         let now = (cpu, memory);
         if now != self.last && (now.0.is_some() || now.1.is_some()) {
             self.sink.send(Event::Cgroup {
@@ -386,6 +453,26 @@ mod tests {
             stat("nr_periods 32\nnr_throttled 31\n", "nr_throttled"),
             Some(31)
         );
+    }
+
+    fn read_cpu(m: &Mount, dir: &Path) -> Option<CgroupCpu> {
+        let l = cpu_limit(m, dir)?;
+        Some(cpu_figures(
+            &l,
+            &read_kept(
+                &mut Kept::default(),
+                &l.dir.join("cpu.stat"),
+                &mut Vec::new(),
+            ),
+        ))
+    }
+
+    fn read_memory(m: &Mount, dir: &Path, mem_total: u64) -> Option<CgroupMemory> {
+        let l = memory_limit(m, dir, mem_total)?;
+        Some(memory_figures(
+            &l,
+            &read_kept(&mut Kept::default(), &l.usage_file, &mut Vec::new()),
+        ))
     }
 
     #[test]
