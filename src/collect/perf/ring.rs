@@ -137,14 +137,24 @@ pub fn refusal_advice(err: &io::Error) -> String {
     }
 }
 
+/// The ring's wake-up mark for `size` bytes: half of it. The kernel wakes
+/// the reader each time the ring's head moves on by this much, whatever
+/// the reader has consumed; the reader drains every 20-50 ms anyway, so
+/// the mark is only a safety net for a rate its timer cannot keep up with
+/// (a ring holds ≥ 250 ms of samples at full stack copies). At a quarter,
+/// it woke the reader 24 times a second on a two-CPU loader job, on top of
+/// its timer.
+fn watermark(size: usize) -> usize {
+    (size / 2).max(4096)
+}
+
 /// Open one disabled `cpu-clock` event per CPU on `pid` (inherited by every
 /// task it creates), enabled by the kernel when `pid` execs.
 pub fn open(pid: Pid, cpus: &[usize], opts: &OpenOptions) -> Result<Rings, OpenError> {
     let mut samplers = Vec::with_capacity(cpus.len());
-    let watermark = (opts.ring_bytes / 4).max(4096);
     let mut ring_bytes = opts.ring_bytes;
     for &cpu in cpus {
-        let mut b = builder(opts, watermark);
+        let mut b = builder(opts, watermark(ring_bytes.max(MIN_RING_BYTES)));
         b.observe_pid(pid.0)
             .one_cpu(cpu)
             .enabled(false)
@@ -162,7 +172,7 @@ pub fn open(pid: Pid, cpus: &[usize], opts: &OpenOptions) -> Result<Rings, OpenE
                 Ok(s) => break s,
                 Err(_) if size > MIN_RING_BYTES => {
                     size /= 2;
-                    b.wakeup_watermark((size / 4).max(4096));
+                    b.wakeup_watermark(watermark(size));
                     let again = b.build().map_err(|e| OpenError {
                         message: refusal_advice(&e),
                         errno: e.raw_os_error(),
@@ -246,7 +256,7 @@ pub fn open_on_threads(
         let mut ring: Option<Sampler> = None;
         for &tid in tids {
             let b = {
-                let mut b = builder(opts, (rings.ring_bytes / 4).max(4096));
+                let mut b = builder(opts, watermark(rings.ring_bytes));
                 b.observe_pid(tid.0).one_cpu(cpu).enabled(true);
                 b
             };
