@@ -69,7 +69,10 @@ static inline int gp_ring_create(struct gp_ring *r, int fd, uint64_t capacity, u
     int err = posix_fallocate(fd, 0, (off_t)total);
     if (err)
         return err;
-    void *m = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    /* Populated now, once: else the first write to each page of the ring
+     * faults, inside the sampling signal handler, for the ring's whole
+     * first pass (the pages are allocated but not yet mapped). */
+    void *m = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
     if (m == MAP_FAILED)
         return errno;
     r->hdr = (struct gp_ring_header *)m;
