@@ -40,15 +40,18 @@ pub const RECORDING_DIR: &str = "recording";
 pub const EVENTS_FILE: &str = "events.jsonl.gz";
 pub const FORMAT_NAME: &str = "gpuprof-recording";
 
-/// Events waiting for the writer. At ~100 bytes each this bounds the queue
-/// at a few MB; collectors that find it full drop the event and count it.
-const CHANNEL_CAPACITY: usize = 1 << 16;
+/// Events waiting for the writer; collectors that find it full drop the
+/// event and count it (lifecycle events wait for room). The queue's slots
+/// are allocated and written when it is created, 368 bytes each: 65,536 of
+/// them were 24 MB and a third of gpuprof's start-up CPU. 16,384 (6 MB)
+/// still hold 200 ms of 80,000 events a second; a loader job sends a few
+/// hundred a second (samples travel in batches), a few thousand at start.
+const CHANNEL_CAPACITY: usize = 1 << 14;
 /// A gzip member ends after this long, or this much uncompressed data.
 const FLUSH_EVERY: Duration = Duration::from_secs(1);
 const MEMBER_MAX_BYTES: usize = 4 << 20;
 /// The writer wakes at most this often while events keep coming (the
-/// queue holds [`CHANNEL_CAPACITY`] events meanwhile: a few thousand
-/// arrive per second at a run's start, a few hundred later).
+/// queue holds [`CHANNEL_CAPACITY`] events meanwhile).
 const BATCH_PAUSE: Duration = Duration::from_millis(200);
 
 /// Where collectors send their events. Cheap to clone; never blocks.
