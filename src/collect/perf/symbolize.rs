@@ -122,6 +122,17 @@ impl Streamer {
     }
 }
 
+fn add(
+    item: Item,
+    pending: &mut BTreeMap<String, Vec<(u32, u64)>>,
+    named: &mut Vec<(u32, String)>,
+) {
+    match item {
+        Item::Lookup(id, path, offset) => pending.entry(path).or_default().push((id, offset)),
+        Item::Named(id, name) => named.push((id, name)),
+    }
+}
+
 fn run(rx: Receiver<Item>, sink: Sink) -> Duration {
     let symbolizer = symbolizer();
     let mut pending: BTreeMap<String, Vec<(u32, u64)>> = BTreeMap::new();
@@ -135,18 +146,10 @@ fn run(rx: Receiver<Item>, sink: Sink) -> Duration {
         // out the batch's time, take what gathered, and block only when
         // nothing did. `finish` unparks the thread so that the last batch
         // does not wait.
-        let mut add = |item| match item {
-            Item::Lookup(id, path, offset) => pending.entry(path).or_default().push((id, offset)),
-            Item::Named(id, name) => named.push((id, name)),
-        };
         std::thread::park_timeout(BATCH_EVERY.saturating_sub(since.elapsed()));
-        let mut got = false;
         loop {
             match rx.try_recv() {
-                Ok(item) => {
-                    add(item);
-                    got = true;
-                }
+                Ok(item) => add(item, &mut pending, &mut named),
                 Err(TryRecvError::Empty) => break,
                 Err(TryRecvError::Disconnected) => {
                     open = false;
@@ -154,9 +157,11 @@ fn run(rx: Receiver<Item>, sink: Sink) -> Duration {
                 }
             }
         }
-        if open && !got {
+        if open && pending.is_empty() && named.is_empty() {
+            // Nothing new: block until a frame comes; its batch then
+            // gathers for BATCH_EVERY.
             match rx.recv() {
-                Ok(item) => add(item),
+                Ok(item) => add(item, &mut pending, &mut named),
                 Err(_) => open = false,
             }
             since = Instant::now();
@@ -189,4 +194,52 @@ fn run(rx: Receiver<Item>, sink: Sink) -> Duration {
         since = Instant::now();
     }
     crate::collect::thread_cpu_ns().map_or(busy, Duration::from_nanos)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Streamer;
+    use crate::event::Event;
+    use std::sync::{Arc, Mutex};
+    use std::time::{Duration, Instant};
+
+    type Seen = Arc<Mutex<Vec<(u32, String)>>>;
+
+    /// Names the symbolizer sent, as the writer saw them.
+    fn recorder() -> (
+        tempfile::TempDir,
+        crate::record::Sink,
+        crate::record::Writer,
+        Seen,
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let s2 = seen.clone();
+        let tap: crate::record::Tap = Box::new(move |ev: &Event| {
+            if let Event::Symbols { names, .. } = ev {
+                s2.lock().unwrap().extend(names.iter().cloned());
+            }
+        });
+        let (sink, writer) = crate::record::start_writer_with_tap(dir.path(), Some(tap)).unwrap();
+        (dir, sink, writer, seen)
+    }
+
+    #[test]
+    fn a_lone_frame_is_named_without_waiting_for_another() {
+        let (_dir, sink, writer, seen) = recorder();
+        let st = Streamer::start(sink.clone());
+        std::thread::sleep(Duration::from_millis(300));
+        st.add_named(7, "lone");
+        let t0 = Instant::now();
+        while seen.lock().unwrap().is_empty() && t0.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(*seen.lock().unwrap(), vec![(7, "lone".to_string())]);
+        // The last frame before the end is named too.
+        st.add_named(8, "last");
+        st.finish();
+        drop(sink);
+        drop(writer.finish());
+        assert_eq!(seen.lock().unwrap().len(), 2);
+    }
 }
