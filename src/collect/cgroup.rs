@@ -290,14 +290,15 @@ fn memory_figures(l: &MemoryLimit, usage: &str) -> CgroupMemory {
     }
 }
 
-/// A counter file read every tick through a kept descriptor.
-fn read_kept(k: &mut Kept, path: &Path, buf: &mut Vec<u8>) -> String {
+/// A counter file read every tick through a kept descriptor. `None` when
+/// it cannot be read (a removed cgroup: the next resolution finds where
+/// the job went), so that no figures are reported rather than zeros.
+fn read_kept(k: &mut Kept, path: &Path, buf: &mut Vec<u8>) -> Option<String> {
     if k.read(|| path.to_string_lossy().into_owned(), buf).is_err() {
-        // A removed cgroup: the next resolution finds where the job went.
         k.close();
-        return String::new();
+        return None;
     }
-    String::from_utf8_lossy(buf).into_owned()
+    Some(String::from_utf8_lossy(buf).into_owned())
 }
 
 /// The cgroup followed for one resource: the hierarchy and the directory.
@@ -402,13 +403,13 @@ impl CgroupCollector {
             }
         }
         let buf = &mut self.buf;
-        let cpu = self.cpu.as_mut().map(|(l, k)| {
-            let st = read_kept(k, &l.dir.join("cpu.stat"), buf);
-            cpu_figures(l, &st)
+        let cpu = self.cpu.as_mut().and_then(|(l, k)| {
+            let st = read_kept(k, &l.dir.join("cpu.stat"), buf)?;
+            Some(cpu_figures(l, &st))
         });
-        let memory = self.memory.as_mut().map(|(l, k)| {
-            let usage = read_kept(k, &l.usage_file, buf);
-            memory_figures(l, &usage)
+        let memory = self.memory.as_mut().and_then(|(l, k)| {
+            let usage = read_kept(k, &l.usage_file, buf)?;
+            Some(memory_figures(l, &usage))
         });
         let now = (cpu, memory);
         if now != self.last && (now.0.is_some() || now.1.is_some()) {
@@ -463,7 +464,7 @@ mod tests {
                 &mut Kept::default(),
                 &l.dir.join("cpu.stat"),
                 &mut Vec::new(),
-            ),
+            )?,
         ))
     }
 
@@ -471,7 +472,7 @@ mod tests {
         let l = memory_limit(m, dir, mem_total)?;
         Some(memory_figures(
             &l,
-            &read_kept(&mut Kept::default(), &l.usage_file, &mut Vec::new()),
+            &read_kept(&mut Kept::default(), &l.usage_file, &mut Vec::new())?,
         ))
     }
 
@@ -528,6 +529,13 @@ mod tests {
         std::fs::write(root.join("memory.max"), "max\n").unwrap();
         let mm = read_memory(&m2, &job, 16 << 30).unwrap();
         assert_eq!((mm.limit_bytes, mm.usage_bytes), (1 << 30, 5000));
+        // A counter that cannot be read (the cgroup was removed) gives no
+        // figures, not zeros.
+        let l = memory_limit(&m2, &job, 16 << 30).unwrap();
+        let mut kept = Kept::default();
+        assert!(read_kept(&mut kept, &l.usage_file, &mut Vec::new()).is_some());
+        std::fs::remove_file(&l.usage_file).unwrap();
+        assert!(read_kept(&mut Kept::default(), &l.usage_file, &mut Vec::new()).is_none());
         assert!(read_memory(&m2, &job, 1 << 29).is_none());
     }
 }
