@@ -137,15 +137,23 @@ pub fn refusal_advice(err: &io::Error) -> String {
     }
 }
 
-/// The ring's wake-up mark for `size` bytes: half of it. The kernel wakes
+/// The ring's wake-up mark for a ring of `size` bytes. The kernel wakes
 /// the reader each time the ring's head moves on by this much, whatever
 /// the reader has consumed; the reader drains every 20-50 ms anyway, so
-/// the mark is only a safety net for a rate its timer cannot keep up with
-/// (a ring holds ≥ 250 ms of samples at full stack copies). At a quarter,
-/// it woke the reader 24 times a second on a two-CPU loader job, on top of
-/// its timer.
-fn watermark(size: usize) -> usize {
-    (size / 2).max(4096)
+/// the mark is a safety net for a rate its timer cannot keep up with.
+/// Half the ring when the ring holds at least 200 ms of one CPU's samples
+/// at full stack copies (the size [`ring_bytes_for`] asks for: at a
+/// quarter, it woke the reader 24 times a second on a two-CPU loader job,
+/// on top of its timer); a quarter for a smaller ring (memlock limits),
+/// which needs the room left after the mark.
+fn watermark(size: usize, opts: &OpenOptions) -> usize {
+    let per_second = (opts.frequency as usize).saturating_mul(opts.stack_size as usize + 256);
+    let share = if size.saturating_mul(5) >= per_second {
+        2
+    } else {
+        4
+    };
+    (size / share).max(4096)
 }
 
 /// Open one disabled `cpu-clock` event per CPU on `pid` (inherited by every
@@ -154,7 +162,7 @@ pub fn open(pid: Pid, cpus: &[usize], opts: &OpenOptions) -> Result<Rings, OpenE
     let mut samplers = Vec::with_capacity(cpus.len());
     let mut ring_bytes = opts.ring_bytes;
     for &cpu in cpus {
-        let mut b = builder(opts, watermark(ring_bytes.max(MIN_RING_BYTES)));
+        let mut b = builder(opts, watermark(ring_bytes.max(MIN_RING_BYTES), opts));
         b.observe_pid(pid.0)
             .one_cpu(cpu)
             .enabled(false)
@@ -172,7 +180,7 @@ pub fn open(pid: Pid, cpus: &[usize], opts: &OpenOptions) -> Result<Rings, OpenE
                 Ok(s) => break s,
                 Err(_) if size > MIN_RING_BYTES => {
                     size /= 2;
-                    b.wakeup_watermark(watermark(size));
+                    b.wakeup_watermark(watermark(size, opts));
                     let again = b.build().map_err(|e| OpenError {
                         message: refusal_advice(&e),
                         errno: e.raw_os_error(),
@@ -256,7 +264,7 @@ pub fn open_on_threads(
         let mut ring: Option<Sampler> = None;
         for &tid in tids {
             let b = {
-                let mut b = builder(opts, watermark(rings.ring_bytes));
+                let mut b = builder(opts, watermark(rings.ring_bytes, opts));
                 b.observe_pid(tid.0).one_cpu(cpu).enabled(true);
                 b
             };
@@ -705,5 +713,24 @@ mod tests {
         assert_eq!(ring_bytes_for(99, 32 * 1024), 1 << 20);
         assert_eq!(ring_bytes_for(1000, 32 * 1024), 8 << 20);
         assert_eq!(ring_bytes_for(1, 1024), 512 << 10);
+    }
+
+    #[test]
+    fn the_wake_up_mark_leaves_room_in_a_small_ring() {
+        let opts = |frequency| OpenOptions {
+            frequency,
+            stack_size: 32 * 1024,
+            ring_bytes: ring_bytes_for(frequency, 32 * 1024),
+        };
+        // The rings sized for the rate hold ≥ 250 ms: woken every half.
+        for f in [99, 1000] {
+            let o = opts(f);
+            assert_eq!(watermark(o.ring_bytes, &o), o.ring_bytes / 2, "{f} Hz");
+        }
+        // A ring cut down by memlock limits (512 KiB at 99 Hz holds ~160
+        // ms, at 1 kHz ~16 ms): a quarter, as before.
+        assert_eq!(watermark(512 << 10, &opts(99)), 128 << 10);
+        assert_eq!(watermark(512 << 10, &opts(1000)), 128 << 10);
+        assert_eq!(watermark(8 << 10, &opts(99)), 4096);
     }
 }
