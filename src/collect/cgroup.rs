@@ -311,8 +311,8 @@ struct Followed {
 /// Limits are looked up when the cgroups are resolved (once a second: a
 /// limit changed by hand shows within that), and only the counters of the
 /// cgroup that holds each limit are read every tick: reading every
-/// ancestor's limit files every tick was 9 files opened per tick for
-/// limits that almost never change.
+/// ancestor's limit files every tick opened 9 files per tick in a
+/// three-level hierarchy, for limits that almost never change.
 pub struct CgroupCollector {
     sink: Sink,
     mounts: Vec<Mount>,

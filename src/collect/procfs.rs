@@ -84,7 +84,7 @@ impl Kept {
     /// counters are) into `buf`: the kernel generates the whole text and
     /// copies as much as asked, so a read shorter than asked is all of it
     /// and the read at the end, which returns nothing, is skipped (half
-    /// the /proc sampler's system calls). Opens `path()` when not kept,
+    /// the /proc sampler's `pread` calls). Opens `path()` when not kept,
     /// and keeps the descriptor while fewer than [`kept_limit`] are.
     pub(crate) fn read(
         &mut self,
