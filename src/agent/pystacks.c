@@ -99,7 +99,9 @@
 #define NAME_BYTES 1024
 #define FILE_BYTES 2048
 #define CODE_TABLE 16384
-#define CODE_BATCH 8
+/* Distinct code objects read per process_vm_readv (a recursive stack of 30
+ * frames has two or three; a loader's, 15-25). */
+#define CODE_BATCH 16
 
 struct layout {
     int minor;
@@ -224,6 +226,11 @@ static _Atomic int g_lazy_ring;
 static uint32_t g_forked; /* this process is a forked child */
 static uint32_t g_parent_pid; /* a forked child's parent, read at the fork */
 static int g_event_fd = -1;
+/* getpid() is a system call (glibc caches nothing since 2.25), and every
+ * read below names the process: the pid of the process whose event raised
+ * the signal, set before that event is opened (at start, and in a forked
+ * child before it opens its own). */
+static pid_t g_pid;
 static _Atomic int g_installed;
 /* Samples dropped in a row for a full ring: gpuprof has stopped reading. */
 static _Atomic uint32_t g_drops_in_a_row;
@@ -250,7 +257,7 @@ static int rd(void *dst, uintptr_t src, size_t n)
 {
     struct iovec l = {dst, n};
     struct iovec r = {(void *)src, n};
-    return process_vm_readv(getpid(), &l, 1, &r, 1, 0) == (ssize_t)n ? 0 : -1;
+    return process_vm_readv(g_pid, &l, 1, &r, 1, 0) == (ssize_t)n ? 0 : -1;
 }
 
 static uint64_t rd_ptr(const uint8_t *buf, int off)
@@ -277,7 +284,7 @@ static struct gp_ring *ring(void)
 
 static void head_init(struct rec_head *h, uint32_t tid)
 {
-    h->pid = (uint32_t)getpid();
+    h->pid = (uint32_t)g_pid;
     h->tid = tid;
 }
 
@@ -375,53 +382,103 @@ static int code_seen(uint64_t code, uint32_t key, struct code_slot **slot_out)
     return -1;
 }
 
-/* Validate the code objects of `f[0..n)` in batches (one syscall per
- * batch), set their keys, and name the new ones. Returns -1 when a code
- * object could not be read. */
-static int check_codes(struct frame_out *f, uint32_t n, uint32_t tid)
+/* Validate a distinct code object read into `hdr`: its key into `fo`, and
+ * its name into the ring when it is new. */
+static void check_code(struct frame_out *fo, const uint8_t *hdr, uint32_t tid)
+{
+    if (rd_ptr(hdr, 8) != code_type) {
+        fo->flags |= FR_BADCODE;
+        fo->key = 0;
+        return;
+    }
+    int32_t line;
+    memcpy(&line, hdr + L->co_firstlineno, 4);
+    fo->key = key_of(rd_ptr(hdr, L->co_name), rd_ptr(hdr, L->co_file), line);
+    struct code_slot *slot;
+    int seen = code_seen(fo->code, fo->key, &slot);
+    /* Marked ready only once its name is in the ring: a name dropped with
+     * a full ring is sent again next time. */
+    if (seen != 1 && emit_code(fo->code, fo->key, hdr, tid) == 0 && slot)
+        atomic_store_explicit(&slot->ready, 1, memory_order_release);
+}
+
+/* Validate the code objects of `f[0..n)`, set their keys and name the new
+ * ones, reading each distinct one once per sample, CODE_BATCH to a system
+ * call. `tail` (the stack copy, or NULL) is read in the same call as the
+ * last batch, after the code objects: `*tail_got` is what was read of it,
+ * -1 when it was not read. Returns -1 when a code object could not be
+ * read. */
+static int check_codes(struct frame_out *f, uint32_t n, uint32_t tid, const struct iovec *tail,
+                       ssize_t *tail_got)
 {
     uint8_t buf[CODE_BATCH][136];
-    struct iovec local[CODE_BATCH], remote[CODE_BATCH];
-    for (uint32_t base = 0; base < n; base += CODE_BATCH) {
-        uint32_t m = n - base < CODE_BATCH ? n - base : CODE_BATCH;
-        for (uint32_t i = 0; i < m; i++) {
-            local[i].iov_base = buf[i];
-            local[i].iov_len = (size_t)L->co_read;
-            remote[i].iov_base = (void *)(uintptr_t)f[base + i].code;
-            remote[i].iov_len = (size_t)L->co_read;
-        }
-        ssize_t got = process_vm_readv(getpid(), local, m, remote, m, 0);
-        if (got != (ssize_t)m * L->co_read)
-            return -1;
-        for (uint32_t i = 0; i < m; i++) {
-            struct frame_out *fo = &f[base + i];
-            if (rd_ptr(buf[i], 8) != code_type) {
-                fo->flags |= FR_BADCODE;
-                fo->key = 0;
-                continue;
+    uint64_t uniq[CODE_BATCH];
+    struct frame_out first[CODE_BATCH];
+    struct iovec local[CODE_BATCH + 1], remote[CODE_BATCH + 1];
+    *tail_got = -1;
+    for (uint32_t start = 0; start < n;) {
+        /* The next frames whose code objects fit in one batch. */
+        uint32_t m = 0, end = start;
+        for (; end < n; end++) {
+            uint32_t j = 0;
+            while (j < m && uniq[j] != f[end].code)
+                j++;
+            if (j == m) {
+                if (m == CODE_BATCH)
+                    break;
+                uniq[m++] = f[end].code;
             }
-            int32_t line;
-            memcpy(&line, buf[i] + L->co_firstlineno, 4);
-            fo->key = key_of(rd_ptr(buf[i], L->co_name), rd_ptr(buf[i], L->co_file), line);
-            struct code_slot *slot;
-            int seen = code_seen(fo->code, fo->key, &slot);
-            /* Marked ready only once its name is in the ring: a name
-             * dropped with a full ring is sent again next time. */
-            if (seen != 1 && emit_code(fo->code, fo->key, buf[i], tid) == 0 && slot)
-                atomic_store_explicit(&slot->ready, 1, memory_order_release);
         }
+        for (uint32_t j = 0; j < m; j++) {
+            local[j].iov_base = buf[j];
+            local[j].iov_len = (size_t)L->co_read;
+            remote[j].iov_base = (void *)(uintptr_t)uniq[j];
+            remote[j].iov_len = (size_t)L->co_read;
+        }
+        ssize_t want = (ssize_t)m * L->co_read;
+        uint32_t k = m;
+        if (end == n && tail) {
+            local[k] = tail[0];
+            remote[k] = tail[1];
+            k++;
+        }
+        /* Remote pieces are read in order and a failed one ends the
+         * call: a short count within the code objects is a failed one. */
+        ssize_t got = process_vm_readv(g_pid, local, k, remote, k, 0);
+        if (got < want)
+            return -1;
+        if (k > m)
+            *tail_got = got - want;
+        for (uint32_t j = 0; j < m; j++) {
+            first[j].code = uniq[j];
+            first[j].flags = 0;
+            check_code(&first[j], buf[j], tid);
+        }
+        for (uint32_t i = start; i < end; i++) {
+            uint32_t j = 0;
+            while (uniq[j] != f[i].code)
+                j++;
+            f[i].key = first[j].key;
+            f[i].flags |= first[j].flags;
+        }
+        start = end;
     }
     return 0;
 }
 
-/* Bytes read at once below a frame of a data stack (3.11+), see walk(). */
-#define WALK_WINDOW 2048
+/* Most bytes read at once below a frame of a data stack (3.11+), see
+ * walk(): the rest of a page. */
+#define WALK_WINDOW_MAX 4096
 
-/* Walk the thread's frame chain, innermost first, into `out`. */
-static uint32_t walk(void *tstate, uintptr_t sp, struct frame_out *out, uint32_t *nout)
+/* Walk the thread's frame chain, innermost first, into `out`, reading
+ * frames through `win` (`cap` bytes of scratch, of which the first `*dirty`
+ * are written). */
+static uint32_t walk(void *tstate, uintptr_t sp, struct frame_out *out, uint32_t *nout, uint8_t *win,
+                     size_t cap, size_t *dirty)
 {
     uintptr_t f = 0;
     *nout = 0;
+    *dirty = 0;
     if (L->ts_cframe >= 0) {
         uintptr_t cf;
         if (rd(&cf, (uintptr_t)tstate + (uintptr_t)L->ts_cframe, 8) || !cf)
@@ -436,22 +493,24 @@ static uint32_t walk(void *tstate, uintptr_t sp, struct frame_out *out, uint32_t
     /* From 3.11 the frames of a thread are pushed on its data stack, each
      * older one just below the newer: one read of the memory below a frame
      * (within its page, which is mapped if the frame is) usually holds the
-     * next ones, instead of a system call per frame (16-18 calls per
-     * sample in all on a loader or a recursive job, about 6 now). 3.9-3.10
-     * frames are heap objects: one each. */
+     * next ones, instead of a system call per frame. Each piece of memory
+     * read costs about as much as the call itself (~0.4 us on a VM), so
+     * this is one piece, not also the pages below. 3.9-3.10 frames are
+     * heap objects: one each. */
     int below = L->fr_is_entry >= 0 || L->owner_cstack >= 0;
-    uint8_t win[WALK_WINDOW];
+    uintptr_t room = below && cap > (size_t)L->fr_read ? cap - (size_t)L->fr_read : 0;
     uintptr_t win_lo = 0, win_hi = 0;
     while (f) {
         const uint8_t *fr;
         if (f >= win_lo && f <= win_hi && win_hi - f >= (uintptr_t)L->fr_read) {
             fr = win + (f - win_lo);
         } else {
-            uintptr_t room = below ? WALK_WINDOW - (uintptr_t)L->fr_read : 0;
             uintptr_t lo = f - ((f & 4095) < room ? (f & 4095) : room);
             size_t len = (size_t)(f - lo) + (size_t)L->fr_read;
             if (rd(win, lo, len))
                 return *nout = n, ST_UNREADABLE;
+            if (len > *dirty)
+                *dirty = len;
             win_lo = lo;
             win_hi = lo + len;
             fr = win + (f - lo);
@@ -594,6 +653,7 @@ static void on_sigtrap(int sig, siginfo_t *si, void *ucv)
     uintptr_t sp = 0;
 #endif
     uint32_t reserve = sizeof(struct rec_sample) + MAX_FRAMES * sizeof(struct frame_out) + g_stack_bytes;
+    size_t window = g_stack_bytes < WALK_WINDOW_MAX ? g_stack_bytes : WALK_WINDOW_MAX;
     uint64_t pos = gp_ring_reserve(r, reserve);
     if (pos == UINT64_MAX) {
         /* gpuprof is gone (nothing read for ~10 s of samples): stop the
@@ -615,26 +675,38 @@ static void on_sigtrap(int sig, siginfo_t *si, void *ucv)
     if (!ts) {
         s->status = ST_NO_TSTATE;
     } else {
-        s->status = walk(ts, sp, fo, &n);
-        if (n && check_codes(fo, n, tid))
-            s->status = ST_UNREADABLE;
+        /* Scratch for the walk: the end of the reservation, which the
+         * frames (at most MAX_FRAMES) do not reach. Zeroed again after:
+         * the reader takes a nonzero word past the last record for one
+         * being written (ring.h), and the commit below may hand the end
+         * of the reservation back to the ring. */
+        uint8_t *scratch = (uint8_t *)s + reserve - window;
+        size_t dirty;
+        s->status = walk(ts, sp, fo, &n, scratch, window, &dirty);
+        memset(scratch, 0, dirty);
     }
     s->nframes = n;
-    /* The stack from the interrupted stack pointer up: the copy stops at
-     * the end of the mapping, as the kernel's does for perf samples. */
+    /* The stack from the interrupted stack pointer up, read with the last
+     * code objects: the copy stops at the end of the mapping, as the
+     * kernel's does for perf samples. */
     uint8_t *stack = (uint8_t *)(fo + n);
     size_t want = stack_copy_len(sp);
-    struct iovec l = {stack, want};
-    struct iovec rm = {(void *)sp, want};
-    ssize_t got = process_vm_readv(getpid(), &l, 1, &rm, 1, 0);
-    if (got < 0) {
-        /* Partial reads return what was read; a failure here means the
-         * first page was unreadable, or the length crossed the end. */
-        size_t to_page = 4096 - (sp & 4095);
-        l.iov_len = rm.iov_len = to_page;
-        got = process_vm_readv(getpid(), &l, 1, &rm, 1, 0);
-        if (got < 0)
-            got = 0;
+    struct iovec tail[2] = {{stack, want}, {(void *)sp, want}};
+    ssize_t got = -1;
+    if (n && check_codes(fo, n, tid, tail, &got))
+        s->status = ST_UNREADABLE;
+    if (got <= 0) {
+        /* Not read with the code objects (none, or one failed), or
+         * nothing of it could be: alone, then, if the length crossed the
+         * end, up to the end of the first page. */
+        got = process_vm_readv(g_pid, &tail[0], 1, &tail[1], 1, 0);
+        if (got < 0) {
+            size_t to_page = 4096 - (sp & 4095);
+            tail[0].iov_len = tail[1].iov_len = to_page;
+            got = process_vm_readv(g_pid, &tail[0], 1, &tail[1], 1, 0);
+            if (got < 0)
+                got = 0;
+        }
     }
     s->stack_len = (uint32_t)got;
     uint32_t used = (uint32_t)(sizeof *s + n * sizeof(struct frame_out) + (((uint32_t)got + 7) & ~7u));
@@ -829,6 +901,7 @@ static void after_fork_child(void)
 {
     if (!atomic_load(&g_installed))
         return;
+    g_pid = getpid();
     /* The parent's event is not inherited (inherit_thread), its fd is; and
      * the parent's ring is the parent's. */
     if (g_event_fd >= 0) {
@@ -883,6 +956,7 @@ __attribute__((constructor)) static void pystacks_init(void)
     const char *dir = getenv(ENV_DIR);
     if (!dir || !*dir || strlen(dir) >= sizeof g_dir)
         return;
+    g_pid = getpid();
 #if !defined(__x86_64__) && !defined(__aarch64__)
     return; /* registers and layouts are known for x86_64 and aarch64 only */
 #endif

@@ -140,7 +140,9 @@ static inline void *gp_ring_at(const struct gp_ring *r, uint64_t pos)
 
 /* Publish the record reserved at `pos` with `reserved` bytes, of which the
  * first `used` (a multiple of 8, at least 16) hold it. The rest goes back
- * to the ring when no one reserved after it, else it becomes padding. */
+ * to the ring when no one reserved after it, else it becomes padding: a
+ * writer that used it as scratch must zero it again first (0 is "not
+ * written yet" to the reader). */
 static inline void gp_ring_commit(struct gp_ring *r, uint64_t pos, uint32_t reserved, uint32_t used,
                                   uint32_t type, uint32_t flags)
 {
