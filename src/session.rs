@@ -542,11 +542,7 @@ async fn run(
                 .is_some_and(|r| !r.samplers.active.load(Ordering::Acquire));
         tokio::select! {
             _ = sigchld.recv() => {}
-            _ = tick.tick() => {
-                if recording.is_some() {
-                    views.tick();
-                }
-            }
+            _ = tick.tick(), if recording.is_some() && views.ticks() => views.tick(),
             _ = sigint.recv() => {
                 let sender = SIGINT_SENDER.swap(0, Ordering::Relaxed);
                 interrupts += 1;

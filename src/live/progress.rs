@@ -167,6 +167,11 @@ impl Progress {
         self.drain();
     }
 
+    /// Whether [`Progress::tick`] has anything to do (not with `-q`).
+    pub fn ticks(&self) -> bool {
+        !matches!(self.mode, Mode::Off)
+    }
+
     /// Call often (every few hundred ms); it rate-limits itself.
     pub fn tick(&mut self) {
         if matches!(self.mode, Mode::Off) {
