@@ -670,6 +670,30 @@ fn a_damaged_recording_loses_only_the_damaged_part_and_says_how_much() {
         "{cpu} of {job_cpu0} s"
     );
 
+    // 2b. The block after the header, which holds the job's process
+    // record: the job is kept, known from its samples, with its CPU total
+    // (its counters run from its start) and said to be recovered.
+    let mut bad = file.clone();
+    let first = (members[1] + members[2]) / 2;
+    for b in &mut bad[first..first + 16] {
+        *b ^= 0xa5;
+    }
+    let (r, err) = report_damaged(d.path(), "first", &bad);
+    let w = r["warnings"].to_string();
+    assert!(
+        w.contains("block(s) could not be decoded") && w.contains("known only from their samples"),
+        "{w} {err}"
+    );
+    let job = job_process(&r);
+    assert_eq!(job["recovered"], true, "{job}");
+    assert_eq!(job["role"], "main", "{job}");
+    let cpu = job["cpu_s"].as_f64().unwrap();
+    assert!(
+        cpu >= job_cpu0 * 0.99 && cpu <= job_cpu0 * 1.01,
+        "{cpu} of {job_cpu0} s"
+    );
+    assert_eq!(r0["processes"][0]["recovered"], false);
+
     // 3. A 40 MB line (over the 16 MB bound): skipped as it streams by, in
     // one pass, and counted; the rest is read.
     let mut long = b"{\"k\":\"coverage\",\"source\":\"".to_vec();

@@ -135,6 +135,9 @@ pub struct Process {
     pub rank: Option<u32>,
     pub rank_ids: RankIds,
     pub is_job: bool,
+    /// Known only from its samples: its `process` record was lost with a
+    /// damaged block of the recording (command line and parent unknown).
+    pub recovered: bool,
     pub user_ns: u64,
     pub sys_ns: u64,
     pub read_bytes: u64,
@@ -152,7 +155,52 @@ pub struct Process {
     last: Option<(MonoNs, [u64; 6])>,
 }
 
+/// The name of a process known only from its samples until its threads or
+/// perf name it.
+pub const UNKNOWN_COMM: &str = "unknown";
+
 impl Process {
+    /// A process first seen at `first_seen`, with no figures yet.
+    pub fn new(
+        pid: Pid,
+        ppid: Pid,
+        comm: String,
+        cmdline: Vec<String>,
+        exe: Option<String>,
+        first_seen: MonoNs,
+    ) -> Process {
+        Process {
+            pid,
+            ppid,
+            comm,
+            cmdline,
+            exe,
+            first_seen,
+            exited: None,
+            status: None,
+            role: Role::Other,
+            rank_env: None,
+            rank: None,
+            rank_ids: RankIds::default(),
+            is_job: false,
+            recovered: false,
+            user_ns: 0,
+            sys_ns: 0,
+            read_bytes: 0,
+            write_bytes: 0,
+            rchar: 0,
+            wchar: 0,
+            max_rss: 0,
+            threads: BTreeMap::new(),
+            cpu: Series::default(),
+            read_bps: Series::default(),
+            write_bps: Series::default(),
+            rss: Series::default(),
+            base: None,
+            last: None,
+        }
+    }
+
     pub fn cpu_s(&self) -> f64 {
         (self.user_ns + self.sys_ns) as f64 / 1e9
     }
@@ -496,6 +544,21 @@ impl Builder {
 
     /// Counters of processes that existed before a delayed window started
     /// are measured from their first sample in the window.
+    /// Figures of a process with no `process` record: it was lost with a
+    /// damaged block of the recording (the writer sends it before any
+    /// figure of the process). Rather than drop the process, and with it
+    /// the job itself when that block was the first, keep it under what is
+    /// still known; its counters run from its start, so its totals hold.
+    fn recover(&mut self, pid: Pid, t: MonoNs) {
+        if self.a.processes.contains_key(&pid) {
+            return;
+        }
+        let mut p = Process::new(pid, Pid(0), UNKNOWN_COMM.into(), Vec::new(), None, t);
+        p.is_job = pid == self.a.header.job_pid;
+        p.recovered = true;
+        self.a.processes.insert(pid, p);
+    }
+
     fn baseline_from_first_sample(&self, first_seen: MonoNs) -> bool {
         match self.window_started {
             Some(ws) if self.delayed => first_seen.0 < ws.0 + self.interval * 3 / 2,
@@ -589,36 +652,15 @@ impl Builder {
                 ..
             } => {
                 let is_job = pid == self.a.header.job_pid;
-                let p = self.a.processes.entry(pid).or_insert_with(|| Process {
-                    pid,
-                    ppid,
-                    comm: comm.clone(),
-                    cmdline: cmdline.clone(),
-                    exe: exe.clone(),
-                    first_seen: t,
-                    exited: None,
-                    status: None,
-                    role: Role::Other,
-                    rank_env: None,
-                    rank: None,
-                    rank_ids: RankIds::default(),
-                    is_job,
-                    user_ns: 0,
-                    sys_ns: 0,
-                    read_bytes: 0,
-                    write_bytes: 0,
-                    rchar: 0,
-                    wchar: 0,
-                    max_rss: 0,
-                    threads: BTreeMap::new(),
-                    cpu: Series::default(),
-                    read_bps: Series::default(),
-                    write_bps: Series::default(),
-                    rss: Series::default(),
-                    base: None,
-                    last: None,
+                let p = self.a.processes.entry(pid).or_insert_with(|| {
+                    let mut p =
+                        Process::new(pid, ppid, comm.clone(), cmdline.clone(), exe.clone(), t);
+                    p.is_job = is_job;
+                    p
                 });
-                // Seen again: exec (new command) or, after an exit, a reused PID.
+                // Seen again: exec (new command) or, after an exit, a reused
+                // PID; or the record of one recovered from its samples.
+                p.recovered = false;
                 p.ppid = ppid;
                 p.comm = comm;
                 if !cmdline.is_empty() {
@@ -651,7 +693,11 @@ impl Builder {
                 }
             }
             Event::Thread { t, pid, tid, comm } => {
+                self.recover(pid, t);
                 if let Some(p) = self.a.processes.get_mut(&pid) {
+                    if p.recovered && tid.0 == pid.0 {
+                        p.comm = comm.clone();
+                    }
                     let th = p.threads.entry(tid).or_insert_with(|| new_thread(tid, t));
                     th.comm = comm;
                 }
@@ -665,6 +711,7 @@ impl Builder {
                 state,
                 ..
             } => {
+                self.recover(pid, t);
                 let base_first = self
                     .a
                     .processes
@@ -730,6 +777,7 @@ impl Builder {
                 wchar,
                 ..
             } => {
+                self.recover(pid, t);
                 let base_first = self
                     .a
                     .processes
@@ -992,6 +1040,27 @@ impl Builder {
             self.a.complete = false;
         }
         stacks::merge_perf_processes(&self.stack_data, &mut self.a.processes, end);
+        let recovered: Vec<String> = (self.a.processes.values())
+            .filter(|p| p.recovered)
+            .map(|p| format!("{} ({})", p.pid.0, p.comm))
+            .collect();
+        if !recovered.is_empty() {
+            let n = recovered.len();
+            let shown = recovered
+                .iter()
+                .take(5)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(", ");
+            let more = if n > 5 {
+                format!(" and {} more", n - 5)
+            } else {
+                String::new()
+            };
+            self.a.warnings.push(format!(
+                "{n} process(es) known only from their samples, their start records lost with the damaged part of the recording: {shown}{more}; their command lines are unknown and their roles guessed (report.json: processes[].recovered)"
+            ));
+        }
         let job_pids: std::collections::BTreeSet<Pid> = self.a.processes.keys().copied().collect();
         let gpu = self
             .gpu

@@ -2433,6 +2433,18 @@ pub fn merge_perf_processes(
 ) {
     for pp in d.perf_processes() {
         if let Some(p) = processes.get_mut(&pp.pid) {
+            // One recovered from its samples (its record was lost): perf's
+            // name and parent for it, when perf saw them.
+            if p.recovered {
+                if p.comm == super::UNKNOWN_COMM {
+                    if let Some(c) = pp.comm.clone() {
+                        p.comm = c;
+                    }
+                }
+                if let (0, Some(ppid)) = (p.ppid.0, pp.ppid) {
+                    p.ppid = ppid;
+                }
+            }
             if let Some(f) = pp.forked {
                 if f < p.first_seen {
                     p.first_seen = f;
@@ -2473,39 +2485,17 @@ pub fn merge_perf_processes(
             .clone()
             .or(parent_comm)
             .unwrap_or_else(|| d.fallback_meta(pp.pid).name);
-        processes.insert(
+        let mut p = super::Process::new(
             pp.pid,
-            super::Process {
-                pid: pp.pid,
-                ppid: pp.ppid.unwrap_or_default(),
-                comm,
-                cmdline,
-                exe,
-                first_seen: forked,
-                exited: pp.exited,
-                status: None,
-                role: super::Role::Other,
-                // Unknown: it takes its parent's rank (see `roles`).
-                rank_env: None,
-                rank: None,
-                rank_ids: Default::default(),
-                is_job: false,
-                user_ns: 0,
-                sys_ns: 0,
-                read_bytes: 0,
-                write_bytes: 0,
-                rchar: 0,
-                wchar: 0,
-                max_rss: 0,
-                threads: BTreeMap::new(),
-                cpu: Default::default(),
-                read_bps: Default::default(),
-                write_bps: Default::default(),
-                rss: Default::default(),
-                base: None,
-                last: None,
-            },
+            pp.ppid.unwrap_or_default(),
+            comm,
+            cmdline,
+            exe,
+            forked,
         );
+        // Unknown rank environment: it takes its parent's rank (see `roles`).
+        p.exited = pp.exited;
+        processes.insert(pp.pid, p);
     }
 }
 

@@ -229,6 +229,7 @@ fn process_json(a: &Analysis, p: &Process, max_threads: usize) -> Value {
         "world_size": p.rank_ids.world_size,
         "rank_env": p.rank_env,
         "is_job": p.is_job,
+        "recovered": p.recovered,
         "comm": p.comm,
         "command": bounded_command(&p.cmdline),
         "exe": p.exe,
