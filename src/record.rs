@@ -38,6 +38,9 @@ pub use reader::{events_path, Damage, OpenError, RecordingReader, MAX_LINE};
 
 pub const RECORDING_DIR: &str = "recording";
 pub const EVENTS_FILE: &str = "events.jsonl.gz";
+/// A copy of the recording's header line, beside it: the header's block is
+/// the one the whole recording cannot be read without.
+pub const HEADER_COPY_FILE: &str = "header.json";
 pub const FORMAT_NAME: &str = "gpuprof-recording";
 
 /// Events waiting for the writer; collectors that find it full drop the
@@ -120,6 +123,8 @@ pub fn start_writer(out: &OutDir, tap: Option<Tap>) -> Result<(Sink, Writer)> {
     let file = rec
         .create_new(EVENTS_FILE)
         .with_context(|| format!("cannot create {}", rec.display(EVENTS_FILE)))?;
+    // Best effort: without it the recording is as it was before copies.
+    let header_copy = rec.create_new(HEADER_COPY_FILE).ok();
     // Held until the session's outputs are in place: `gpuprof report` sees
     // the lock and knows the recording is live.
     let live: OwnedFd = file.try_clone()?.into();
@@ -134,7 +139,7 @@ pub fn start_writer(out: &OutDir, tap: Option<Tap>) -> Result<(Sink, Writer)> {
     };
     let thread = std::thread::Builder::new()
         .name("gpuprof-writer".into())
-        .spawn(move || write_loop(file, rx, tap))
+        .spawn(move || write_loop(file, header_copy, rx, tap))
         .context("cannot start the recording writer thread")?;
     Ok((
         sink,
@@ -301,7 +306,12 @@ impl Members {
     }
 }
 
-fn write_loop(file: File, rx: Receiver<Event>, mut tap: Option<Tap>) -> WriterStats {
+fn write_loop(
+    file: File,
+    mut header_copy: Option<File>,
+    rx: Receiver<Event>,
+    mut tap: Option<Tap>,
+) -> WriterStats {
     let mut m = Members {
         file,
         good_len: 0,
@@ -352,6 +362,13 @@ fn write_loop(file: File, rx: Receiver<Event>, mut tap: Option<Tap>) -> WriterSt
             }
             Ok(ev) => {
                 let header = matches!(ev, Event::Header(_));
+                if let (true, Some(mut f)) = (header, header_copy.take()) {
+                    // The same line as in the recording (the reader checks it
+                    // as it checks the first line there).
+                    let mut line = serde_json::to_vec(&ev).unwrap_or_default();
+                    line.push(b'\n');
+                    let _ = f.write_all(&line);
+                }
                 m.push(&ev);
                 // The header gets a block of its own: whatever happens to
                 // the rest, the recording can be opened.

@@ -583,10 +583,22 @@ fn a_sigint_sent_to_gpuprof_alone_is_said_as_such_and_spares_the_job() {
 }
 
 /// Report a copy of `base`'s recording whose events file is `bytes`.
-fn report_damaged(root: &Path, name: &str, bytes: &[u8]) -> (serde_json::Value, String) {
+/// A report of `base`'s recording (with its header copy) whose events file
+/// is replaced by `bytes`.
+fn report_damaged(
+    root: &Path,
+    base: &Path,
+    name: &str,
+    bytes: &[u8],
+) -> (serde_json::Value, String) {
     let dir = root.join(name);
     std::fs::create_dir_all(dir.join("recording")).unwrap();
     std::fs::write(dir.join("recording/events.jsonl.gz"), bytes).unwrap();
+    std::fs::copy(
+        base.join("recording/header.json"),
+        dir.join("recording/header.json"),
+    )
+    .unwrap();
     let o = gpuprof()
         .arg("report")
         .arg("-q")
@@ -625,7 +637,7 @@ fn a_damaged_recording_loses_only_the_damaged_part_and_says_how_much() {
     lines[2] = b"{\"k\":\"process\",\"t\":12,\"pid\":\xff";
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
     std::io::Write::write_all(&mut gz, &lines.join(&b'\n')).unwrap();
-    let (r, err) = report_damaged(d.path(), "line", &gz.finish().unwrap());
+    let (r, err) = report_damaged(d.path(), &base, "line", &gz.finish().unwrap());
     let w = r["warnings"].to_string();
     assert!(w.contains("1 damaged line(s)"), "{w} {err}");
     assert!(
@@ -650,7 +662,7 @@ fn a_damaged_recording_loses_only_the_damaged_part_and_says_how_much() {
     for b in &mut bad[mid..mid + 16] {
         *b ^= 0xa5;
     }
-    let (r, err) = report_damaged(d.path(), "bytes", &bad);
+    let (r, err) = report_damaged(d.path(), &base, "bytes", &bad);
     let w = r["warnings"].to_string();
     assert!(
         w.contains("block(s) could not be decoded") && w.contains("events are missing at"),
@@ -678,7 +690,7 @@ fn a_damaged_recording_loses_only_the_damaged_part_and_says_how_much() {
     for b in &mut bad[first..first + 16] {
         *b ^= 0xa5;
     }
-    let (r, err) = report_damaged(d.path(), "first", &bad);
+    let (r, err) = report_damaged(d.path(), &base, "first", &bad);
     let w = r["warnings"].to_string();
     assert!(
         w.contains("block(s) could not be decoded") && w.contains("known only from their samples"),
@@ -694,6 +706,20 @@ fn a_damaged_recording_loses_only_the_damaged_part_and_says_how_much() {
     );
     assert_eq!(r0["processes"][0]["recovered"], false);
 
+    // 2c. The header's own block: the header is read from its copy beside
+    // the recording, and the rest of the recording as usual.
+    let mut bad = file.clone();
+    for b in &mut bad[members[1] / 2..members[1] / 2 + 16] {
+        *b ^= 0xa5;
+    }
+    let (r, err) = report_damaged(d.path(), &base, "header", &bad);
+    let w = r["warnings"].to_string();
+    assert!(w.contains("its copy"), "{w} {err}");
+    assert_eq!(r["exit_code"], r0["exit_code"]);
+    let cpu = job_process(&r)["cpu_s"].as_f64().unwrap();
+    assert!(cpu >= job_cpu0 * 0.99, "{cpu} of {job_cpu0} s");
+    assert!(r["stacks"]["samples"].as_u64().unwrap_or(0) >= samples0 * 99 / 100);
+
     // 3. A 40 MB line (over the 16 MB bound): skipped as it streams by, in
     // one pass, and counted; the rest is read.
     let mut long = b"{\"k\":\"coverage\",\"source\":\"".to_vec();
@@ -704,7 +730,7 @@ fn a_damaged_recording_loses_only_the_damaged_part_and_says_how_much() {
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
     std::io::Write::write_all(&mut gz, &with_long.join(&b'\n')).unwrap();
     let t = Instant::now();
-    let (r, err) = report_damaged(d.path(), "long", &gz.finish().unwrap());
+    let (r, err) = report_damaged(d.path(), &base, "long", &gz.finish().unwrap());
     let took = t.elapsed();
     let w = r["warnings"].to_string();
     assert!(w.contains("1 line(s) longer than 16 MB"), "{w} {err}");

@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use flate2::bufread::GzDecoder;
 
 use super::check::Checker;
-use super::{EVENTS_FILE, FORMAT_NAME, RECORDING_DIR};
+use super::{EVENTS_FILE, FORMAT_NAME, HEADER_COPY_FILE, RECORDING_DIR};
 use crate::event::{Event, Header, MonoNs, RECORDING_VERSION};
 
 /// Longest line read; longer ones are skipped (the largest real events, a
@@ -95,6 +95,9 @@ pub struct Damage {
     pub invalid: std::collections::BTreeMap<String, u64>,
     /// Records seen twice (or out of their order), ignored.
     pub duplicates: u64,
+    /// The header's own block was damaged: the header was read from the
+    /// copy beside the recording.
+    pub header_from_copy: bool,
 }
 
 impl Damage {
@@ -135,6 +138,11 @@ impl Damage {
                 self.file_bytes,
                 self.lost_bytes as f64 * 100.0 / self.file_bytes.max(1) as f64,
                 spans.join(", ")
+            ));
+        }
+        if self.header_from_copy {
+            out.push(format!(
+                "the recording's header could not be read from it: its copy ({RECORDING_DIR}/{HEADER_COPY_FILE}) was used"
             ));
         }
         if self.unverified_failures > 0 {
@@ -505,6 +513,36 @@ impl Lines {
     }
 }
 
+/// A header line: the recording's header, or why it is not one (not a
+/// gpuprof header, or one of a newer format version).
+fn parse_header(line: &[u8], path: &Path) -> Result<Header, OpenError> {
+    match serde_json::from_slice::<Event>(line) {
+        Ok(Event::Header(h)) if h.format == FORMAT_NAME => Ok(h),
+        _ => {
+            // A newer version may have a header this version cannot parse;
+            // read just the version to give the right advice.
+            let v: Option<(String, u32)> = serde_json::from_slice::<serde_json::Value>(line)
+                .ok()
+                .and_then(|v| {
+                    Some((
+                        v.get("format")?.as_str()?.to_string(),
+                        v.get("version")?.as_u64()?.min(u32::MAX as u64) as u32,
+                    ))
+                });
+            match v {
+                Some((f, found)) if f == FORMAT_NAME && found > RECORDING_VERSION => {
+                    Err(OpenError::TooNew {
+                        path: path.to_path_buf(),
+                        found,
+                        supported: RECORDING_VERSION,
+                    })
+                }
+                _ => Err(OpenError::BadHeader(path.to_path_buf())),
+            }
+        }
+    }
+}
+
 /// A recording opened for reading: an iterator of checked events.
 pub struct RecordingReader {
     pub header: Header,
@@ -517,6 +555,9 @@ pub struct RecordingReader {
     pub events: u64,
     /// Problems with the header's values (replaced by defaults).
     pub header_problems: Vec<String>,
+    /// A line read before its turn: the first one after a damaged header
+    /// block, when the header came from its copy.
+    pending: Option<Vec<u8>>,
 }
 
 impl RecordingReader {
@@ -551,40 +592,32 @@ impl RecordingReader {
             member_done: false,
             ended: false,
         };
-        // The header is the first line of the first block.
+        // The header is the first line of the first block; if that block is
+        // damaged, the copy the writer left beside the recording stands in.
         if lines.blocks.pos() != 0 {
             return Err(OpenError::BadHeader(path));
         }
         let first = lines.next_line();
-        if lines.blocks.damage.bad_blocks > 0 {
-            return Err(OpenError::BadHeader(path));
-        }
-        let Some(first) = first else {
-            return Err(OpenError::BadHeader(path));
+        let in_place = match &first {
+            Some(line) if lines.blocks.damage.bad_blocks == 0 => Some(parse_header(line, &path)),
+            _ => None,
         };
-        let header = match serde_json::from_slice::<Event>(&first) {
-            Ok(Event::Header(h)) if h.format == FORMAT_NAME => h,
+        let (header, pending) = match in_place {
+            Some(Ok(h)) => (h, None),
+            Some(Err(e @ OpenError::TooNew { .. })) => return Err(e),
             _ => {
-                // A newer version may have a header this version cannot parse;
-                // read just the version to give the right advice.
-                let v: Option<(String, u32)> = serde_json::from_slice::<serde_json::Value>(&first)
-                    .ok()
-                    .and_then(|v| {
-                        Some((
-                            v.get("format")?.as_str()?.to_string(),
-                            v.get("version")?.as_u64()?.min(u32::MAX as u64) as u32,
-                        ))
-                    });
-                match v {
-                    Some((f, found)) if f == FORMAT_NAME && found > RECORDING_VERSION => {
-                        return Err(OpenError::TooNew {
-                            path,
-                            found,
-                            supported: RECORDING_VERSION,
-                        })
-                    }
-                    _ => return Err(OpenError::BadHeader(path)),
-                }
+                // A header is a few KB: read no more than a line may hold.
+                let mut copy = Vec::new();
+                File::open(path.with_file_name(HEADER_COPY_FILE))
+                    .and_then(|f| f.take(MAX_LINE as u64).read_to_end(&mut copy))
+                    .map_err(|_| OpenError::BadHeader(path.clone()))?;
+                let line = copy.split(|b| *b == b'\n').next().unwrap_or_default();
+                let h = parse_header(line, &path)?;
+                // What the first line was, if it was not the header: an
+                // event of the first readable block.
+                let first = first.filter(|_| lines.blocks.damage.bad_blocks > 0);
+                lines.blocks.damage.header_from_copy = true;
+                (h, first)
             }
         };
         if header.version > RECORDING_VERSION {
@@ -604,6 +637,7 @@ impl RecordingReader {
             truncated: None,
             events: 0,
             header_problems,
+            pending,
         })
     }
 
@@ -631,7 +665,7 @@ impl Iterator for RecordingReader {
     type Item = Event;
     fn next(&mut self) -> Option<Event> {
         loop {
-            let Some(line) = self.lines.next_line() else {
+            let Some(line) = self.pending.take().or_else(|| self.lines.next_line()) else {
                 if self.lines.blocks.damage.cut && self.truncated.is_none() {
                     self.truncated = Some(format!(
                         "{} ends inside a block (gpuprof was killed while writing, or the file was cut) after {} events; outputs cover the readable part only",
