@@ -542,8 +542,6 @@ impl Builder {
         }
     }
 
-    /// Counters of processes that existed before a delayed window started
-    /// are measured from their first sample in the window.
     /// Figures of a process with no `process` record: it was lost with a
     /// damaged block of the recording (the writer sends it before any
     /// figure of the process). Rather than drop the process, and with it
@@ -559,6 +557,8 @@ impl Builder {
         self.a.processes.insert(pid, p);
     }
 
+    /// Counters of processes that existed before a delayed window started
+    /// are measured from their first sample in the window.
     fn baseline_from_first_sample(&self, first_seen: MonoNs) -> bool {
         match self.window_started {
             Some(ws) if self.delayed => first_seen.0 < ws.0 + self.interval * 3 / 2,
