@@ -583,6 +583,15 @@ fn a_sigint_sent_to_gpuprof_alone_is_said_as_such_and_spares_the_job() {
 }
 
 /// Report a copy of `base`'s recording whose events file is `bytes`.
+/// `file` with 16 bytes from `at` flipped: damage inside one gzip member.
+fn garbled(file: &[u8], at: usize) -> Vec<u8> {
+    let mut bad = file.to_vec();
+    for b in &mut bad[at..at + 16] {
+        *b ^= 0xa5;
+    }
+    bad
+}
+
 /// A report of `base`'s recording (with its header copy) whose events file
 /// is replaced by `bytes`.
 fn report_damaged(
@@ -658,11 +667,7 @@ fn a_damaged_recording_loses_only_the_damaged_part_and_says_how_much() {
         .collect();
     assert!(members.len() >= 3, "gzip members at {members:?}");
     let mid = (members[members.len() - 2] + members[members.len() - 1]) / 2;
-    let mut bad = file.clone();
-    for b in &mut bad[mid..mid + 16] {
-        *b ^= 0xa5;
-    }
-    let (r, err) = report_damaged(d.path(), &base, "bytes", &bad);
+    let (r, err) = report_damaged(d.path(), &base, "bytes", &garbled(&file, mid));
     let w = r["warnings"].to_string();
     assert!(
         w.contains("block(s) could not be decoded") && w.contains("events are missing at"),
@@ -685,12 +690,8 @@ fn a_damaged_recording_loses_only_the_damaged_part_and_says_how_much() {
     // 2b. The block after the header, which holds the job's process
     // record: the job is kept, known from its samples, with its CPU total
     // (its counters run from its start) and said to be recovered.
-    let mut bad = file.clone();
     let first = (members[1] + members[2]) / 2;
-    for b in &mut bad[first..first + 16] {
-        *b ^= 0xa5;
-    }
-    let (r, err) = report_damaged(d.path(), &base, "first", &bad);
+    let (r, err) = report_damaged(d.path(), &base, "first", &garbled(&file, first));
     let w = r["warnings"].to_string();
     assert!(
         w.contains("block(s) could not be decoded") && w.contains("known only from their samples"),
@@ -708,11 +709,7 @@ fn a_damaged_recording_loses_only_the_damaged_part_and_says_how_much() {
 
     // 2c. The header's own block: the header is read from its copy beside
     // the recording, and the rest of the recording as usual.
-    let mut bad = file.clone();
-    for b in &mut bad[members[1] / 2..members[1] / 2 + 16] {
-        *b ^= 0xa5;
-    }
-    let (r, err) = report_damaged(d.path(), &base, "header", &bad);
+    let (r, err) = report_damaged(d.path(), &base, "header", &garbled(&file, members[1] / 2));
     let w = r["warnings"].to_string();
     assert!(w.contains("its copy"), "{w} {err}");
     assert_eq!(r["exit_code"], r0["exit_code"]);
