@@ -566,6 +566,205 @@ impl Builder {
         }
     }
 
+    /// A `process` record: a process new to the job, or one that exec'd (or
+    /// a PID reused after an exit).
+    fn process(&mut self, ev: Event) {
+        let Event::Process {
+            t,
+            pid,
+            ppid,
+            comm,
+            cmdline,
+            exe,
+            rank_env,
+            ..
+        } = ev
+        else {
+            return;
+        };
+        let is_job = pid == self.a.header.job_pid;
+        let p = self.a.processes.entry(pid).or_insert_with(|| {
+            let mut p = Process::new(pid, ppid, comm.clone(), cmdline.clone(), exe.clone(), t);
+            p.is_job = is_job;
+            p
+        });
+        // Seen again: exec (new command) or, after an exit, a reused
+        // PID; or the record of one recovered from its samples.
+        p.recovered = false;
+        p.ppid = ppid;
+        p.comm = comm;
+        if !cmdline.is_empty() {
+            p.cmdline = cmdline;
+        }
+        if exe.is_some() {
+            p.exe = exe;
+        }
+        if rank_env.is_some() {
+            p.rank_env = rank_env;
+        }
+        if p.exited.is_some() {
+            p.exited = None;
+        }
+        if t < p.first_seen {
+            p.first_seen = t;
+        }
+    }
+
+    /// A thread's cumulative CPU and scheduler state.
+    fn thread_cpu(&mut self, ev: Event) {
+        let Event::ThreadCpu {
+            t,
+            pid,
+            tid,
+            user_ns,
+            sys_ns,
+            state,
+            ..
+        } = ev
+        else {
+            return;
+        };
+        let interval = self.interval;
+        self.recover(pid, t);
+        let base_first = self
+            .a
+            .processes
+            .get(&pid)
+            .is_some_and(|p| self.baseline_from_first_sample(p.first_seen));
+        let Some(p) = self.a.processes.get_mut(&pid) else {
+            return;
+        };
+        let th = p.threads.entry(tid).or_insert_with(|| new_thread(tid, t));
+        let total = user_ns + sys_ns;
+        if th.base.is_none() {
+            th.base = Some(if base_first {
+                (user_ns, sys_ns)
+            } else {
+                (0, 0)
+            });
+        }
+        let (bu, bs) = th.base.unwrap_or_default();
+        th.user_ns = user_ns.saturating_sub(bu);
+        th.sys_ns = sys_ns.saturating_sub(bs);
+        match th.last {
+            Some((pt, ptotal, pstate)) => {
+                push_delta_capped(
+                    &mut th.cpu,
+                    pt,
+                    t,
+                    interval,
+                    total.saturating_sub(ptotal) as f64 / 1e9,
+                    1.0,
+                    1.0,
+                );
+                account_state(th, pt, t, pstate);
+            }
+            None => {
+                if !base_first {
+                    // Born during the recording: its CPU so far happened
+                    // in the last interval (or, if more, over the time
+                    // it needed at one core).
+                    let cpu_s = total as f64 / 1e9;
+                    push_delta_capped(
+                        &mut th.cpu,
+                        MonoNs(t.0.saturating_sub(interval.max((cpu_s * 1e9) as u64))),
+                        t,
+                        interval,
+                        cpu_s,
+                        1.0,
+                        1.0,
+                    );
+                }
+            }
+        }
+        th.last = Some((t, total, state));
+    }
+
+    /// A process's cumulative CPU and IO counters and its RSS.
+    fn process_sample(&mut self, ev: Event) {
+        let Event::ProcessSample {
+            t,
+            pid,
+            user_ns,
+            sys_ns,
+            rss_bytes,
+            read_bytes,
+            write_bytes,
+            rchar,
+            wchar,
+            ..
+        } = ev
+        else {
+            return;
+        };
+        let interval = self.interval;
+        self.recover(pid, t);
+        let base_first = self
+            .a
+            .processes
+            .get(&pid)
+            .is_some_and(|p| self.baseline_from_first_sample(p.first_seen));
+        let Some(p) = self.a.processes.get_mut(&pid) else {
+            return;
+        };
+        let vals = [user_ns, sys_ns, read_bytes, write_bytes, rchar, wchar];
+        if p.base.is_none() {
+            p.base = Some(if base_first { vals } else { [0; 6] });
+        }
+        let base = p.base.unwrap_or_default();
+        let d = |i: usize| vals[i].saturating_sub(base[i]);
+        p.user_ns = d(0);
+        p.sys_ns = d(1);
+        p.read_bytes = d(2);
+        p.write_bytes = d(3);
+        p.rchar = d(4);
+        p.wchar = d(5);
+        p.max_rss = p.max_rss.max(rss_bytes);
+        let prev = p.last.unwrap_or((
+            MonoNs(t.0.saturating_sub(interval)),
+            if base_first { vals } else { [0; 6] },
+        ));
+        let (pt, pv) = prev;
+        let dcpu = (vals[0].saturating_add(vals[1])).saturating_sub(pv[0].saturating_add(pv[1]))
+            as f64
+            / 1e9;
+        let cores = self.a.header.cpus.max(1) as f64;
+        let pt = if p.last.is_none() {
+            // First sample: over the time it needed at most.
+            MonoNs(pt.0.min(t.0.saturating_sub((dcpu / cores * 1e9) as u64)))
+        } else {
+            pt
+        };
+        push_delta_capped(&mut p.cpu, pt, t, interval, dcpu, 1.0, cores);
+        push_delta(
+            &mut p.read_bps,
+            pt,
+            t,
+            interval,
+            vals[2].saturating_sub(pv[2]) as f64,
+            1.0,
+        );
+        push_delta(
+            &mut p.write_bps,
+            pt,
+            t,
+            interval,
+            vals[3].saturating_sub(pv[3]) as f64,
+            1.0,
+        );
+        if let Some(last) = p.rss.points().last().map(|x| x.t1) {
+            push_gauge(&mut p.rss, last, t, rss_bytes as f64);
+        } else {
+            push_gauge(
+                &mut p.rss,
+                MonoNs(t.0.saturating_sub(interval)),
+                t,
+                rss_bytes as f64,
+            );
+        }
+        p.last = Some((t, vals));
+    }
+
     fn event(&mut self, ev: Event) {
         if let Some(t) = ev.time() {
             if t > self.last_t {
@@ -641,44 +840,7 @@ impl Builder {
                 self.a.end = t;
                 self.window_stopped = true;
             }
-            Event::Process {
-                t,
-                pid,
-                ppid,
-                comm,
-                cmdline,
-                exe,
-                rank_env,
-                ..
-            } => {
-                let is_job = pid == self.a.header.job_pid;
-                let p = self.a.processes.entry(pid).or_insert_with(|| {
-                    let mut p =
-                        Process::new(pid, ppid, comm.clone(), cmdline.clone(), exe.clone(), t);
-                    p.is_job = is_job;
-                    p
-                });
-                // Seen again: exec (new command) or, after an exit, a reused
-                // PID; or the record of one recovered from its samples.
-                p.recovered = false;
-                p.ppid = ppid;
-                p.comm = comm;
-                if !cmdline.is_empty() {
-                    p.cmdline = cmdline;
-                }
-                if exe.is_some() {
-                    p.exe = exe;
-                }
-                if rank_env.is_some() {
-                    p.rank_env = rank_env;
-                }
-                if p.exited.is_some() {
-                    p.exited = None;
-                }
-                if t < p.first_seen {
-                    p.first_seen = t;
-                }
-            }
+            ev @ Event::Process { .. } => self.process(ev),
             Event::ProcessExit { t, pid, status } => {
                 if let Some(p) = self.a.processes.get_mut(&pid) {
                     if p.exited.is_none() || status.is_some() {
@@ -702,147 +864,8 @@ impl Builder {
                     th.comm = comm;
                 }
             }
-            Event::ThreadCpu {
-                t,
-                pid,
-                tid,
-                user_ns,
-                sys_ns,
-                state,
-                ..
-            } => {
-                self.recover(pid, t);
-                let base_first = self
-                    .a
-                    .processes
-                    .get(&pid)
-                    .is_some_and(|p| self.baseline_from_first_sample(p.first_seen));
-                let Some(p) = self.a.processes.get_mut(&pid) else {
-                    return;
-                };
-                let th = p.threads.entry(tid).or_insert_with(|| new_thread(tid, t));
-                let total = user_ns + sys_ns;
-                if th.base.is_none() {
-                    th.base = Some(if base_first {
-                        (user_ns, sys_ns)
-                    } else {
-                        (0, 0)
-                    });
-                }
-                let (bu, bs) = th.base.unwrap_or_default();
-                th.user_ns = user_ns.saturating_sub(bu);
-                th.sys_ns = sys_ns.saturating_sub(bs);
-                match th.last {
-                    Some((pt, ptotal, pstate)) => {
-                        push_delta_capped(
-                            &mut th.cpu,
-                            pt,
-                            t,
-                            interval,
-                            total.saturating_sub(ptotal) as f64 / 1e9,
-                            1.0,
-                            1.0,
-                        );
-                        account_state(th, pt, t, pstate);
-                    }
-                    None => {
-                        if !base_first {
-                            // Born during the recording: its CPU so far happened
-                            // in the last interval (or, if more, over the time
-                            // it needed at one core).
-                            let cpu_s = total as f64 / 1e9;
-                            push_delta_capped(
-                                &mut th.cpu,
-                                MonoNs(t.0.saturating_sub(interval.max((cpu_s * 1e9) as u64))),
-                                t,
-                                interval,
-                                cpu_s,
-                                1.0,
-                                1.0,
-                            );
-                        }
-                    }
-                }
-                th.last = Some((t, total, state));
-            }
-            Event::ProcessSample {
-                t,
-                pid,
-                user_ns,
-                sys_ns,
-                rss_bytes,
-                read_bytes,
-                write_bytes,
-                rchar,
-                wchar,
-                ..
-            } => {
-                self.recover(pid, t);
-                let base_first = self
-                    .a
-                    .processes
-                    .get(&pid)
-                    .is_some_and(|p| self.baseline_from_first_sample(p.first_seen));
-                let Some(p) = self.a.processes.get_mut(&pid) else {
-                    return;
-                };
-                let vals = [user_ns, sys_ns, read_bytes, write_bytes, rchar, wchar];
-                if p.base.is_none() {
-                    p.base = Some(if base_first { vals } else { [0; 6] });
-                }
-                let base = p.base.unwrap_or_default();
-                let d = |i: usize| vals[i].saturating_sub(base[i]);
-                p.user_ns = d(0);
-                p.sys_ns = d(1);
-                p.read_bytes = d(2);
-                p.write_bytes = d(3);
-                p.rchar = d(4);
-                p.wchar = d(5);
-                p.max_rss = p.max_rss.max(rss_bytes);
-                let prev = p.last.unwrap_or((
-                    MonoNs(t.0.saturating_sub(interval)),
-                    if base_first { vals } else { [0; 6] },
-                ));
-                let (pt, pv) = prev;
-                let dcpu = (vals[0].saturating_add(vals[1]))
-                    .saturating_sub(pv[0].saturating_add(pv[1])) as f64
-                    / 1e9;
-                let cores = self.a.header.cpus.max(1) as f64;
-                let pt = if p.last.is_none() {
-                    // First sample: over the time it needed at most.
-                    MonoNs(pt.0.min(t.0.saturating_sub((dcpu / cores * 1e9) as u64)))
-                } else {
-                    pt
-                };
-                push_delta_capped(&mut p.cpu, pt, t, interval, dcpu, 1.0, cores);
-                push_delta(
-                    &mut p.read_bps,
-                    pt,
-                    t,
-                    interval,
-                    vals[2].saturating_sub(pv[2]) as f64,
-                    1.0,
-                );
-                push_delta(
-                    &mut p.write_bps,
-                    pt,
-                    t,
-                    interval,
-                    vals[3].saturating_sub(pv[3]) as f64,
-                    1.0,
-                );
-                if let Some(last) = p.rss.points().last().map(|x| x.t1) {
-                    push_gauge(&mut p.rss, last, t, rss_bytes as f64);
-                } else {
-                    push_gauge(
-                        &mut p.rss,
-                        MonoNs(t.0.saturating_sub(interval)),
-                        t,
-                        rss_bytes as f64,
-                    );
-                }
-                p.last = Some((t, vals));
-            }
+            ev @ Event::ThreadCpu { .. } => self.thread_cpu(ev),
+            ev @ Event::ProcessSample { .. } => self.process_sample(ev),
             Event::SystemCpu {
                 t,
                 total,
