@@ -176,6 +176,12 @@ fn torchrun_ranks_their_workers_and_the_straggler() {
             assert!(f["title"].as_str().unwrap().starts_with("Rank "), "{f}");
         }
     }
+    for x in ranks {
+        assert!(
+            x["collective_counted_from"].is_string(),
+            "where the waits are counted from: {x}"
+        );
+    }
     if ranks
         .iter()
         .any(|x| x["collective_samples"].as_u64().unwrap_or(0) < 10)

@@ -69,6 +69,11 @@ pub fn is_collective_frame(name: &str, file: &str) -> bool {
     COLLECTIVE_FUNCTIONS.contains(&name) && COLLECTIVE_FILES.iter().any(|f| file.contains(f))
 }
 
+/// Samples a thread needs from the end of the first collective on for its
+/// share to be counted from there (fewer make the share a coin toss; the
+/// straggler diagnosis asks as many of each rank).
+pub const MIN_SAMPLES: usize = 10;
+
 /// Moments kept per thread at which it left a collective.
 pub const MAX_EXITS_PER_THREAD: usize = 50_000;
 
@@ -85,6 +90,8 @@ pub struct ThreadWaits {
     pub wait_s: f64,
     /// Seconds per collective function.
     pub functions: BTreeMap<String, f64>,
+    /// The moment its samples are counted from.
+    pub counted_from: CountedFrom,
     /// When it left a collective: (midpoint between the last sample inside
     /// and the first outside, half that interval in ns).
     pub exits: Vec<(MonoNs, u64)>,
@@ -98,6 +105,22 @@ impl ThreadWaits {
             0.0
         }
     }
+}
+
+/// Where a thread's time in collectives is counted from (see [`waits`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CountedFrom {
+    /// The end of the ranks' first collective: their start-up skew, which
+    /// it absorbs, is left out.
+    #[default]
+    FirstCollectiveEnd,
+    /// The first moment any rank was seen inside a collective: the first
+    /// collective's skew is counted.
+    FirstCollectiveStart,
+    /// The thread's first sample in distributed code: the set-up between
+    /// `init_process_group` and the first collective is counted too.
+    FirstDistributedSample,
 }
 
 /// The threads' time in collectives.
@@ -145,24 +168,43 @@ fn waits(names: &[String], threads: Marks, dist: &Marks) -> Collectives {
         .filter_map(|(_, _, s, lo)| first_exit(&s[*lo..]))
         .collect();
     exits.sort();
+    let mut entries: Vec<MonoNs> = per_thread
+        .iter()
+        .filter_map(|(_, _, s, lo)| s[*lo..].iter().find(|x| x.1.is_some()).map(|x| x.0))
+        .collect();
+    entries.sort();
     for (pid, tid, samples, lo) in per_thread {
         let s = &samples[lo..];
-        // The first collective the thread can have been part of ended at
-        // the first exit after its first sample (a launcher's rendezvous
-        // barrier, before the ranks existed, is not one of theirs; a
-        // rank's first sample in distributed code is no bound, it may be
-        // deep in a collective). A thread that ended before any exit keeps
-        // its own start.
-        let count_from = match (samples.first(), s.last()) {
-            (Some(first), Some(last)) => exits
-                .iter()
-                .find(|t| **t >= first.0 && **t < last.0)
-                .copied()
-                .unwrap_or(MonoNs(0)),
-            _ => MonoNs(0),
+        // Only moments inside the thread's life are its: a launcher's
+        // rendezvous barrier, before the ranks existed, is not one of
+        // theirs.
+        let inside = |v: &[MonoNs]| match (samples.first(), s.last()) {
+            (Some(first), Some(last)) => v.iter().find(|t| **t >= first.0 && **t < last.0).copied(),
+            _ => None,
         };
-        out.threads
-            .push(thread_waits(pid, tid, s, names, count_from));
+        let after = |t: MonoNs| s.len() - s.partition_point(|x| x.0 < t);
+        // Counted from the first of these that leaves enough samples:
+        // - the end of the first collective: the first exit seen in any
+        //   thread (a rank's first sample in distributed code is no bound,
+        //   it may be deep in a collective);
+        // - its start: the first sample seen inside one. A rank that waits
+        //   in every collective is almost never sampled outside one, and a
+        //   straggler almost never inside one, so the first exit seen can
+        //   be the ranks' last, at the end of the run: counting from it
+        //   left one sample, and a rank waiting 95% of the time read 0%.
+        //   From the start, the first collective's start-up skew counts;
+        // - the thread's first sample in distributed code (set-up such as
+        //   imports after `init_process_group` dilutes the share).
+        let (count_from, from) = [
+            (inside(&exits), CountedFrom::FirstCollectiveEnd),
+            (inside(&entries), CountedFrom::FirstCollectiveStart),
+        ]
+        .into_iter()
+        .find_map(|(t, f)| t.filter(|t| after(*t) >= MIN_SAMPLES).map(|t| (t, f)))
+        .unwrap_or((MonoNs(0), CountedFrom::FirstDistributedSample));
+        let mut w = thread_waits(pid, tid, s, names, count_from);
+        w.counted_from = from;
+        out.threads.push(w);
     }
     out
 }
@@ -343,6 +385,36 @@ mod tests {
         let c = waits(&names, threads, &dist);
         let w = &c.threads[1];
         assert_eq!((w.samples, w.wait_samples), (145, 35 + 55), "{w:?}");
+    }
+
+    #[test]
+    fn an_exit_seen_only_at_the_end_counts_from_the_first_collectives_start() {
+        // Samples every 65 ms. Both ranks are in init_process_group at
+        // 0.65 s, import until 3.9 s, then rank 0 waits in all_reduce in
+        // every step and is never sampled outside it until its exit at
+        // the end; rank 1, the straggler, is sampled in all_reduce only
+        // once, at the end. The only exits seen are the last.
+        let at = |i: u64| MonoNs(i * 65 * MS);
+        let r0: Vec<_> = (0..100)
+            .map(|i| (at(i), (60..99).contains(&i).then_some(0)))
+            .collect();
+        let r1: Vec<_> = (0..100).map(|i| (at(i), (i == 98).then_some(0))).collect();
+        let dist = |v: &[(MonoNs, Option<u32>)]| -> Vec<_> {
+            v.iter()
+                .enumerate()
+                .map(|(i, s)| (s.0, (i == 10 || s.1.is_some()).then_some(0)))
+                .collect()
+        };
+        let dist: Marks = [((Pid(1), Tid(1)), dist(&r0)), ((Pid(2), Tid(2)), dist(&r1))].into();
+        let threads: Marks = [((Pid(1), Tid(1)), r0), ((Pid(2), Tid(2)), r1)].into();
+        let c = waits(&["all_reduce".to_string()], threads, &dist);
+        let (w0, w1) = (&c.threads[0], &c.threads[1]);
+        for w in [w0, w1] {
+            assert_eq!(w.counted_from, CountedFrom::FirstCollectiveStart, "{w:?}");
+            assert_eq!(w.samples, 40, "{w:?}");
+        }
+        assert!(w0.share() > 0.9, "{}", w0.share());
+        assert!(w1.share() < 0.1, "{}", w1.share());
     }
 
     #[test]

@@ -24,6 +24,7 @@ use crate::event::Pid;
 use super::evidence::GpuEvidence;
 use super::thresholds as th;
 use super::{Basis, Finding, FindingKind, GpuTime, Severity};
+use crate::analysis::collectives::CountedFrom;
 use crate::units::pct;
 
 /// One rank's figures, as report.json lists them under `ranks`.
@@ -69,6 +70,11 @@ pub struct RankFigures {
     pub collective_samples: u64,
     /// The collective functions it waited in, most time first.
     pub collective_functions: Vec<String>,
+    /// Where the collective figures are counted from (the end of the
+    /// ranks' first collective, unless too few samples follow the first
+    /// exit seen). Absent from reports written before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub collective_counted_from: Option<CountedFrom>,
     /// Mean busy share of its GPUs, their idle time between start-up and
     /// shutdown, and time throttled (thermal or power) while busy.
     pub gpu_busy_share: Option<f64>,
@@ -254,6 +260,7 @@ fn rank_figures(a: &Analysis, gpu: Option<&GpuEvidence>, r: u32) -> RankFigures 
         collective_share: waits.map(|w| w.share()),
         collective_samples: waits.map_or(0, |w| w.samples),
         collective_functions: functions.into_iter().take(3).map(|f| f.0.clone()).collect(),
+        collective_counted_from: waits.map(|w| w.counted_from),
         gpu_busy_share: mean(&busy),
         gpu_idle_s: measured.then(|| {
             devs.iter()
@@ -482,6 +489,31 @@ fn causes(s: &RankFigures, others: &[&RankFigures], method: Method, name: &str) 
     out
 }
 
+/// What the collective shares of `s` and `others` are counted from.
+fn counted_from(s: &RankFigures, others: &[&RankFigures], hosts: usize) -> String {
+    let mut all: Vec<&RankFigures> = std::iter::once(s).chain(others.iter().copied()).collect();
+    all.sort_by_key(|r| (r.host.clone(), r.rank));
+    let mut parts = Vec::new();
+    for (from, text) in [
+        (CountedFrom::FirstCollectiveEnd, "from the end of the ranks' first collective"),
+        (CountedFrom::FirstCollectiveStart, "from the first sample inside a collective, as no exit from one was sampled early enough: the first collective's start-up skew is included"),
+        (CountedFrom::FirstDistributedSample, "from the rank's first sample in distributed code, as no collective was sampled early enough: set-up and start-up skew are included"),
+    ] {
+        let rs: Vec<&RankFigures> = all
+            .iter()
+            .copied()
+            .filter(|r| r.collective_counted_from.unwrap_or_default() == from)
+            .collect();
+        if rs.len() == all.len() {
+            return format!("time counted {text}");
+        }
+        if !rs.is_empty() {
+            parts.push(format!("for {} {text}", rank_list(&rs, hosts)));
+        }
+    }
+    format!("time counted {}", parts.join("; "))
+}
+
 fn finding(method: Method, s: &RankFigures, others: &[&RankFigures], hosts: usize) -> Finding {
     let name = s.name(hosts);
     let n_all = others.len() + 1;
@@ -514,11 +546,12 @@ fn finding(method: Method, s: &RankFigures, others: &[&RankFigures], hosts: usiz
                 ("their", "they")
             };
             ev.push(format!(
-                "{} spent {} of {whose} time inside collective calls ({}), {name} only {}: {they} waited for {name}, {lost:.1} s in all (time counted from each rank's first distributed call).",
+                "{} spent {} of {whose} time inside collective calls ({}), {name} only {}: {they} waited for {name}, {lost:.1} s in all ({}).",
                 capitalize(&rank_list(others, hosts)),
                 pct(med),
                 if fns.is_empty() { "collectives".to_string() } else { fns.join(", ") },
                 pct(own),
+                counted_from(s, others, hosts),
             ));
             (lost, "the other ranks' time inside collective calls beyond the straggler's own, from Python stack samples (each sample counts until the thread's next one)")
         }

@@ -105,7 +105,7 @@ pub const MAX_LOST_SHARE: f64 = 0.01;
 /// Python stack samples a rank's waiting thread needs before its share of
 /// time in collectives is compared with the others' (at the sampler's few
 /// Hz, fewer make the share a coin toss).
-pub const STRAGGLER_MIN_SAMPLES: u64 = 10;
+pub const STRAGGLER_MIN_SAMPLES: u64 = crate::analysis::collectives::MIN_SAMPLES as u64;
 /// The other ranks spend at least this share of their time in collectives
 /// (median) before one of them can be said to wait for a straggler.
 pub const STRAGGLER_MIN_WAIT_SHARE: f64 = 0.10;
