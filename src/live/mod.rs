@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::analysis::roles::{self, RankIds, RoleFacts, TORCH_WORKER_NAME};
 use crate::analysis::Role;
-use crate::event::{CpuTimes, Event, GpuIndex, MonoNs, Pid, Tid};
+use crate::event::{CpuTimes, Event, GpuIndex, GpuProc, GpuState, MonoNs, Pid, Tid};
 
 /// Entries kept in one history, whatever the window and rates.
 const MAX_HISTORY: usize = 200_000;
@@ -549,46 +549,7 @@ impl LiveState {
                 self.delayed = t.0 > self.start.0 + self.interval_ns;
                 self.window_start = Some(*t);
             }
-            Event::Process {
-                t,
-                pid,
-                ppid,
-                comm,
-                cmdline,
-                exe,
-                rank_env,
-                ..
-            } => {
-                let p = self.procs.entry(*pid).or_insert_with(|| LiveProc {
-                    ppid: *ppid,
-                    comm: String::new(),
-                    exe: None,
-                    cmdline: Vec::new(),
-                    worker_thread: false,
-                    gpu_user: false,
-                    role: Role::Other,
-                    last: None,
-                    first_seen: *t,
-                    exited: None,
-                    rss: 0,
-                    own_rank: None,
-                    launcher: false,
-                });
-                if let Some(env) = rank_env {
-                    p.own_rank = Some(RankIds::from_env(env).rank);
-                }
-                p.ppid = *ppid;
-                p.comm = comm.clone();
-                if !cmdline.is_empty() {
-                    p.cmdline = cmdline.clone();
-                }
-                if exe.is_some() {
-                    p.exe = exe.clone();
-                }
-                p.exited = None;
-                self.reclassify(*pid);
-                self.mark_launchers(*pid);
-            }
+            Event::Process { .. } => self.process(ev),
             Event::Thread { pid, tid, comm, .. } | Event::TaskComm { pid, tid, comm, .. } => {
                 if comm == TORCH_WORKER_NAME {
                     if let Some(p) = self.procs.get_mut(pid) {
@@ -634,63 +595,8 @@ impl LiveState {
             {
                 self.threads.insert((*pid, *tid), *state);
             }
-            Event::ProcessSample {
-                pid,
-                user_ns,
-                sys_ns,
-                rss_bytes,
-                read_bytes,
-                write_bytes,
-                ..
-            } => {
-                let window_start = self.window_start.unwrap_or(self.start);
-                let delayed = self.delayed;
-                let interval = self.interval_ns;
-                let Some(p) = self.procs.get_mut(pid) else {
-                    return;
-                };
-                p.rss = *rss_bytes;
-                let now = [user_ns + sys_ns, *read_bytes, *write_bytes];
-                // As the analysis: counters of a process that existed before
-                // a delayed window count from its first sample in it.
-                let prev = p.last.unwrap_or(
-                    if delayed && p.first_seen.0 < window_start.0 + interval * 3 / 2 {
-                        now
-                    } else {
-                        [0; 3]
-                    },
-                );
-                p.last = Some(now);
-                let role = p.role;
-                let cpu = now[0].saturating_sub(prev[0]);
-                let r = &mut self.roles[ri(role)];
-                r.cpu_ns += cpu;
-                r.read_bytes += now[1].saturating_sub(prev[1]);
-                r.write_bytes += now[2].saturating_sub(prev[2]);
-                if cpu > 0 {
-                    if let Some(rank) = self.rank_of(*pid) {
-                        *self.rank_cpu.entry((rank, role)).or_default() += cpu;
-                    }
-                }
-            }
-            Event::SystemCpu { t, total, .. } => {
-                let idle_cores = match self.last_cpu {
-                    Some((_, prev)) => {
-                        let dt = total.total().saturating_sub(prev.total()) as f64;
-                        if dt > 0.0 {
-                            let idle = (total.idle + total.iowait)
-                                .saturating_sub(prev.idle + prev.iowait)
-                                as f64;
-                            idle / dt * self.cpus as f64
-                        } else {
-                            0.0
-                        }
-                    }
-                    None => 0.0,
-                };
-                self.last_cpu = Some((*t, *total));
-                self.tick(*t, idle_cores);
-            }
+            Event::ProcessSample { .. } => self.process_sample(ev),
+            Event::SystemCpu { t, total, .. } => self.system_cpu(*t, total),
             Event::Disks { t, disks } => {
                 for d in disks {
                     let e = self.disks.entry(d.name.clone()).or_default();
@@ -743,82 +649,201 @@ impl LiveState {
                 g.max_sm_mhz = *max_sm_mhz;
                 g.processes_supported = !unsupported.iter().any(|u| u.contains("process"));
             }
-            Event::GpuUtil { gpu, samples, .. } => {
-                let threshold = self.idle_threshold_pct;
-                let mapped: Vec<(u64, MonoNs, u32)> = samples
-                    .iter()
-                    .map(|(ts, pct)| (*ts, self.map_us(*ts), *pct))
-                    .collect();
-                let g = self.gpus.entry(*gpu).or_default();
-                for (ts, end, pct) in mapped {
-                    if ts <= g.last_ts_us {
-                        continue;
-                    }
-                    if g.last_ts_us > 0 {
-                        let gap = (ts - g.last_ts_us) * 1000;
-                        // A missing sample or two must not stretch one sample.
-                        if gap < 2 * g.period_ns.max(1) || g.period_ns == 0 {
-                            g.period_ns = gap;
-                        }
-                    }
-                    g.last_ts_us = ts;
-                    let period = if g.period_ns > 0 {
-                        g.period_ns
-                    } else {
-                        DEFAULT_GPU_PERIOD_NS
-                    };
-                    let secs = period as f64 / 1e9;
-                    g.sampled_s += secs;
-                    g.busy_s += secs * pct.min(100) as f64 / 100.0;
-                    if pct as f64 <= threshold {
-                        g.idle_sample_s += secs;
-                    } else if g.first_busy.is_none() {
-                        g.first_busy = Some(end);
-                    }
-                    g.first_sample.get_or_insert(end);
-                    g.util.push_back(UtilSample {
-                        end,
-                        period_ns: period,
-                        pct,
-                    });
-                }
-            }
-            Event::GpuState { t, gpu, state } => {
-                let g = self.gpus.entry(*gpu).or_default();
-                g.mem_used = state.mem_used;
-                g.temp_c = state.temp_c;
-                g.power_mw = state.power_mw;
-                g.sm_mhz = state.sm_mhz;
-                if let Some((pt, pb)) = g.throttle_now.take() {
-                    add_bits(&mut g.throttle_acc, pb, t.secs_since(pt));
-                }
-                if let Some(bits) = state.throttle {
-                    g.throttle_now = Some((*t, bits));
-                    g.throttle_hist.push_back((*t, bits));
-                } else {
-                    g.throttle_hist.push_back((*t, 0));
-                }
-            }
-            Event::GpuProcesses { gpu, procs, .. } => {
-                let mut users = Vec::new();
-                {
-                    let g = self.gpus.entry(*gpu).or_default();
-                    g.procs = procs.iter().map(|p| (p.pid, p.mem)).collect();
-                    g.ever_had_process |= !procs.is_empty();
-                }
-                for p in procs {
-                    if let Some(lp) = self.procs.get_mut(&p.pid) {
-                        if !lp.gpu_user {
-                            lp.gpu_user = true;
-                            users.push(p.pid);
-                        }
-                    }
-                }
-                for pid in users {
-                    self.reclassify(pid);
-                }
-            }
+            Event::GpuUtil { gpu, samples, .. } => self.gpu_util(*gpu, samples),
+            Event::GpuState { t, gpu, state } => self.gpu_state(*t, *gpu, state),
+            Event::GpuProcesses { gpu, procs, .. } => self.gpu_processes(*gpu, procs),
             _ => {}
+        }
+    }
+
+    /// A process record: its figures, and the roles it changes.
+    fn process(&mut self, ev: &Event) {
+        let Event::Process {
+            t,
+            pid,
+            ppid,
+            comm,
+            cmdline,
+            exe,
+            rank_env,
+            ..
+        } = ev
+        else {
+            return;
+        };
+        let p = self.procs.entry(*pid).or_insert_with(|| LiveProc {
+            ppid: *ppid,
+            comm: String::new(),
+            exe: None,
+            cmdline: Vec::new(),
+            worker_thread: false,
+            gpu_user: false,
+            role: Role::Other,
+            last: None,
+            first_seen: *t,
+            exited: None,
+            rss: 0,
+            own_rank: None,
+            launcher: false,
+        });
+        if let Some(env) = rank_env {
+            p.own_rank = Some(RankIds::from_env(env).rank);
+        }
+        p.ppid = *ppid;
+        p.comm = comm.clone();
+        if !cmdline.is_empty() {
+            p.cmdline = cmdline.clone();
+        }
+        if exe.is_some() {
+            p.exe = exe.clone();
+        }
+        p.exited = None;
+        self.reclassify(*pid);
+        self.mark_launchers(*pid);
+    }
+
+    /// A process's counters: CPU and IO per role (and rank) since its last sample.
+    fn process_sample(&mut self, ev: &Event) {
+        let Event::ProcessSample {
+            pid,
+            user_ns,
+            sys_ns,
+            rss_bytes,
+            read_bytes,
+            write_bytes,
+            ..
+        } = ev
+        else {
+            return;
+        };
+        let window_start = self.window_start.unwrap_or(self.start);
+        let delayed = self.delayed;
+        let interval = self.interval_ns;
+        let Some(p) = self.procs.get_mut(pid) else {
+            return;
+        };
+        p.rss = *rss_bytes;
+        let now = [user_ns + sys_ns, *read_bytes, *write_bytes];
+        // As the analysis: counters of a process that existed before
+        // a delayed window count from its first sample in it.
+        let prev = p.last.unwrap_or(
+            if delayed && p.first_seen.0 < window_start.0 + interval * 3 / 2 {
+                now
+            } else {
+                [0; 3]
+            },
+        );
+        p.last = Some(now);
+        let role = p.role;
+        let cpu = now[0].saturating_sub(prev[0]);
+        let r = &mut self.roles[ri(role)];
+        r.cpu_ns += cpu;
+        r.read_bytes += now[1].saturating_sub(prev[1]);
+        r.write_bytes += now[2].saturating_sub(prev[2]);
+        if cpu > 0 {
+            if let Some(rank) = self.rank_of(*pid) {
+                *self.rank_cpu.entry((rank, role)).or_default() += cpu;
+            }
+        }
+    }
+
+    /// A system CPU sample: idle cores since the last one, and a tick.
+    fn system_cpu(&mut self, t: MonoNs, total: &CpuTimes) {
+        let idle_cores = match self.last_cpu {
+            Some((_, prev)) => {
+                let dt = total.total().saturating_sub(prev.total()) as f64;
+                if dt > 0.0 {
+                    let idle =
+                        (total.idle + total.iowait).saturating_sub(prev.idle + prev.iowait) as f64;
+                    idle / dt * self.cpus as f64
+                } else {
+                    0.0
+                }
+            }
+            None => 0.0,
+        };
+        self.last_cpu = Some((t, *total));
+        self.tick(t, idle_cores);
+    }
+
+    /// Driver utilization samples of a GPU, each counted once.
+    fn gpu_util(&mut self, gpu: GpuIndex, samples: &[(u64, u32)]) {
+        let threshold = self.idle_threshold_pct;
+        let mapped: Vec<(u64, MonoNs, u32)> = samples
+            .iter()
+            .map(|(ts, pct)| (*ts, self.map_us(*ts), *pct))
+            .collect();
+        let g = self.gpus.entry(gpu).or_default();
+        for (ts, end, pct) in mapped {
+            if ts <= g.last_ts_us {
+                continue;
+            }
+            if g.last_ts_us > 0 {
+                let gap = (ts - g.last_ts_us) * 1000;
+                // A missing sample or two must not stretch one sample.
+                if gap < 2 * g.period_ns.max(1) || g.period_ns == 0 {
+                    g.period_ns = gap;
+                }
+            }
+            g.last_ts_us = ts;
+            let period = if g.period_ns > 0 {
+                g.period_ns
+            } else {
+                DEFAULT_GPU_PERIOD_NS
+            };
+            let secs = period as f64 / 1e9;
+            g.sampled_s += secs;
+            g.busy_s += secs * pct.min(100) as f64 / 100.0;
+            if pct as f64 <= threshold {
+                g.idle_sample_s += secs;
+            } else if g.first_busy.is_none() {
+                g.first_busy = Some(end);
+            }
+            g.first_sample.get_or_insert(end);
+            g.util.push_back(UtilSample {
+                end,
+                period_ns: period,
+                pct,
+            });
+        }
+    }
+
+    /// A GPU's state: its figures now, and how long it was throttled.
+    fn gpu_state(&mut self, t: MonoNs, gpu: GpuIndex, state: &GpuState) {
+        let g = self.gpus.entry(gpu).or_default();
+        g.mem_used = state.mem_used;
+        g.temp_c = state.temp_c;
+        g.power_mw = state.power_mw;
+        g.sm_mhz = state.sm_mhz;
+        if let Some((pt, pb)) = g.throttle_now.take() {
+            add_bits(&mut g.throttle_acc, pb, t.secs_since(pt));
+        }
+        if let Some(bits) = state.throttle {
+            g.throttle_now = Some((t, bits));
+            g.throttle_hist.push_back((t, bits));
+        } else {
+            g.throttle_hist.push_back((t, 0));
+        }
+    }
+
+    /// A GPU's processes: the job's processes among them use the GPU.
+    fn gpu_processes(&mut self, gpu: GpuIndex, procs: &[GpuProc]) {
+        let mut users = Vec::new();
+        {
+            let g = self.gpus.entry(gpu).or_default();
+            g.procs = procs.iter().map(|p| (p.pid, p.mem)).collect();
+            g.ever_had_process |= !procs.is_empty();
+        }
+        for p in procs {
+            if let Some(lp) = self.procs.get_mut(&p.pid) {
+                if !lp.gpu_user {
+                    lp.gpu_user = true;
+                    users.push(p.pid);
+                }
+            }
+        }
+        for pid in users {
+            self.reclassify(pid);
         }
     }
 
