@@ -12,9 +12,17 @@
 # the job's own elapsed time (as the job measures it) as a ratio to bare,
 # and gpuprof's own CPU (report.json profiler.cpu_pct_of_one_core); and
 # the same ratio for the fastest run of each (the least disturbed by a
-# noisy host).
+# noisy host); and the median of the paired ratios (each run against the
+# bare run of the same round, run next to it) with a 90% bootstrap
+# interval: on a host whose speed drifts by tens of percent from one run
+# to the next, the interval says whether a difference was resolved at all.
+# The order of the configurations alternates from round to round, so a
+# drift within a round favours none of them.
 #
 # Usage: scripts/bench-pystacks.sh [RUNS] [PYTHON]   (PYSPY=path skips installing py-spy)
+#   CONFIGS="bare gpuprof" and JOBS=loader run a subset (bare is always run).
+#   Many runs of a subset resolve a smaller difference: e.g.
+#   CONFIGS="bare gpuprof" JOBS=loader STEPS=1500 scripts/bench-pystacks.sh 30
 # Needs: a release build (cargo build --release), pip (py-spy goes into a
 # throw-away venv).
 set -euo pipefail
@@ -55,6 +63,7 @@ run() {
         || echo "$cfg run $i on $job: py-spy exited with status $?" >&2 ;;
     esac
     grep -oE '(steps|fib) in [0-9.]+ s' "$out" | tail -1 | awk '{print $3}' >> "$WORK/$job.$cfg" || true
+    grep -oE '(steps|fib) in [0-9.]+ s' "$out" | tail -1 | awk -v i="$i" '{print i, $3}' >> "$WORK/$job.$cfg.paired" || true
     grep -oE 'cpu [0-9.]+ s' "$out" | tail -1 | awk '{print $2}' >> "$WORK/$job.$cfg.cpu" || true
     if [ "$cfg" = gpuprof ] || [ "$cfg" = gpuprof-pyspy ]; then
         local d; d="$WORK/$([ "$cfg" = gpuprof ] && echo g || echo p).$job.$i"
@@ -80,22 +89,51 @@ median() { sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a
 # fastest run of each configuration is its least disturbed one.
 fastest() { sort -n | head -1; }
 
-configs=(bare gpuprof gpuprof-pyspy pyspy-native pyspy-nonblock)
+# paired BARE_FILE CFG_FILE: median of the ratios of runs of the same round,
+# and a 90% bootstrap interval of that median.
+paired() {
+    "$PY" - "$1" "$2" <<'PY'
+import random, statistics, sys
+def load(p):
+    try:
+        return {int(a): float(b) for a, b in (l.split() for l in open(p) if l.strip())}
+    except FileNotFoundError:
+        return {}
+bare, cfg = load(sys.argv[1]), load(sys.argv[2])
+r = [cfg[i] / bare[i] for i in sorted(cfg) if i in bare and bare[i] > 0]
+if len(r) < 2:
+    print("-"); sys.exit()
+rng = random.Random(1)
+meds = sorted(statistics.median(rng.choices(r, k=len(r))) for _ in range(2000))
+print(f"{statistics.median(r):.4f} [{meds[100]:.4f}, {meds[1899]:.4f}]")
+PY
+}
+
+configs=(bare)
+for c in ${CONFIGS:-gpuprof gpuprof-pyspy pyspy-native pyspy-nonblock}; do
+    [ "$c" = bare ] || configs+=("$c")
+done
+jobs=(${JOBS:-loader calls})
 echo "python: $PY ($("$PY" -V 2>&1)); $(nproc) CPUs; kernel $(uname -r); load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 for i in $(seq "$RUNS"); do
-    for job in loader calls; do
-        for c in "${configs[@]}"; do
+    order=("${configs[@]}")
+    if [ $((i % 2)) = 0 ]; then
+        order=()
+        for ((k = ${#configs[@]} - 1; k >= 0; k--)); do order+=("${configs[k]}"); done
+    fi
+    for job in "${jobs[@]}"; do
+        for c in "${order[@]}"; do
             run "$job" "$c" "$i"
         done
     done
 done
-echo "load after: $(cut -d' ' -f1-3 /proc/loadavg); runs per configuration: $RUNS, interleaved (median; fastest run)"
-for job in loader calls; do
+echo "load after: $(cut -d' ' -f1-3 /proc/loadavg); runs per configuration: $RUNS, interleaved, order alternating (median; fastest run; median of paired ratios [90% bootstrap interval])"
+for job in "${jobs[@]}"; do
     if [ "$job" = loader ]; then echo "job: ${LOADER[*]}"; else echo "job: ${CALLS[*]}"; fi
     b=$(median < "$WORK/$job.bare")
     bf=$(fastest < "$WORK/$job.bare")
     bc_=$( [ -s "$WORK/$job.bare.cpu" ] && median < "$WORK/$job.bare.cpu" || echo 0)
-    printf "  %-15s %9s %8s %9s %8s %9s %8s\n" config job_s ratio fastest ratio job_cpu_s ratio
+    printf "  %-15s %9s %8s %9s %8s %9s %8s  %s\n" config job_s ratio fastest ratio job_cpu_s ratio "paired ratio [90%]"
     for c in "${configs[@]}"; do
         if [ ! -s "$WORK/$job.$c" ]; then
             printf "  %-15s %9s\n" "$c" "no run finished"
@@ -107,10 +145,14 @@ for job in loader calls; do
         if [ -s "$WORK/$job.$c.cpu" ] && [ "$bc_" != 0 ]; then
             cc=$(median < "$WORK/$job.$c.cpu")
             line+=$(printf " %9.3f %8.4f" "$cc" "$(echo "$cc / $bc_" | bc -l)")
+        else
+            line+=$(printf " %9s %8s" - -)
         fi
+        [ "$c" = bare ] || line+="  $(paired "$WORK/$job.bare.paired" "$WORK/$job.$c.paired")"
         echo "$line"
     done
     for c in gpuprof gpuprof-pyspy; do
+        [ -s "$WORK/$job.$c.stats" ] || continue
         echo "  $c per run: cpu_pct_of_one_core cpu_s perf_reader_s pyspy_sampler_s same_instant unattributed"
         sed 's/^/    /' "$WORK/$job.$c.stats"
     done
