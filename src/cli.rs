@@ -306,6 +306,16 @@ pub struct RecordArgs {
     #[arg(long, value_name = "MODE", default_value = "same-instant", value_parser = ["same-instant", "py-spy"])]
     pub python_frames: String,
 
+    /// Whether SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 sent to gpuprof are
+    /// passed on to the job. `auto`: yes, except those sent by
+    /// `slurmstepd`, which signals every process of the job step (the job
+    /// has its own, and would otherwise get it twice: a SIGUSR1 checkpoint
+    /// handler would run twice). `never`: for a scheduler or script that
+    /// signals the whole process group or cgroup; gpuprof then records
+    /// until the job exits. `always`: pass every one on.
+    #[arg(long, value_name = "WHEN", default_value = "auto", value_parser = ["auto", "always", "never"])]
+    pub forward_signals: String,
+
     /// The job to run, after `--`, e.g. `-- python train.py --epochs 1`.
     #[arg(
         value_name = "CMD",
@@ -403,6 +413,18 @@ pub struct RecordConfig {
     pub metrics_addr: Option<String>,
     /// Early-warning window; zero: no early warnings.
     pub warn_after: Duration,
+    /// `--forward-signals`.
+    pub forward_signals: ForwardSignals,
+}
+
+/// Which of the signals sent to gpuprof are passed on to the job
+/// (`--forward-signals`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ForwardSignals {
+    /// All but those from a sender that signals every process of the job.
+    Auto,
+    Always,
+    Never,
 }
 
 impl RecordArgs {
@@ -483,6 +505,11 @@ impl RecordArgs {
             step_range: self.step_range.filter(|s| !s.trim().is_empty()),
             metrics_addr: self.metrics_addr,
             warn_after: self.warn_after,
+            forward_signals: match self.forward_signals.as_str() {
+                "always" => ForwardSignals::Always,
+                "never" => ForwardSignals::Never,
+                _ => ForwardSignals::Auto,
+            },
         })
     }
 }

@@ -12,7 +12,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::sys::wait::{waitid, waitpid, Id, WaitPidFlag, WaitStatus};
 use tokio::signal::unix::{signal, SignalKind};
 
-use crate::cli::RecordConfig;
+use crate::cli::{ForwardSignals, RecordConfig};
 use crate::collect::cgroup::CgroupCollector;
 use crate::collect::files::FilesCollector;
 use crate::collect::gpu::{GpuCollector, GpuOptions};
@@ -409,15 +409,87 @@ fn watch_sigint_senders() {
     // which is async-signal-safe.
     let _ = unsafe {
         signal_hook_registry::register_sigaction(libc::SIGINT, |info: &libc::siginfo_t| {
-            // si_code <= 0: sent by a process (kill, sigqueue, tgkill);
-            // above 0: by the kernel, e.g. the terminal's Ctrl-C.
-            let sender = match info.si_code {
-                c if c > 0 => 0,
-                _ => Some(info.si_pid()).filter(|p| *p > 0).unwrap_or(-1),
-            };
-            SIGINT_SENDER.store(sender, Ordering::Relaxed);
+            // Ctrl-C comes from the kernel (0).
+            SIGINT_SENDER.store(sender_of(info), Ordering::Relaxed);
         })
     };
+}
+
+/// The signals passed on to the job (`--forward-signals`), and the process
+/// that sent each last (0: the kernel or unknown; -1: a process of another
+/// pid namespace).
+const FORWARDED: [Signal; 4] = [
+    Signal::SIGTERM,
+    Signal::SIGHUP,
+    Signal::SIGUSR1,
+    Signal::SIGUSR2,
+];
+static FORWARDED_SENDERS: [std::sync::atomic::AtomicI32; 4] =
+    [const { std::sync::atomic::AtomicI32::new(0) }; 4];
+
+/// Note who sends the signals passed on, beside tokio's own handlers.
+fn watch_forwarded_senders() {
+    for (i, sig) in FORWARDED.iter().enumerate() {
+        // SAFETY: as in watch_sigint_senders.
+        let _ = unsafe {
+            signal_hook_registry::register_sigaction(*sig as libc::c_int, move |info| {
+                FORWARDED_SENDERS[i].store(sender_of(info), Ordering::Relaxed);
+            })
+        };
+    }
+}
+
+/// The process that sent a signal: si_code <= 0 means sent by a process
+/// (kill, sigqueue, tgkill), above 0 by the kernel (0 here). -1: a
+/// process of another pid namespace.
+fn sender_of(info: &libc::siginfo_t) -> i32 {
+    match info.si_code {
+        c if c > 0 => 0,
+        // SAFETY: si_pid is set for signals sent by a process.
+        _ => Some(unsafe { info.si_pid() })
+            .filter(|p| *p > 0)
+            .unwrap_or(-1),
+    }
+}
+
+/// Slurm's step daemon: it delivers a job step's signals (`scancel`,
+/// `--signal`, the time limit) to every process of the step.
+const SLURM_STEPD: &str = "slurmstepd";
+
+/// Pass `sig`, which reached gpuprof, on to the job, unless
+/// `--forward-signals` says the job has it already; the first time a
+/// signal is kept back, say why.
+fn pass_on(cfg: &RecordConfig, job: Pid, sig: Signal, told: &mut [bool; 4]) {
+    let Some(i) = FORWARDED.iter().position(|s| *s == sig) else {
+        return;
+    };
+    let sender = FORWARDED_SENDERS[i].swap(0, Ordering::Relaxed);
+    let why = match cfg.forward_signals {
+        ForwardSignals::Always => None,
+        ForwardSignals::Never => Some(format!(
+            "{sig} reached gpuprof and is not passed on (--forward-signals never): recording until the job exits"
+        )),
+        ForwardSignals::Auto => (sender > 0 && comm_of(sender).as_deref() == Some(SLURM_STEPD))
+            .then(|| format!(
+                "{sig} from {SLURM_STEPD} (pid {sender}) is not passed on: Slurm signals every process of the job step, so the job has its own (--forward-signals always passes it on); recording until the job exits"
+            )),
+    };
+    match why {
+        None => {
+            let _ = kill(nix::unistd::Pid::from_raw(job.0), sig);
+        }
+        Some(why) => {
+            if !std::mem::replace(&mut told[i], true) {
+                say(cfg.quiet, &why);
+            }
+        }
+    }
+}
+
+fn comm_of(pid: i32) -> Option<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .ok()
+        .map(|s| s.trim_end().to_string())
 }
 
 /// Why a SIGINT that a process sent to gpuprof is not passed on: it cannot
@@ -455,6 +527,7 @@ async fn run(
     // nohup), not gpuprof's own.
     let mut sigint = signal(SignalKind::interrupt())?;
     watch_sigint_senders();
+    watch_forwarded_senders();
     let mut sigquit = signal(SignalKind::quit())?;
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sighup = signal(SignalKind::hangup())?;
@@ -523,6 +596,8 @@ async fn run(
     let mut interrupts = 0u32;
     let mut job_status: Option<JobStatus> = None;
     let mut stop_reason: Option<&str> = None;
+    // Signals kept back from the job so far (see pass_on).
+    let mut told = [false; 4];
     let mut tick = tokio::time::interval(Duration::from_millis(200));
     let far = started + Duration::from_secs(100 * 365 * 86400);
 
@@ -555,10 +630,10 @@ async fn run(
                 }
             }
             _ = sigquit.recv() => {}
-            _ = sigterm.recv() => { let _ = kill(nix::unistd::Pid::from_raw(job.0), Signal::SIGTERM); }
-            _ = sighup.recv() => { let _ = kill(nix::unistd::Pid::from_raw(job.0), Signal::SIGHUP); }
-            _ = sigusr1.recv() => { let _ = kill(nix::unistd::Pid::from_raw(job.0), Signal::SIGUSR1); }
-            _ = sigusr2.recv() => { let _ = kill(nix::unistd::Pid::from_raw(job.0), Signal::SIGUSR2); }
+            _ = sigterm.recv() => pass_on(&cfg, job, Signal::SIGTERM, &mut told),
+            _ = sighup.recv() => pass_on(&cfg, job, Signal::SIGHUP, &mut told),
+            _ = sigusr1.recv() => pass_on(&cfg, job, Signal::SIGUSR1, &mut told),
+            _ = sigusr2.recv() => pass_on(&cfg, job, Signal::SIGUSR2, &mut told),
             _ = tokio::time::sleep_until(window_start), if delay_pending => {
                 if let Some(r) = recording.as_ref() {
                     r.sink.send_blocking(Event::WindowStart { t: MonoNs::now() });

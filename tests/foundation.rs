@@ -232,6 +232,69 @@ fn sigterm_to_gpuprof_reaches_the_job() {
     assert_eq!(report(&out)["exit_code"], 42);
 }
 
+/// Slurm's step daemon signals every process of the step, gpuprof and the
+/// job alike: by default gpuprof does not pass such a signal on, so the
+/// job's handler (here a SIGUSR1 checkpoint handler) runs once. With
+/// `--forward-signals always` it runs twice, which the default avoids.
+#[test]
+fn a_signal_slurmstepd_sends_to_every_process_reaches_the_job_once() {
+    for (mode, expect) in [("auto", 1), ("always", 2)] {
+        let d = tmp();
+        let out = d.path().join("o");
+        let ready = d.path().join("ready");
+        let job = format!(
+            "import os, signal, time\n\
+             got = []\n\
+             signal.signal(signal.SIGUSR1, lambda s, f: got.append(s))\n\
+             open({:?}, 'w').write(str(os.getpid()))\n\
+             while not got: time.sleep(0.01)\n\
+             time.sleep(1.5)\n\
+             print('checkpoints', len(got))\n",
+            ready.to_str().unwrap()
+        );
+        let child = gpuprof()
+            .args(["-q", "--no-stacks", "--forward-signals", mode, "-o"])
+            .arg(&out)
+            .args(["--", "python3", "-c", &job])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        assert!(
+            wait_for(
+                || std::fs::read_to_string(&ready).is_ok_and(|s| !s.is_empty()),
+                Duration::from_secs(20)
+            ),
+            "job did not start"
+        );
+        let job_pid = std::fs::read_to_string(&ready).unwrap();
+        // A stand-in named slurmstepd (a script's process is named after
+        // it): the job first, then gpuprof, as a step's processes are. It
+        // stays alive afterwards, as slurmstepd does for the whole step
+        // (gpuprof names the sender from /proc).
+        let stepd = d.path().join("slurmstepd");
+        std::fs::write(
+            &stepd,
+            "#!/bin/sh\nkill -USR1 \"$1\"; sleep 0.3; kill -USR1 \"$2\"; sleep 2\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&stepd, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let st = std::process::Command::new(&stepd)
+            .arg(job_pid.trim())
+            .arg(child.id().to_string())
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let o = child.wait_with_output().unwrap();
+        let stdout = String::from_utf8_lossy(&o.stdout);
+        assert_eq!(o.status.code(), Some(0), "{mode}: {stdout}");
+        assert!(
+            stdout.contains(&format!("checkpoints {expect}")),
+            "--forward-signals {mode}: {stdout}"
+        );
+    }
+}
+
 #[test]
 fn cpu_time_of_a_busy_process_is_accurate() {
     let d = tmp();
