@@ -10,6 +10,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use common::*;
+use serde_json::Value;
 
 fn tmp() -> tempfile::TempDir {
     tempfile::Builder::new()
@@ -293,6 +294,65 @@ fn a_signal_slurmstepd_sends_to_every_process_reaches_the_job_once() {
             "--forward-signals {mode}: {stdout}"
         );
     }
+}
+
+/// The kernel reuses PIDs: a busy process that exited keeps its own
+/// figures when a later process of the job gets its PID (merged, the later
+/// one's counters replaced them).
+#[test]
+fn a_reused_pid_keeps_both_processes_figures() {
+    let d = tmp();
+    let script = repo().join("tests/scripts/pid_reuse.py");
+    let (out, o) = record(
+        d.path(),
+        "o",
+        &["--no-stacks"],
+        &["python3", script.to_str().unwrap()],
+    );
+    assert_eq!(o.status.code(), Some(0));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let Some(pid) = stdout
+        .trim()
+        .strip_prefix("reused PID ")
+        .and_then(|p| p.parse::<i64>().ok())
+    else {
+        skip!("the job could not make the kernel reuse a PID (needs root for /proc/sys/kernel/ns_last_pid): {stdout}");
+    };
+    let r = report(&out);
+    let cpu_of = |list: &Value| -> Vec<f64> {
+        list.as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["pid"] == pid)
+            .map(|p| p["cpu_s"].as_f64().unwrap())
+            .collect()
+    };
+    let now = cpu_of(&r["processes"]);
+    assert!(
+        now.len() == 1 && (now[0] - 0.5).abs() < 0.2,
+        "later process: {now:?}"
+    );
+    let before = cpu_of(&r["processes_reused"]["listed"]);
+    assert!(
+        before.len() == 1 && (before[0] - 1.0).abs() < 0.25,
+        "earlier process: {before:?} in {}",
+        r["processes_reused"]
+    );
+    let roles: f64 = r["roles"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|v| v["cpu_s"].as_f64().unwrap())
+        .sum();
+    assert!(
+        roles >= now[0] + before[0],
+        "role totals {roles} miss a process"
+    );
+    assert!(r["warnings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|w| w.as_str().unwrap().contains("processes_reused")));
 }
 
 #[test]

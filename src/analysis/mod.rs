@@ -138,6 +138,9 @@ pub struct Process {
     /// Known only from its samples: its `process` record was lost with a
     /// damaged block of the recording (command line and parent unknown).
     pub recovered: bool,
+    /// When it started (ns since boot, as /proc gives it; 0: unknown): tells
+    /// a process from a later one that got its PID.
+    pub start_boot_ns: u64,
     pub user_ns: u64,
     pub sys_ns: u64,
     pub read_bytes: u64,
@@ -154,6 +157,11 @@ pub struct Process {
     base: Option<[u64; 6]>,
     last: Option<(MonoNs, [u64; 6])>,
 }
+
+/// Processes whose PID was reused kept whole in [`Analysis::reused`] at
+/// most (the rest are counted): a job that starts a short process every
+/// second wraps a pid_max of 32768 in nine hours.
+pub const MAX_REUSED: usize = 1000;
 
 /// The name of a process known only from its samples until its threads or
 /// perf name it.
@@ -184,6 +192,7 @@ impl Process {
             rank_ids: RankIds::default(),
             is_job: false,
             recovered: false,
+            start_boot_ns: 0,
             user_ns: 0,
             sys_ns: 0,
             read_bytes: 0,
@@ -355,6 +364,12 @@ pub struct Analysis {
     pub start: MonoNs,
     pub end: MonoNs,
     pub processes: BTreeMap<Pid, Process>,
+    /// Processes whose PID a later process of the job took (the kernel
+    /// reuses PIDs once they wrap at pid_max): kept here whole, with the
+    /// figures they had at their exit, at most [`MAX_REUSED`]; the rest
+    /// only counted in `reused_omitted` (count, CPU seconds).
+    pub reused: Vec<Process>,
+    pub reused_omitted: (u64, f64),
     pub system: System,
     /// GPUs, their idle gaps and the job's processes on them.
     pub gpu: gpu::GpuAnalysis,
@@ -519,6 +534,8 @@ impl Builder {
                 start,
                 end: start,
                 processes: BTreeMap::new(),
+                reused: Vec::new(),
+                reused_omitted: (0, 0.0),
                 system: System {
                     cpus,
                     ..Default::default()
@@ -542,6 +559,16 @@ impl Builder {
         }
     }
 
+    /// Keep a process whose PID a later process took, within [`MAX_REUSED`].
+    fn archive_reused(&mut self, p: Process) {
+        if self.a.reused.len() < MAX_REUSED {
+            self.a.reused.push(p);
+        } else {
+            self.a.reused_omitted.0 += 1;
+            self.a.reused_omitted.1 += p.cpu_s();
+        }
+    }
+
     /// Figures of a process with no `process` record: it was lost with a
     /// damaged block of the recording (the writer sends it before any
     /// figure of the process). Rather than drop the process, and with it
@@ -555,6 +582,29 @@ impl Builder {
         p.is_job = pid == self.a.header.job_pid;
         p.recovered = true;
         self.a.processes.insert(pid, p);
+    }
+
+    /// Roles of the processes whose PID was reused (from their own facts
+    /// and their parent's, when the parent's PID still names it), and a
+    /// warning that says where they are.
+    fn reused_roles_and_warning(&mut self) {
+        let job = self.a.header.job_pid;
+        let procs = &self.a.processes;
+        for p in &mut self.a.reused {
+            let parent = procs
+                .get(&p.ppid)
+                .filter(|pp| pp.first_seen <= p.first_seen)
+                .map(|pp| (roles::is_python(pp), pp.cmdline.as_slice()));
+            p.role = roles::classify(&roles::RoleFacts::of(p), job, false, parent);
+        }
+        let n = self.a.reused.len() as u64 + self.a.reused_omitted.0;
+        if n > 0 {
+            let cpu =
+                self.a.reused.iter().map(|p| p.cpu_s()).sum::<f64>() + self.a.reused_omitted.1;
+            self.a.warnings.push(format!(
+                "{n} process(es) of the job exited and their PID was later taken by another process of the job (the kernel reuses PIDs once they reach pid_max): each is kept apart with its own figures ({cpu:.2} s of CPU in all) in report.json processes_reused (and in the role totals), not in the per-process list; the trace track and the stack samples of a reused PID mix the processes that had it"
+            ));
+        }
     }
 
     /// Counters of processes that existed before a delayed window started
@@ -577,20 +627,47 @@ impl Builder {
             cmdline,
             exe,
             rank_env,
+            start_boot_ns,
             ..
         } = ev
         else {
             return;
         };
         let is_job = pid == self.a.header.job_pid;
+        // A record of another start time under a known PID (a process's
+        // start time survives exec): the kernel gave the PID to a new
+        // process, maybe between two passes of the /proc sampler, so that
+        // no exit was seen. The old one is kept apart, whole, ended here at
+        // the latest; merged, its totals were replaced by the new one's
+        // counters.
+        if let Some(old) = self.a.processes.get(&pid) {
+            if old.start_boot_ns != 0 && start_boot_ns != 0 && old.start_boot_ns != start_boot_ns {
+                if let Some(mut old) = self.a.processes.remove(&pid) {
+                    if old.exited.is_none() {
+                        old.exited = Some(t);
+                        for th in old.threads.values_mut() {
+                            close_thread(th, t);
+                        }
+                    }
+                    self.archive_reused(old);
+                }
+            }
+        }
         let p = self.a.processes.entry(pid).or_insert_with(|| {
             let mut p = Process::new(pid, ppid, comm.clone(), cmdline.clone(), exe.clone(), t);
             p.is_job = is_job;
             p
         });
-        // Seen again: exec (new command) or, after an exit, a reused
-        // PID; or the record of one recovered from its samples.
+        // Seen again: exec (new command), or the record of one recovered
+        // from its samples.
         p.recovered = false;
+        // A late record of a process that exited leaves it exited; without
+        // start times (older recordings) an exited PID seen again is taken
+        // to be reused, in place.
+        let same = start_boot_ns != 0 && p.start_boot_ns == start_boot_ns;
+        if start_boot_ns != 0 {
+            p.start_boot_ns = start_boot_ns;
+        }
         p.ppid = ppid;
         p.comm = comm;
         if !cmdline.is_empty() {
@@ -602,7 +679,7 @@ impl Builder {
         if rank_env.is_some() {
             p.rank_env = rank_env;
         }
-        if p.exited.is_some() {
+        if p.exited.is_some() && !same {
             p.exited = None;
         }
         if t < p.first_seen {
@@ -1099,6 +1176,7 @@ impl Builder {
             self.a.header.job_pid,
             &gpu.job_gpu_pids(),
         );
+        self.reused_roles_and_warning();
         self.a.gpu = gpu;
         let procs = &self.a.processes;
         let fallback: BTreeMap<Pid, stacks::ProcMeta> = self
@@ -1262,6 +1340,70 @@ mod tests {
             state,
             cpu: 0,
         }
+    }
+
+    #[test]
+    fn a_pid_taken_by_a_later_process_keeps_both_processes_figures() {
+        let start = |t: u64, boot: u64, comm: &str| {
+            let mut e = proc_ev(t, 20, 10, comm, &[comm]);
+            if let Event::Process { start_boot_ns, .. } = &mut e {
+                *start_boot_ns = boot;
+            }
+            e
+        };
+        let sample = |t: u64, cpu_ms: u64| Event::ProcessSample {
+            t: MonoNs(t * MS),
+            pid: Pid(20),
+            user_ns: cpu_ms * MS,
+            sys_ns: 0,
+            rss_bytes: 0,
+            read_bytes: 0,
+            write_bytes: 0,
+            rchar: 0,
+            wchar: 0,
+            threads: 1,
+        };
+        let exit = |t: u64| Event::ProcessExit {
+            t: MonoNs(t * MS),
+            pid: Pid(20),
+            status: None,
+        };
+        let evs = vec![
+            proc_ev(1_000, 10, 1, "python3", &["python3", "train.py"]),
+            start(1_100, 7, "first"),
+            sample(1_200, 600),
+            sample(2_200, 1_000),
+            exit(2_300),
+            // A late record of the same process (same start) is no reuse.
+            start(2_350, 7, "first"),
+            // The kernel gives PID 20 to another process.
+            start(3_000, 9, "second"),
+            sample(3_100, 200),
+            sample(3_600, 500),
+            // And to a third, between two passes of the sampler: no exit.
+            start(4_000, 11, "third"),
+            sample(4_100, 100),
+        ];
+        let a = analyze_events(header(), evs.into_iter());
+        let now = &a.processes[&Pid(20)];
+        assert_eq!((now.comm.as_str(), now.cpu_s()), ("third", 0.1));
+        let kept: Vec<(&str, f64, Option<MonoNs>)> = a
+            .reused
+            .iter()
+            .map(|p| (p.comm.as_str(), p.cpu_s(), p.exited))
+            .collect();
+        assert_eq!(
+            kept,
+            vec![
+                ("first", 1.0, Some(MonoNs(2_300 * MS))),
+                ("second", 0.5, Some(MonoNs(4_000 * MS)))
+            ]
+        );
+        assert!(
+            a.warnings.iter().any(|w| w.contains("processes_reused")),
+            "{:?}",
+            a.warnings
+        );
     }
 
     #[test]

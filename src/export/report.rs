@@ -13,6 +13,8 @@ pub const SCHEMA_VERSION: u32 = 1;
 /// `processes_omitted`. So report.json stays a few MB whatever the number
 /// of processes (a job that spawns a shell per file can start 100 000s).
 pub const MAX_PROCESSES: usize = 200;
+/// Processes whose PID was reused, listed in full at most.
+const MAX_REUSED_LISTED: usize = 50;
 /// Threads listed per process, and in all; the others are summed in
 /// `threads_omitted`.
 pub const MAX_THREADS_PER_PROCESS: usize = 64;
@@ -275,9 +277,32 @@ pub fn build(a: &Analysis) -> Value {
     } else {
         Value::Null
     };
+    // Processes whose PID a later one took: their own figures, the
+    // busiest first, within the list's bounds.
+    let processes_reused = if a.reused.is_empty() {
+        Value::Null
+    } else {
+        let mut ps: Vec<&Process> = a.reused.iter().collect();
+        ps.sort_by(|x, y| y.cpu_s().total_cmp(&x.cpu_s()).then(x.pid.cmp(&y.pid)));
+        let count = ps.len() as u64 + a.reused_omitted.0;
+        let cpu = ps.iter().map(|p| p.cpu_s()).sum::<f64>() + a.reused_omitted.1;
+        json!({
+            "count": count,
+            "cpu_s": r(cpu, 3),
+            "listed": ps
+                .iter()
+                .take(MAX_REUSED_LISTED)
+                .map(|p| process_json(a, p, MAX_THREADS_PER_PROCESS.min(8)))
+                .collect::<Vec<Value>>(),
+        })
+    };
     let mut roles = Map::new();
     for role in Role::ALL {
-        let ps: Vec<&Process> = a.processes_with_role(role).collect();
+        // Every process that had the role, those whose PID was reused too.
+        let ps: Vec<&Process> = a
+            .processes_with_role(role)
+            .chain(a.reused.iter().filter(|p| p.role == role))
+            .collect();
         roles.insert(
             role.as_str().into(),
             json!({
@@ -383,6 +408,7 @@ pub fn build(a: &Analysis) -> Value {
         "complete": a.complete,
         "processes": processes,
         "processes_omitted": processes_omitted,
+        "processes_reused": processes_reused,
         "roles": roles,
         "system": system,
         "coverage": coverage,
