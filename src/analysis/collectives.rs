@@ -121,12 +121,15 @@ pub enum CountedFrom {
     /// The thread's first sample in distributed code: the set-up between
     /// `init_process_group` and the first collective is counted too.
     FirstDistributedSample,
+    /// Its first sample: it was never seen in distributed code (its share
+    /// is 0), and no collective was seen elsewhere during its life.
+    FirstSample,
 }
 
 /// The threads' time in collectives.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Collectives {
-    /// Per Python thread that ran distributed code, sorted by (pid, tid).
+    /// Per Python thread, sorted by (pid, tid).
     pub threads: Vec<ThreadWaits>,
 }
 
@@ -153,27 +156,28 @@ fn waits(names: &[String], threads: Marks, dist: &Marks) -> Collectives {
     let mut out = Collectives::default();
     let mut per_thread = Vec::new();
     for ((pid, tid), samples) in threads {
-        let Some(from) = dist
+        // From its first sample in distributed code; a thread never seen
+        // there (a straggler rank, sampled while it waited for its input,
+        // never inside a collective) counts from its first sample, share 0:
+        // left out, its rank had no figure to compare on its own node.
+        let from = dist
             .get(&(pid, tid))
             .and_then(|v| v.iter().find(|s| s.1.is_some()))
-            .map(|s| s.0)
-        else {
-            continue;
-        };
-        let lo = samples.partition_point(|s| s.0 < from);
-        per_thread.push((pid, tid, samples, lo));
+            .map(|s| s.0);
+        let lo = from.map_or(0, |f| samples.partition_point(|s| s.0 < f));
+        per_thread.push((pid, tid, samples, lo, from.is_some()));
     }
     let mut exits: Vec<MonoNs> = per_thread
         .iter()
-        .filter_map(|(_, _, s, lo)| first_exit(&s[*lo..]))
+        .filter_map(|(_, _, s, lo, _)| first_exit(&s[*lo..]))
         .collect();
     exits.sort();
     let mut entries: Vec<MonoNs> = per_thread
         .iter()
-        .filter_map(|(_, _, s, lo)| s[*lo..].iter().find(|x| x.1.is_some()).map(|x| x.0))
+        .filter_map(|(_, _, s, lo, _)| s[*lo..].iter().find(|x| x.1.is_some()).map(|x| x.0))
         .collect();
     entries.sort();
-    for (pid, tid, samples, lo) in per_thread {
+    for (pid, tid, samples, lo, distributed) in per_thread {
         let s = &samples[lo..];
         // Only moments inside the thread's life are its: a launcher's
         // rendezvous barrier, before the ranks existed, is not one of
@@ -201,7 +205,11 @@ fn waits(names: &[String], threads: Marks, dist: &Marks) -> Collectives {
         ]
         .into_iter()
         .find_map(|(t, f)| t.filter(|t| after(*t) >= MIN_SAMPLES).map(|t| (t, f)))
-        .unwrap_or((MonoNs(0), CountedFrom::FirstDistributedSample));
+        .unwrap_or(if distributed {
+            (MonoNs(0), CountedFrom::FirstDistributedSample)
+        } else {
+            (MonoNs(0), CountedFrom::FirstSample)
+        });
         let mut w = thread_waits(pid, tid, s, names, count_from);
         w.counted_from = from;
         out.threads.push(w);
@@ -415,6 +423,39 @@ mod tests {
         }
         assert!(w0.share() > 0.9, "{}", w0.share());
         assert!(w1.share() < 0.1, "{}", w1.share());
+    }
+
+    #[test]
+    fn a_thread_never_seen_in_distributed_code_counts_with_a_share_of_zero() {
+        // On its own node (a merge's part), the straggler rank's main
+        // thread is sampled 60 times, never in distributed code: it is
+        // kept, from its first sample. Beside a rank seen in all_reduce
+        // from 200 ms, it counts from there.
+        let at = |i: u64| MonoNs(i * 50 * MS);
+        let b: Vec<_> = (0..60).map(|i| (at(i), None)).collect();
+        let names = ["all_reduce".to_string()];
+        let alone = waits(
+            &names,
+            [((Pid(2), Tid(2)), b.clone())].into(),
+            &Marks::new(),
+        );
+        let w = &alone.threads[0];
+        assert_eq!((w.samples, w.wait_samples), (60, 0));
+        assert_eq!(w.counted_from, CountedFrom::FirstSample);
+        let a: Vec<_> = (0..60).map(|i| (at(i), (i >= 4).then_some(0))).collect();
+        let dist_a: Marks = [((Pid(1), Tid(1)), a.iter().map(|s| (s.0, Some(0))).collect())].into();
+        let both = waits(
+            &names,
+            [((Pid(1), Tid(1)), a), ((Pid(2), Tid(2)), b)].into(),
+            &dist_a,
+        );
+        let w = &both.threads[1];
+        assert_eq!(
+            (w.samples, w.counted_from),
+            (56, CountedFrom::FirstCollectiveStart)
+        );
+        assert_eq!(w.share(), 0.0);
+        assert!(both.threads[0].share() > 0.99);
     }
 
     #[test]

@@ -498,6 +498,7 @@ fn counted_from(s: &RankFigures, others: &[&RankFigures], hosts: usize) -> Strin
         (CountedFrom::FirstCollectiveEnd, "from the end of the ranks' first collective"),
         (CountedFrom::FirstCollectiveStart, "from the first sample inside a collective, as no exit from one was sampled early enough: the first collective's start-up skew is included"),
         (CountedFrom::FirstDistributedSample, "from the rank's first sample in distributed code, as no collective was sampled early enough: set-up and start-up skew are included"),
+        (CountedFrom::FirstSample, "from the rank's first sample, as it was never sampled in distributed code (none of its time was seen in a collective)"),
     ] {
         let rs: Vec<&RankFigures> = all
             .iter()
