@@ -607,6 +607,16 @@ impl Builder {
         }
     }
 
+    /// The process a figure of `pid` at `t` belongs to (recovered when its
+    /// record was lost), and whether its counters count from this first
+    /// figure ([`Builder::baseline_from_first_sample`]).
+    fn sampled_process(&mut self, pid: Pid, t: MonoNs) -> Option<(&mut Process, bool)> {
+        self.recover(pid, t);
+        let first_seen = self.a.processes.get(&pid)?.first_seen;
+        let base_first = self.baseline_from_first_sample(first_seen);
+        self.a.processes.get_mut(&pid).map(|p| (p, base_first))
+    }
+
     /// Counters of processes that existed before a delayed window started
     /// are measured from their first sample in the window.
     fn baseline_from_first_sample(&self, first_seen: MonoNs) -> bool {
@@ -702,13 +712,7 @@ impl Builder {
             return;
         };
         let interval = self.interval;
-        self.recover(pid, t);
-        let base_first = self
-            .a
-            .processes
-            .get(&pid)
-            .is_some_and(|p| self.baseline_from_first_sample(p.first_seen));
-        let Some(p) = self.a.processes.get_mut(&pid) else {
+        let Some((p, base_first)) = self.sampled_process(pid, t) else {
             return;
         };
         let th = p.threads.entry(tid).or_insert_with(|| new_thread(tid, t));
@@ -775,13 +779,8 @@ impl Builder {
             return;
         };
         let interval = self.interval;
-        self.recover(pid, t);
-        let base_first = self
-            .a
-            .processes
-            .get(&pid)
-            .is_some_and(|p| self.baseline_from_first_sample(p.first_seen));
-        let Some(p) = self.a.processes.get_mut(&pid) else {
+        let cores = self.a.header.cpus.max(1) as f64;
+        let Some((p, base_first)) = self.sampled_process(pid, t) else {
             return;
         };
         let vals = [user_ns, sys_ns, read_bytes, write_bytes, rchar, wchar];
@@ -805,7 +804,6 @@ impl Builder {
         let dcpu = (vals[0].saturating_add(vals[1])).saturating_sub(pv[0].saturating_add(pv[1]))
             as f64
             / 1e9;
-        let cores = self.a.header.cpus.max(1) as f64;
         let pt = if p.last.is_none() {
             // First sample: over the time it needed at most.
             MonoNs(pt.0.min(t.0.saturating_sub((dcpu / cores * 1e9) as u64)))
