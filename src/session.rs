@@ -399,44 +399,40 @@ pub fn record(cfg: RecordConfig) -> Result<i32> {
     code
 }
 
-/// The process that sent the last SIGINT (`kill`), or 0 when it came from
-/// the terminal (Ctrl-C reaches the job's whole process group).
-static SIGINT_SENDER: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
-
-/// Note who sends SIGINT, beside tokio's own handler.
-fn watch_sigint_senders() {
-    // SAFETY: the action only reads the siginfo and stores an atomic,
-    // which is async-signal-safe.
-    let _ = unsafe {
-        signal_hook_registry::register_sigaction(libc::SIGINT, |info: &libc::siginfo_t| {
-            // Ctrl-C comes from the kernel (0).
-            SIGINT_SENDER.store(sender_of(info), Ordering::Relaxed);
-        })
-    };
-}
-
-/// The signals passed on to the job (`--forward-signals`), and the process
-/// that sent each last (0: the kernel or unknown; -1: a process of another
-/// pid namespace).
-const FORWARDED: [Signal; 4] = [
+/// The signals whose sender gpuprof notes: SIGINT (one from a process is
+/// not passed on, see [`sigint_not_passed_on`]) and those passed on to the
+/// job (`--forward-signals`).
+const WATCHED: [Signal; 5] = [
+    Signal::SIGINT,
     Signal::SIGTERM,
     Signal::SIGHUP,
     Signal::SIGUSR1,
     Signal::SIGUSR2,
 ];
-static FORWARDED_SENDERS: [std::sync::atomic::AtomicI32; 4] =
-    [const { std::sync::atomic::AtomicI32::new(0) }; 4];
+/// The process that sent each watched signal last ([`sender_of`]).
+static SENDERS: [std::sync::atomic::AtomicI32; 5] =
+    [const { std::sync::atomic::AtomicI32::new(0) }; 5];
 
-/// Note who sends the signals passed on, beside tokio's own handlers.
-fn watch_forwarded_senders() {
-    for (i, sig) in FORWARDED.iter().enumerate() {
-        // SAFETY: as in watch_sigint_senders.
+/// Note who sends the watched signals, beside tokio's own handlers.
+fn watch_senders() {
+    for (i, sig) in WATCHED.iter().enumerate() {
+        // SAFETY: the action only reads the siginfo and stores an atomic,
+        // which is async-signal-safe.
         let _ = unsafe {
             signal_hook_registry::register_sigaction(*sig as libc::c_int, move |info| {
-                FORWARDED_SENDERS[i].store(sender_of(info), Ordering::Relaxed);
+                SENDERS[i].store(sender_of(info), Ordering::Relaxed);
             })
         };
     }
+}
+
+/// The sender of the last `sig` received since the last call (0 when none
+/// was noted, or it came from the kernel, e.g. the terminal's Ctrl-C).
+fn take_sender(sig: Signal) -> i32 {
+    WATCHED
+        .iter()
+        .position(|s| *s == sig)
+        .map_or(0, |i| SENDERS[i].swap(0, Ordering::Relaxed))
 }
 
 /// The process that sent a signal: si_code <= 0 means sent by a process
@@ -459,11 +455,11 @@ const SLURM_STEPD: &str = "slurmstepd";
 /// Pass `sig`, which reached gpuprof, on to the job, unless
 /// `--forward-signals` says the job has it already; the first time a
 /// signal is kept back, say why.
-fn pass_on(cfg: &RecordConfig, job: Pid, sig: Signal, told: &mut [bool; 4]) {
-    let Some(i) = FORWARDED.iter().position(|s| *s == sig) else {
+fn pass_on(cfg: &RecordConfig, job: Pid, sig: Signal, told: &mut [bool; WATCHED.len()]) {
+    let Some(i) = WATCHED.iter().position(|s| *s == sig) else {
         return;
     };
-    let sender = FORWARDED_SENDERS[i].swap(0, Ordering::Relaxed);
+    let sender = take_sender(sig);
     let why = match cfg.forward_signals {
         ForwardSignals::Always => None,
         ForwardSignals::Never => Some(format!(
@@ -526,8 +522,7 @@ async fn run(
     // the dispositions gpuprof was started with (e.g. SIGHUP ignored under
     // nohup), not gpuprof's own.
     let mut sigint = signal(SignalKind::interrupt())?;
-    watch_sigint_senders();
-    watch_forwarded_senders();
+    watch_senders();
     let mut sigquit = signal(SignalKind::quit())?;
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sighup = signal(SignalKind::hangup())?;
@@ -597,7 +592,7 @@ async fn run(
     let mut job_status: Option<JobStatus> = None;
     let mut stop_reason: Option<&str> = None;
     // Signals kept back from the job so far (see pass_on).
-    let mut told = [false; 4];
+    let mut told = [false; WATCHED.len()];
     let mut tick = tokio::time::interval(Duration::from_millis(200));
     let far = started + Duration::from_secs(100 * 365 * 86400);
 
@@ -619,7 +614,7 @@ async fn run(
             _ = sigchld.recv() => {}
             _ = tick.tick(), if recording.is_some() && views.ticks() => views.tick(),
             _ = sigint.recv() => {
-                let sender = SIGINT_SENDER.swap(0, Ordering::Relaxed);
+                let sender = take_sender(Signal::SIGINT);
                 interrupts += 1;
                 if interrupts == 1 && sender == 0 {
                     say(cfg.quiet, "Ctrl-C went to the job; recording until it exits (Ctrl-C again stops recording now)");
