@@ -382,6 +382,15 @@ impl TreeCollector {
             .as_ref()
             .and_then(|p| p.exe().ok())
             .map(|p| p.to_string_lossy().into_owned());
+        // The PID was reused between two passes: the recording says that
+        // the process that had it ended, before naming the new one.
+        if is_new && self.procs.get(&pid).is_some_and(|st| !st.exited) {
+            self.sink.send_blocking(Event::ProcessExit {
+                t: now,
+                pid: Pid(pid),
+                status: None,
+            });
+        }
         self.sink.send_blocking(Event::Process {
             t: now,
             pid: Pid(pid),

@@ -671,6 +671,11 @@ impl LiveState {
         else {
             return;
         };
+        // A record after an exit: the PID went to a new process (the
+        // recorder says when it was reused); its counters start afresh.
+        if self.procs.get(pid).is_some_and(|p| p.exited.is_some()) {
+            self.procs.remove(pid);
+        }
         let p = self.procs.entry(*pid).or_insert_with(|| LiveProc {
             ppid: *ppid,
             comm: String::new(),

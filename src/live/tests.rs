@@ -86,6 +86,29 @@ fn cpu_and_io_are_counted_under_the_role_at_the_time() {
 }
 
 #[test]
+fn a_reused_pid_counts_the_new_process_from_zero() {
+    let live = Live::new(std::time::Duration::from_secs(60));
+    let mut tap = live.tap();
+    tap(&header());
+    tap(&Event::WindowStart { t: MonoNs(10 * S) });
+    tap(&process(10 * S, 100, 1, "python train.py"));
+    tap(&process(10 * S, 102, 100, "convert a.jpg"));
+    tap(&sample(11 * S, 102, S, 0));
+    // The recorder ends it, then names the process the kernel gave its
+    // PID to: that one's 0.2 s count, not a negative delta against 1 s.
+    tap(&Event::ProcessExit {
+        t: MonoNs(12 * S),
+        pid: Pid(102),
+        status: None,
+    });
+    tap(&process(12 * S, 102, 100, "convert b.jpg"));
+    tap(&sample(13 * S, 102, S / 5, 0));
+    let st = state(&live);
+    let role = st.role_of(Pid(102)).unwrap();
+    assert_eq!(st.roles[ri(role)].cpu_ns, S + S / 5);
+}
+
+#[test]
 fn gpu_busy_share_and_throttle_seconds() {
     let live = Live::new(std::time::Duration::from_secs(60));
     let mut tap = live.tap();
