@@ -59,6 +59,12 @@ macro_rules! need_perf {
 /// `gpuprof -q -o DIR ARGS -- JOB` with core dumps off (a job killed by
 /// SIGTRAP would leave one); returns the folder and gpuprof's exit code.
 fn record(name: &str, args: &[&str], job: &[&str]) -> (PathBuf, i32) {
+    let (out, code, _) = record_stdout(name, args, job);
+    (out, code)
+}
+
+/// [`record`], with what the job printed.
+fn record_stdout(name: &str, args: &[&str], job: &[&str]) -> (PathBuf, i32, String) {
     let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let out = tmp(name);
     let st = Command::new("sh")
@@ -73,10 +79,14 @@ fn record(name: &str, args: &[&str], job: &[&str]) -> (PathBuf, i32) {
         .arg("--")
         .args(job)
         .current_dir(std::env::temp_dir())
-        .stdout(std::process::Stdio::null())
-        .status()
+        .stderr(std::process::Stdio::inherit())
+        .output()
         .expect("run gpuprof");
-    (out, st.code().unwrap_or(-1))
+    (
+        out,
+        st.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&st.stdout).into_owned(),
+    )
 }
 
 fn report(dir: &Path) -> Value {
@@ -215,6 +225,96 @@ fn native_leaves_lie_under_the_python_function_that_ran_them() {
     if tried == 0 {
         skip!("no CPython 3.9-3.13 installed (pyenv)");
     }
+}
+
+/// The agent trusts a code object it found alive, without reading it
+/// again, until any code object is deallocated. Here the two functions are
+/// compiled anew for every 3 ms slice and freed after it, so each is born
+/// at the address the other just left: every zlib sample must still lie
+/// under compress_block and every SHA-256 one under hash_block (a key kept
+/// for an address after its object went would file them under the other).
+#[test]
+fn code_objects_reborn_at_one_address_keep_their_own_names() {
+    need_perf!();
+    let (mut tried, mut reused) = (0, 0);
+    let mut table = Vec::new();
+    for minor in 9..=13 {
+        let Some(py) = common::python_minor(minor) else {
+            continue;
+        };
+        tried += 1;
+        let (out, code, stdout) = record_stdout(
+            &format!("fresh{minor}"),
+            &["--frequency", "499"],
+            &[
+                py.to_str().unwrap(),
+                scripts().join("alternate.py").to_str().unwrap(),
+                "1.5",
+                "1",
+                "0",
+                "1",
+            ],
+        );
+        assert_eq!(code, 0, "3.{minor}: the job failed");
+        // Whether the allocator did give one function's address to the
+        // other depends on the version (3.11-3.13 do, every slice).
+        let shared: Vec<u64> = stdout
+            .lines()
+            .filter_map(|l| l.rsplit_once("both functions: "))
+            .map(|(_, n)| n.trim().parse().unwrap())
+            .collect();
+        assert_eq!(shared.len(), 2, "3.{minor}: {stdout}");
+        reused += shared.iter().filter(|&&n| n > 0).count();
+        table.push(format!("3.{minor}: addresses shared {shared:?}"));
+        for role in ["main", "worker"] {
+            let mut t = Truth::default();
+            for (stack, n) in folded(&out.join(format!("stacks-{role}.folded"))) {
+                let frames: Vec<&str> = stack.split(';').collect();
+                let zlib = frames.iter().any(|f| {
+                    *f == "zlib_compress" || f.starts_with("deflate") || f.contains("libz.so")
+                });
+                let sha = frames.iter().any(|f| {
+                    !f.contains(".py)")
+                        && (f.to_ascii_lowercase().contains("sha256")
+                            || f.contains("EVP_Digest")
+                            || f.contains("libcrypto"))
+                });
+                if zlib == sha {
+                    continue;
+                }
+                let has = |name: &str| frames.contains(&name);
+                let (c, h) = (
+                    has("compress_block (alternate.py)"),
+                    has("hash_block (alternate.py)"),
+                );
+                match (zlib, c, h) {
+                    (true, true, false) | (false, false, true) => t.right += n,
+                    (_, true, _) | (_, _, true) => t.wrong += n,
+                    _ if frames.iter().any(|f| f.starts_with("[python: ")) => t.unattributed += n,
+                    _ => {}
+                }
+            }
+            table.push(format!(
+                "3.{minor} {role}: {} samples, right {:.1}%, unattributed {:.1}%, wrong {:.1}%",
+                t.total(),
+                100.0 * t.share(t.right),
+                100.0 * t.share(t.unattributed),
+                100.0 * t.share(t.wrong)
+            ));
+            assert!(t.total() >= 20, "3.{minor} {role}: only {t:?}");
+            assert_eq!(t.wrong, 0, "3.{minor} {role}: {t:?}");
+            assert!(t.share(t.right) >= 0.99, "3.{minor} {role}: {t:?}");
+        }
+        let _ = std::fs::remove_dir_all(&out);
+    }
+    eprintln!("{}", table.join("\n"));
+    if tried == 0 {
+        skip!("no CPython 3.9-3.13 installed (pyenv)");
+    }
+    assert!(
+        reused > 0,
+        "no process reused an address: the test proved nothing"
+    );
 }
 
 /// Issue 18: loader workers with a feeder thread on 3.10 and 3.11 — their

@@ -22,6 +22,11 @@
  *     allocation; every read of interpreter memory goes through
  *     process_vm_readv on ourselves, so a stale pointer read mid-update gives
  *     an error, never a fault;
+ *   - one write into the interpreter: PyCode_Type's deallocator is wrapped
+ *     (two atomic increments, then the original), so that a code object
+ *     read once can be trusted without reading it again until any code
+ *     object goes; done through process_vm_writev, so a type object in
+ *     read-only memory only turns that off;
  *   - the job's signals are untouched: SA_RESTART; the event excludes the
  *     kernel, so the signal comes on a return to user mode and never
  *     interrupts a blocking system call (no EINTR); a SIGTRAP that is not
@@ -94,6 +99,7 @@
 /* Frame flags. */
 #define FR_ENTRY 1u /* the oldest frame of its run (one C call of the eval loop) */
 #define FR_BADCODE 2u /* the code pointer is not a code object */
+#define FR_LIVE 0x80000000u /* in the handler only: key known, no read */
 
 #define MAX_FRAMES 256
 #define NAME_BYTES 1024
@@ -213,6 +219,26 @@ static uintptr_t code_type;
 static struct gp_ring g_ring_storage[1];
 static _Atomic(struct gp_ring *) g_ring;
 static struct code_slot *g_codes;
+/* Code objects this thread's handler found alive, by address: while no
+ * code object has been deallocated since (g_code_gen unchanged), the object
+ * at that address is still the same one, so its key needs no read. Reading
+ * a code object costs a page of process_vm_readv (~1.5 us on a VM, a
+ * loader's stack has 15-25 of them); this was two fifths of the handler.
+ * Per thread (the handler is the only user, and is not reentered for
+ * SIGTRAP), so no entry is ever seen half written. */
+struct live_code {
+    uint64_t code;
+    uint32_t key;
+    uint32_t gen;
+};
+#define LIVE_SLOTS 512
+static __thread struct live_code g_live[LIVE_SLOTS] __attribute__((tls_model("initial-exec")));
+static __thread uint32_t g_live_tid __attribute__((tls_model("initial-exec")));
+/* Bumped around every code object deallocation (PyCode_Type.tp_dealloc
+ * wrapped at start); 0: not wrapped, no entry is ever trusted. */
+static _Atomic uint32_t g_code_gen;
+typedef void (*dealloc_fn)(void *);
+static dealloc_fn g_code_dealloc;
 static uint32_t g_stack_bytes = 32768;
 static uint64_t g_period_ns = 10101010;
 static uint64_t g_ring_bytes = 2u << 20;
@@ -384,12 +410,12 @@ static int code_seen(uint64_t code, uint32_t key, struct code_slot **slot_out)
 
 /* Validate a distinct code object read into `hdr`: its key into `fo`, and
  * its name into the ring when it is new. */
-static void check_code(struct frame_out *fo, const uint8_t *hdr, uint32_t tid)
+static int check_code(struct frame_out *fo, const uint8_t *hdr, uint32_t tid)
 {
     if (rd_ptr(hdr, 8) != code_type) {
         fo->flags |= FR_BADCODE;
         fo->key = 0;
-        return;
+        return 0;
     }
     int32_t line;
     memcpy(&line, hdr + L->co_firstlineno, 4);
@@ -398,13 +424,56 @@ static void check_code(struct frame_out *fo, const uint8_t *hdr, uint32_t tid)
     int seen = code_seen(fo->code, fo->key, &slot);
     /* Marked ready only once its name is in the ring: a name dropped with
      * a full ring is sent again next time. */
-    if (seen != 1 && emit_code(fo->code, fo->key, hdr, tid) == 0 && slot)
+    if (seen == 1)
+        return 1;
+    if (emit_code(fo->code, fo->key, hdr, tid) != 0)
+        return 0;
+    if (slot)
         atomic_store_explicit(&slot->ready, 1, memory_order_release);
+    return 1;
+}
+
+static struct live_code *live_slot(uint64_t code)
+{
+    return &g_live[(uint32_t)((code >> 4) * 0x9e3779b1u) >> 23];
+}
+
+/* The key of a code object known alive, or 0. */
+static uint32_t live_key(uint64_t code, uint32_t gen)
+{
+    const struct live_code *l = live_slot(code);
+    return gen && l->code == code && l->gen == gen ? l->key : 0;
+}
+
+/* Wraps PyCode_Type.tp_dealloc: the generation moves on before the object
+ * goes (a handler that interrupts the deallocation on this thread reads
+ * the object afresh) and after (an entry made meanwhile is not trusted). */
+static void code_dealloc_hook(void *op)
+{
+    atomic_fetch_add(&g_code_gen, 1);
+    g_code_dealloc(op);
+    atomic_fetch_add(&g_code_gen, 1);
+}
+
+/* Wrap PyCode_Type.tp_dealloc (offset 48 in every CPython 3.x type
+ * object). Written through process_vm_writev: a type object in read-only
+ * memory is an error, never a fault; then nothing is cached. */
+static void hook_code_dealloc(void)
+{
+    uintptr_t slot = code_type + 48;
+    dealloc_fn orig = NULL, mine = code_dealloc_hook;
+    if (rd(&orig, slot, sizeof orig) || !orig)
+        return;
+    g_code_dealloc = orig;
+    atomic_store(&g_code_gen, 2);
+    struct iovec l = {&mine, sizeof mine}, r = {(void *)slot, sizeof mine};
+    if (process_vm_writev(g_pid, &l, 1, &r, 1, 0) != (ssize_t)sizeof mine)
+        atomic_store(&g_code_gen, 0);
 }
 
 /* Validate the code objects of `f[0..n)`, set their keys and name the new
- * ones, reading each distinct one once per sample, CODE_BATCH to a system
- * call. `tail` (the stack copy, or NULL) is read in the same call as the
+ * ones: those known alive (g_live) without a read, the others reading each
+ * distinct one once per sample, CODE_BATCH to a system call. `tail` (the stack copy, or NULL) is read in the same call as the
  * last batch, after the code objects: `*tail_got` is what was read of it,
  * -1 when it was not read. Returns -1 when a code object could not be
  * read. */
@@ -413,22 +482,44 @@ static int check_codes(struct frame_out *f, uint32_t n, uint32_t tid, const stru
 {
     uint8_t buf[CODE_BATCH][136];
     uint64_t uniq[CODE_BATCH];
+    uint8_t deep[CODE_BATCH];
     struct frame_out first[CODE_BATCH];
     struct iovec local[CODE_BATCH + 1], remote[CODE_BATCH + 1];
     *tail_got = -1;
+    int rc = 0;
+    /* Even: a deallocation in progress on this thread leaves nothing
+     * trusted or cached. */
+    uint32_t gen = atomic_load_explicit(&g_code_gen, memory_order_acquire);
+    if (gen & 1)
+        gen = 0;
+    if (g_live_tid != tid) {
+        memset(g_live, 0, sizeof g_live);
+        g_live_tid = tid;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        f[i].key = live_key(f[i].code, gen);
+        if (f[i].key)
+            f[i].flags |= FR_LIVE;
+    }
     for (uint32_t start = 0; start < n;) {
         /* The next frames whose code objects fit in one batch. */
         uint32_t m = 0, end = start;
         for (; end < n; end++) {
+            if (f[end].flags & FR_LIVE)
+                continue;
             uint32_t j = 0;
             while (j < m && uniq[j] != f[end].code)
                 j++;
             if (j == m) {
                 if (m == CODE_BATCH)
                     break;
+                deep[m] = 0;
                 uniq[m++] = f[end].code;
             }
+            deep[j] |= end > 0;
         }
+        if (m == 0)
+            break;
         for (uint32_t j = 0; j < m; j++) {
             local[j].iov_base = buf[j];
             local[j].iov_len = (size_t)L->co_read;
@@ -445,16 +536,30 @@ static int check_codes(struct frame_out *f, uint32_t n, uint32_t tid, const stru
         /* Remote pieces are read in order and a failed one ends the
          * call: a short count within the code objects is a failed one. */
         ssize_t got = process_vm_readv(g_pid, local, k, remote, k, 0);
-        if (got < want)
-            return -1;
+        if (got < want) {
+            rc = -1;
+            break;
+        }
         if (k > m)
             *tail_got = got - want;
         for (uint32_t j = 0; j < m; j++) {
             first[j].code = uniq[j];
             first[j].flags = 0;
-            check_code(&first[j], buf[j], tid);
+            /* Only the innermost frame can be in the middle of being
+             * pushed or cleared (3.11 clears a frame, and may free its
+             * code object, before popping it): a code object is cached
+             * only when an older frame, whose own is alive while it is,
+             * runs it. */
+            if (check_code(&first[j], buf[j], tid) && gen && deep[j]) {
+                struct live_code *l = live_slot(uniq[j]);
+                l->code = uniq[j];
+                l->key = first[j].key;
+                l->gen = gen;
+            }
         }
         for (uint32_t i = start; i < end; i++) {
+            if (f[i].flags & FR_LIVE)
+                continue;
             uint32_t j = 0;
             while (uniq[j] != f[i].code)
                 j++;
@@ -463,7 +568,9 @@ static int check_codes(struct frame_out *f, uint32_t n, uint32_t tid, const stru
         }
         start = end;
     }
-    return 0;
+    for (uint32_t i = 0; i < n; i++)
+        f[i].flags &= ~FR_LIVE;
+    return rc;
 }
 
 /* Most bytes read at once below a frame of a data stack (3.11+), see
@@ -1015,6 +1122,7 @@ __attribute__((constructor)) static void pystacks_init(void)
                    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (g_codes == MAP_FAILED)
         g_codes = NULL;
+    hook_code_dealloc();
 
     struct sigaction sa, prev;
     memset(&sa, 0, sizeof sa);
