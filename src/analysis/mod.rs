@@ -941,152 +941,189 @@ impl Builder {
             }
             ev @ Event::ThreadCpu { .. } => self.thread_cpu(ev),
             ev @ Event::ProcessSample { .. } => self.process_sample(ev),
-            Event::SystemCpu {
-                t,
-                total,
-                per_cpu,
-                procs_running,
-                procs_blocked,
-            } => {
-                let s = &mut self.a.system;
-                if let Some((pt, prev)) = s.last_cpu {
-                    let dt_all = total.total().saturating_sub(prev.total()) as f64;
-                    if dt_all > 0.0 {
-                        let pct = |a: u64, b: u64| a.saturating_sub(b) as f64 / dt_all * 100.0;
-                        s.busy.push(pt, t, pct(total.busy(), prev.busy()));
-                        s.iowait.push(pt, t, pct(total.iowait, prev.iowait));
-                        s.steal.push(pt, t, pct(total.steal, prev.steal));
-                    }
-                    s.runnable.push(pt, t, procs_running as f64);
-                    s.blocked.push(pt, t, procs_blocked as f64);
-                }
-                s.last_cpu = Some((t, total));
-                if !per_cpu.is_empty() {
-                    if s.per_cpu_busy.len() < per_cpu.len() {
-                        s.per_cpu_busy.resize_with(per_cpu.len(), Series::default);
-                        s.last_per_cpu.resize(per_cpu.len(), None);
-                    }
-                    for (i, c) in per_cpu.iter().enumerate() {
-                        if let Some((pt, prev)) = s.last_per_cpu[i] {
-                            let d = c.total().saturating_sub(prev.total()) as f64;
-                            if d > 0.0 {
-                                s.per_cpu_busy[i].push(
-                                    pt,
-                                    t,
-                                    c.busy().saturating_sub(prev.busy()) as f64 / d * 100.0,
-                                );
-                            }
-                        }
-                        s.last_per_cpu[i] = Some((t, *c));
-                    }
-                }
+            ev @ Event::SystemCpu { .. } => self.system_cpu(ev),
+            ev @ Event::Disks { .. } => self.disks(ev),
+            ev @ Event::Cgroup { .. } => self.cgroup(ev),
+            ev @ Event::Pressure { .. } => self.pressure(ev),
+            ev @ Event::Memory { .. } => self.memory(ev),
+        }
+    }
+
+    /// `/proc/stat`: the system's busy, iowait and steal shares, runnable and
+    /// blocked tasks, and each CPU's busy share.
+    fn system_cpu(&mut self, ev: Event) {
+        let Event::SystemCpu {
+            t,
+            total,
+            per_cpu,
+            procs_running,
+            procs_blocked,
+        } = ev
+        else {
+            return;
+        };
+        let s = &mut self.a.system;
+        if let Some((pt, prev)) = s.last_cpu {
+            let dt_all = total.total().saturating_sub(prev.total()) as f64;
+            if dt_all > 0.0 {
+                let pct = |a: u64, b: u64| a.saturating_sub(b) as f64 / dt_all * 100.0;
+                s.busy.push(pt, t, pct(total.busy(), prev.busy()));
+                s.iowait.push(pt, t, pct(total.iowait, prev.iowait));
+                s.steal.push(pt, t, pct(total.steal, prev.steal));
             }
-            Event::Disks { t, disks } => {
-                for d in disks {
-                    let disk = self
-                        .a
-                        .system
-                        .disks
-                        .entry(d.name.clone())
-                        .or_insert_with(|| Disk {
-                            name: d.name.clone(),
-                            ..Default::default()
-                        });
-                    if let Some((pt, r, w, io)) = disk.last {
-                        let (dr, dw) = (
-                            d.read_bytes.saturating_sub(r),
-                            d.write_bytes.saturating_sub(w),
-                        );
-                        disk.read_bytes += dr;
-                        disk.write_bytes += dw;
-                        push_delta(&mut disk.read_bps, pt, t, interval, dr as f64, 1.0);
-                        push_delta(&mut disk.write_bps, pt, t, interval, dw as f64, 1.0);
-                        // Time with IO in flight: at most all of the time.
-                        push_delta_capped(
-                            &mut disk.busy,
+            s.runnable.push(pt, t, procs_running as f64);
+            s.blocked.push(pt, t, procs_blocked as f64);
+        }
+        s.last_cpu = Some((t, total));
+        if !per_cpu.is_empty() {
+            if s.per_cpu_busy.len() < per_cpu.len() {
+                s.per_cpu_busy.resize_with(per_cpu.len(), Series::default);
+                s.last_per_cpu.resize(per_cpu.len(), None);
+            }
+            for (i, c) in per_cpu.iter().enumerate() {
+                if let Some((pt, prev)) = s.last_per_cpu[i] {
+                    let d = c.total().saturating_sub(prev.total()) as f64;
+                    if d > 0.0 {
+                        s.per_cpu_busy[i].push(
                             pt,
                             t,
-                            interval,
-                            d.io_ms.saturating_sub(io) as f64 / 1e3,
-                            100.0,
-                            1.0,
+                            c.busy().saturating_sub(prev.busy()) as f64 / d * 100.0,
                         );
                     }
-                    disk.last = Some((t, d.read_bytes, d.write_bytes, d.io_ms));
                 }
-            }
-            Event::Cgroup { t, cpu, memory } => {
-                let cg = &mut self.a.system.cgroup;
-                if let Some(c) = &cpu {
-                    cg.cpu(t, c, interval);
-                }
-                if let Some(m) = &memory {
-                    cg.memory(t, m);
-                }
-            }
-            Event::Pressure { t, cpu, io, memory } => {
-                let s = &mut self.a.system;
-                for (ps, v) in [
-                    (&mut s.psi_cpu, cpu),
-                    (&mut s.psi_io, io),
-                    (&mut s.psi_memory, memory),
-                ] {
-                    let Some(v) = v else { continue };
-                    if let Some((pt, some, full)) = ps.last {
-                        let dt_us = (t.0.saturating_sub(pt.0)) as f64 / 1e3;
-                        if dt_us > 0.0 {
-                            ps.some.push(
-                                pt,
-                                t,
-                                (v.some_us.saturating_sub(some) as f64 / dt_us * 100.0).min(100.0),
-                            );
-                            if let (Some(f), Some(pf)) = (v.full_us, full) {
-                                ps.full.push(
-                                    pt,
-                                    t,
-                                    (f.saturating_sub(pf) as f64 / dt_us * 100.0).min(100.0),
-                                );
-                            }
-                        }
-                    }
-                    ps.last = Some((t, v.some_us, v.full_us));
-                }
-            }
-            Event::Memory {
-                t,
-                total_bytes,
-                available_bytes,
-                swap_total_bytes,
-                swap_free_bytes,
-                pswpin,
-                pswpout,
-            } => {
-                let page = self.a.header.page_size as f64;
-                let s = &mut self.a.system;
-                s.mem_total = total_bytes;
-                let swap_used = swap_total_bytes.saturating_sub(swap_free_bytes) as f64;
-                if let Some((pt, avail, used)) = self.last_mem {
-                    s.mem_available.push(pt, t, avail);
-                    s.swap_used.push(pt, t, used);
-                }
-                self.last_mem = Some((t, available_bytes as f64, swap_used));
-                if let Some((pt, pin, pout)) = s.last_swap {
-                    let (di, dout) = (pswpin.saturating_sub(pin), pswpout.saturating_sub(pout));
-                    s.swap_in_bytes += di * page as u64;
-                    s.swap_out_bytes += dout * page as u64;
-                    push_delta(&mut s.swap_in_bps, pt, t, interval, di as f64 * page, 1.0);
-                    push_delta(
-                        &mut s.swap_out_bps,
-                        pt,
-                        t,
-                        interval,
-                        dout as f64 * page,
-                        1.0,
-                    );
-                }
-                s.last_swap = Some((t, pswpin, pswpout));
+                s.last_per_cpu[i] = Some((t, *c));
             }
         }
+    }
+
+    /// `/proc/diskstats`: bytes read and written, and busy time, per disk.
+    fn disks(&mut self, ev: Event) {
+        let Event::Disks { t, disks } = ev else {
+            return;
+        };
+        let interval = self.interval;
+        for d in disks {
+            let disk = self
+                .a
+                .system
+                .disks
+                .entry(d.name.clone())
+                .or_insert_with(|| Disk {
+                    name: d.name.clone(),
+                    ..Default::default()
+                });
+            if let Some((pt, r, w, io)) = disk.last {
+                let (dr, dw) = (
+                    d.read_bytes.saturating_sub(r),
+                    d.write_bytes.saturating_sub(w),
+                );
+                disk.read_bytes += dr;
+                disk.write_bytes += dw;
+                push_delta(&mut disk.read_bps, pt, t, interval, dr as f64, 1.0);
+                push_delta(&mut disk.write_bps, pt, t, interval, dw as f64, 1.0);
+                // Time with IO in flight: at most all of the time.
+                push_delta_capped(
+                    &mut disk.busy,
+                    pt,
+                    t,
+                    interval,
+                    d.io_ms.saturating_sub(io) as f64 / 1e3,
+                    100.0,
+                    1.0,
+                );
+            }
+            disk.last = Some((t, d.read_bytes, d.write_bytes, d.io_ms));
+        }
+    }
+
+    /// The job's cgroup: CPU throttling and memory against its limits.
+    fn cgroup(&mut self, ev: Event) {
+        let Event::Cgroup { t, cpu, memory } = ev else {
+            return;
+        };
+        let interval = self.interval;
+        let cg = &mut self.a.system.cgroup;
+        if let Some(c) = &cpu {
+            cg.cpu(t, c, interval);
+        }
+        if let Some(m) = &memory {
+            cg.memory(t, m);
+        }
+    }
+
+    /// `/proc/pressure/*`: the share of time tasks stalled (some, full).
+    fn pressure(&mut self, ev: Event) {
+        let Event::Pressure { t, cpu, io, memory } = ev else {
+            return;
+        };
+        let s = &mut self.a.system;
+        for (ps, v) in [
+            (&mut s.psi_cpu, cpu),
+            (&mut s.psi_io, io),
+            (&mut s.psi_memory, memory),
+        ] {
+            let Some(v) = v else { continue };
+            if let Some((pt, some, full)) = ps.last {
+                let dt_us = (t.0.saturating_sub(pt.0)) as f64 / 1e3;
+                if dt_us > 0.0 {
+                    ps.some.push(
+                        pt,
+                        t,
+                        (v.some_us.saturating_sub(some) as f64 / dt_us * 100.0).min(100.0),
+                    );
+                    if let (Some(f), Some(pf)) = (v.full_us, full) {
+                        ps.full.push(
+                            pt,
+                            t,
+                            (f.saturating_sub(pf) as f64 / dt_us * 100.0).min(100.0),
+                        );
+                    }
+                }
+            }
+            ps.last = Some((t, v.some_us, v.full_us));
+        }
+    }
+
+    /// `/proc/meminfo` and `/proc/vmstat`: available memory, swap used and
+    /// swapped bytes.
+    fn memory(&mut self, ev: Event) {
+        let Event::Memory {
+            t,
+            total_bytes,
+            available_bytes,
+            swap_total_bytes,
+            swap_free_bytes,
+            pswpin,
+            pswpout,
+        } = ev
+        else {
+            return;
+        };
+        let interval = self.interval;
+        let page = self.a.header.page_size as f64;
+        let s = &mut self.a.system;
+        s.mem_total = total_bytes;
+        let swap_used = swap_total_bytes.saturating_sub(swap_free_bytes) as f64;
+        if let Some((pt, avail, used)) = self.last_mem {
+            s.mem_available.push(pt, t, avail);
+            s.swap_used.push(pt, t, used);
+        }
+        self.last_mem = Some((t, available_bytes as f64, swap_used));
+        if let Some((pt, pin, pout)) = s.last_swap {
+            let (di, dout) = (pswpin.saturating_sub(pin), pswpout.saturating_sub(pout));
+            s.swap_in_bytes += di * page as u64;
+            s.swap_out_bytes += dout * page as u64;
+            push_delta(&mut s.swap_in_bps, pt, t, interval, di as f64 * page, 1.0);
+            push_delta(
+                &mut s.swap_out_bps,
+                pt,
+                t,
+                interval,
+                dout as f64 * page,
+                1.0,
+            );
+        }
+        s.last_swap = Some((t, pswpin, pswpout));
     }
 
     fn finish(mut self, truncated: Option<String>, opts: &Options) -> Analysis {
