@@ -16,13 +16,13 @@
 //! Everything is deterministic: sorted maps, stable sorts, no hashing order
 //! leaks into outputs.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use serde::Serialize;
 
 use super::fold::{self, FoldFrame, FoldNotes, FrameClass, Launcher, ViewFrame};
 use super::Role;
-use crate::event::{Event, MonoNs, Pid, SampleSource, StackKind, StackStats, Tid};
+use crate::event::{Event, MonoNs, Pid, SampleBatch, SampleSource, StackKind, StackStats, Tid};
 
 /// Outermost frames that mean "the unwinder reached the thread's root".
 pub const ROOT_FRAMES: &[&str] = &["_start", "clone", "clone3", "__clone", "__clone3"];
@@ -372,25 +372,7 @@ impl StackData {
                     };
                 }
             }
-            Event::PyAgentStats {
-                pid,
-                samples,
-                partial,
-                dropped,
-                late_signals,
-                unknown_code,
-                handler_chained,
-            } => {
-                let a = self.agent_stats.entry(*pid).or_default();
-                a.samples += samples;
-                for (k, v) in partial {
-                    *a.partial.entry(k.clone()).or_default() += v;
-                }
-                a.dropped += dropped;
-                a.late_signals += late_signals;
-                a.unknown_code += unknown_code;
-                a.handler_chained |= handler_chained;
-            }
+            ev @ Event::PyAgentStats { .. } => self.add_agent_stats(ev),
             Event::PyFrame {
                 id,
                 name,
@@ -418,37 +400,7 @@ impl StackData {
                 };
                 nodes.insert(*id, (*parent, *frame));
             }
-            Event::Samples(b) => {
-                let out = match b.kind {
-                    StackKind::Native => &mut self.native,
-                    StackKind::Python => &mut self.python,
-                };
-                // A plain loop: this runs for every sample of the recording.
-                let scratch = &mut self.scratch;
-                scratch.clear();
-                let n = b.stacks.len().min(b.dt_us.len());
-                let mut us = b.t0.0 / 1000;
-                for i in 0..n {
-                    us += b.dt_us[i] as u64;
-                    scratch.push(RawSample {
-                        t: MonoNs(us * 1000),
-                        pid: b.pid,
-                        tid: b.tid,
-                        stack: b.stacks[i],
-                        weight_flags: if b.source == SampleSource::Agent {
-                            AGENT | 1
-                        } else {
-                            1
-                        },
-                    });
-                }
-                for x in &b.incomplete {
-                    if let Some(s) = scratch.get_mut(*x as usize) {
-                        s.weight_flags |= INCOMPLETE;
-                    }
-                }
-                out.push_slice(b.pid, b.tid, scratch);
-            }
+            Event::Samples(b) => self.add_samples(b),
             Event::Symbols { names, unnamed } => {
                 for (id, name) in names {
                     self.symbols.insert(*id, name.clone());
@@ -482,6 +434,64 @@ impl StackData {
             }
             _ => {}
         }
+    }
+
+    /// A batch of one thread's samples, into the kept samples of its kind.
+    fn add_samples(&mut self, b: &SampleBatch) {
+        let out = match b.kind {
+            StackKind::Native => &mut self.native,
+            StackKind::Python => &mut self.python,
+        };
+        // A plain loop: this runs for every sample of the recording.
+        let scratch = &mut self.scratch;
+        scratch.clear();
+        let n = b.stacks.len().min(b.dt_us.len());
+        let mut us = b.t0.0 / 1000;
+        for i in 0..n {
+            us += b.dt_us[i] as u64;
+            scratch.push(RawSample {
+                t: MonoNs(us * 1000),
+                pid: b.pid,
+                tid: b.tid,
+                stack: b.stacks[i],
+                weight_flags: if b.source == SampleSource::Agent {
+                    AGENT | 1
+                } else {
+                    1
+                },
+            });
+        }
+        for x in &b.incomplete {
+            if let Some(s) = scratch.get_mut(*x as usize) {
+                s.weight_flags |= INCOMPLETE;
+            }
+        }
+        out.push_slice(b.pid, b.tid, scratch);
+    }
+
+    /// The agent's counters of one process, added up.
+    fn add_agent_stats(&mut self, ev: &Event) {
+        let Event::PyAgentStats {
+            pid,
+            samples,
+            partial,
+            dropped,
+            late_signals,
+            unknown_code,
+            handler_chained,
+        } = ev
+        else {
+            return;
+        };
+        let a = self.agent_stats.entry(*pid).or_default();
+        a.samples += samples;
+        for (k, v) in partial {
+            *a.partial.entry(k.clone()).or_default() += v;
+        }
+        a.dropped += dropped;
+        a.late_signals += late_signals;
+        a.unknown_code += unknown_code;
+        a.handler_chained |= handler_chained;
     }
 
     /// Every process perf saw start, exec or exit (sorted by pid). A reused
@@ -1347,66 +1357,11 @@ pub fn analyze(
     native.retain(|s| s.t >= window.0 && s.t <= window.1);
     native.sort_by_key(|s| (s.pid, s.tid, s.t));
     let d: &StackData = d;
+    let agent_pids = keep_one_sampler(&mut native, d);
 
-    // Each thread's samples come from one sampler: the agent's where it
-    // sampled the thread, perf's otherwise (never both: no double counting).
-    let mut per_thread: BTreeMap<(Pid, Tid), (u64, u64)> = BTreeMap::new();
-    for s in &native {
-        let c = per_thread.entry((s.pid, s.tid)).or_default();
-        if s.agent() {
-            c.0 += s.weight() as u64;
-        } else {
-            c.1 += s.weight() as u64;
-        }
-    }
-    let use_agent: BTreeMap<(Pid, Tid), bool> = per_thread
-        .iter()
-        .map(|(k, &(a, p))| (*k, agent_covers(a, p)))
-        .collect();
-    let agent_pids: std::collections::BTreeSet<Pid> = per_thread
-        .iter()
-        .filter(|(_, c)| c.0 > 0)
-        .map(|(k, _)| k.0)
-        .chain(
-            d.py_procs
-                .iter()
-                .filter(|(_, p)| p.same_instant)
-                .map(|(pid, _)| *pid),
-        )
-        .collect();
-    native.retain(|s| s.agent() == use_agent[&(s.pid, s.tid)]);
-
-    let mut r = Resolver {
-        d,
-        native_cache: HashMap::new(),
-        py_cache: HashMap::new(),
-        frames: Vec::new(),
-        frame_ids: HashMap::new(),
-        native_name: HashMap::new(),
-        py_name: HashMap::new(),
-    };
-    let marker = |r: &mut Resolver, m: &str| {
-        r.intern(FrameInfo {
-            label: m.to_string(),
-            class: FrameClass::Marker,
-            name: m.to_string(),
-            file: String::new(),
-            eval: false,
-        })
-    };
-    let markers = Markers {
-        unmatched: marker(&mut r, UNMATCHED),
-        truncated: marker(&mut r, crate::collect::perf::MARKER_TRUNCATED),
-    };
-
-    let mut stack_ids: HashMap<Vec<u32>, u32> = HashMap::new();
-    let mut stacks: Vec<Vec<u32>> = Vec::new();
+    let mut m = Merger::new(d);
     let mut samples = Vec::with_capacity(native.len());
     let mut rep = StacksReport::default();
-    // (stack, agent, complete, why unattributed) → (merged id, attribution,
-    // reaches the root, Python frames from a perf map)
-    type Key = (u32, bool, bool, Unattributed);
-    let mut merged_cache: HashMap<Key, (u32, Attribution, bool, bool)> = HashMap::new();
     let mut rooted = 0u64;
     let mut weights = 0u64;
     let mut per_proc: BTreeMap<Pid, AttributionCounts> = BTreeMap::new();
@@ -1416,63 +1371,12 @@ pub fn analyze(
         } else {
             Unattributed::NoAgent
         };
-        let key = (s.stack, s.agent(), s.complete(), why);
-        let (id, attribution, root, perf_map) = if let Some(c) = merged_cache.get(&key) {
-            *c
-        } else {
-            let nat = r.native(s.stack);
-            // The outermost native frame (an agent sample's Python frames
-            // come first).
-            let root = nat.iter().find(|f| f.1 == Kind::Native).is_some_and(|f| {
-                let f = &r.frames[f.0 as usize];
-                f.class != FrameClass::Python && ROOT_FRAMES.contains(&f.name.as_str())
-            });
-            // Python frames among the recorded native frames: CPython's perf
-            // trampolines, named from /tmp/perf-PID.map.
-            let has_python = |r: &Resolver| {
-                nat.iter().any(|f| {
-                    f.1 == Kind::Native && r.frames[f.0 as usize].class == FrameClass::Python
-                })
-            };
-            let (m, how, perf_map) = if s.agent() && has_python(&r) {
-                // The job runs with CPython's perf trampolines too: their
-                // frames are this instant's Python frames already.
-                (
-                    nat.iter()
-                        .filter(|f| matches!(f.1, Kind::Native))
-                        .map(|f| f.0)
-                        .collect(),
-                    Attribution::SameInstant,
-                    true,
-                )
-            } else if s.agent() {
-                let is_eval = |n: u32| r.is_eval_loop(n);
-                let is_pm = |n: u32| r.frames[n as usize].class == FrameClass::Python;
-                let (m, how) = merge_same_instant(&nat, s.complete(), &is_eval, &is_pm, &markers);
-                (m, how, false)
-            } else if has_python(&r) {
-                // CPython's perf trampolines: the native stack carries its
-                // own Python frames, of the same instant.
-                (
-                    nat.iter().map(|f| f.0).collect(),
-                    Attribution::SameInstant,
-                    true,
-                )
-            } else {
-                let runs_python = nat.iter().any(|f| r.frames[f.0 as usize].eval);
-                let how = if runs_python {
-                    Attribution::Unattributed(why)
-                } else {
-                    Attribution::NativeOnly
-                };
-                // Every frame as sampled; the Python view shows the
-                // interpreter's part as `[python: not sampled]`.
-                (nat.iter().map(|f| f.0).collect(), how, false)
-            };
-            let id = intern_stack(&mut stacks, &mut stack_ids, m);
-            merged_cache.insert(key, (id, how, root, perf_map));
-            (id, how, root, perf_map)
-        };
+        let Merged {
+            id,
+            attribution,
+            root,
+            perf_map,
+        } = m.merged(s, why);
         // Reaching the root: the outermost frame is named as a thread root,
         // or the unwinder found the end of the stack there (the CFI of
         // `_start` and `clone3` marks the return address undefined; this
@@ -1496,45 +1400,248 @@ pub fn analyze(
             weight: s.weight(),
         });
     }
+    drop(native);
 
-    // py-spy's stacks: the Python-only view of the processes the agent does
-    // not sample (of the others, the merged stacks hold the same frames).
-    let mut python_only = Vec::new();
-    let mut py_only_per_proc: BTreeMap<Pid, u64> = BTreeMap::new();
-    for s in &d.python.kept {
-        if s.t < window.0 || s.t > window.1 || agent_pids.contains(&s.pid) {
-            continue;
-        }
-        let frames: Vec<u32> = r.python(s.stack).into_iter().map(|f| f.0).collect();
-        let id = intern_stack(&mut stacks, &mut stack_ids, frames);
-        *py_only_per_proc.entry(s.pid).or_default() += s.weight() as u64;
-        python_only.push(Sample {
-            t: s.t,
-            pid: s.pid,
-            tid: s.tid,
-            stack: id,
-            py_stack: id,
-            attribution: Attribution::NativeOnly,
-            weight: s.weight(),
-        });
-    }
-    python_only.sort_by_key(|s| (s.pid, s.tid, s.t));
-    let mut frames = r.frames;
+    let (python_only, py_only_per_proc) = m.python_only(window, &agent_pids);
+    let Merger {
+        r: Resolver { mut frames, .. },
+        stacks,
+        ..
+    } = m;
     classify_native_frames(&mut frames);
 
-    drop(native);
     let mut procs = BTreeMap::new();
     for s in samples.iter().chain(&python_only) {
         procs.entry(s.pid).or_insert_with(|| meta(s.pid));
     }
     rep.python = python_report(d, &procs, &per_proc, &py_only_per_proc, &agent_pids);
-
     rep.samples = weights;
     rep.unwind_coverage = if weights == 0 {
         0.0
     } else {
         round4(rooted as f64 / weights as f64)
     };
+    let period_ns = sampler_figures(&mut rep, d, &samples, bucket_ns);
+
+    let mut st = Stacks {
+        frames,
+        stacks,
+        fold_notes: HashMap::new(),
+        python_pids: Default::default(),
+        samples,
+        python_only,
+        procs,
+        period_ns,
+        bucket_ns,
+        report: rep,
+    };
+    st.report.analysis_stride = if bucket_ns > 0 && period_ns > 0 {
+        (bucket_ns as f64 / period_ns as f64).round().max(1.0) as u64
+    } else {
+        1
+    };
+    st.report.analysis_bucket_ms = round4(bucket_ns as f64 / 1e6);
+    st.build_python_view();
+    st.estimate_python_frames();
+    st.summarize_roles();
+    st
+}
+
+/// Each thread's samples come from one sampler: the agent's where it
+/// sampled the thread, perf's otherwise (never both: no double counting).
+/// Keeps those in `native`; returns the processes the agent sampled.
+fn keep_one_sampler(native: &mut Vec<RawSample>, d: &StackData) -> BTreeSet<Pid> {
+    let mut per_thread: BTreeMap<(Pid, Tid), (u64, u64)> = BTreeMap::new();
+    for s in native.iter() {
+        let c = per_thread.entry((s.pid, s.tid)).or_default();
+        if s.agent() {
+            c.0 += s.weight() as u64;
+        } else {
+            c.1 += s.weight() as u64;
+        }
+    }
+    let use_agent: BTreeMap<(Pid, Tid), bool> = per_thread
+        .iter()
+        .map(|(k, &(a, p))| (*k, agent_covers(a, p)))
+        .collect();
+    let agent_pids: BTreeSet<Pid> = per_thread
+        .iter()
+        .filter(|(_, c)| c.0 > 0)
+        .map(|(k, _)| k.0)
+        .chain(
+            d.py_procs
+                .iter()
+                .filter(|(_, p)| p.same_instant)
+                .map(|(pid, _)| *pid),
+        )
+        .collect();
+    native.retain(|s| s.agent() == use_agent[&(s.pid, s.tid)]);
+    agent_pids
+}
+
+/// What decides a native sample's merged stack: (stack, taken by the
+/// agent, unwound to the end, why it would be unattributed).
+type MergeKey = (u32, bool, bool, Unattributed);
+
+/// A native sample's merged stack and how its Python frames were found.
+#[derive(Clone, Copy)]
+struct Merged {
+    id: u32,
+    attribution: Attribution,
+    /// The outermost native frame is a thread root.
+    root: bool,
+    /// The Python frames came from a perf map (CPython's trampolines).
+    perf_map: bool,
+}
+
+/// Merges samples into the stacks of the analysis, each distinct case once.
+struct Merger<'a> {
+    r: Resolver<'a>,
+    markers: Markers,
+    stacks: Vec<Vec<u32>>,
+    stack_ids: HashMap<Vec<u32>, u32>,
+    cache: HashMap<MergeKey, Merged>,
+}
+
+impl<'a> Merger<'a> {
+    fn new(d: &'a StackData) -> Merger<'a> {
+        let mut r = Resolver {
+            d,
+            native_cache: HashMap::new(),
+            py_cache: HashMap::new(),
+            frames: Vec::new(),
+            frame_ids: HashMap::new(),
+            native_name: HashMap::new(),
+            py_name: HashMap::new(),
+        };
+        let mut marker = |m: &str| {
+            r.intern(FrameInfo {
+                label: m.to_string(),
+                class: FrameClass::Marker,
+                name: m.to_string(),
+                file: String::new(),
+                eval: false,
+            })
+        };
+        let markers = Markers {
+            unmatched: marker(UNMATCHED),
+            truncated: marker(crate::collect::perf::MARKER_TRUNCATED),
+        };
+        Merger {
+            r,
+            markers,
+            stacks: Vec::new(),
+            stack_ids: HashMap::new(),
+            cache: HashMap::new(),
+        }
+    }
+
+    fn merged(&mut self, s: &RawSample, why: Unattributed) -> Merged {
+        let key = (s.stack, s.agent(), s.complete(), why);
+        if let Some(c) = self.cache.get(&key) {
+            return *c;
+        }
+        let r = &mut self.r;
+        let nat = r.native(s.stack);
+        // The outermost native frame (an agent sample's Python frames
+        // come first).
+        let root = nat.iter().find(|f| f.1 == Kind::Native).is_some_and(|f| {
+            let f = &r.frames[f.0 as usize];
+            f.class != FrameClass::Python && ROOT_FRAMES.contains(&f.name.as_str())
+        });
+        // Python frames among the recorded native frames: CPython's perf
+        // trampolines, named from /tmp/perf-PID.map.
+        let has_python = |r: &Resolver| {
+            nat.iter()
+                .any(|f| f.1 == Kind::Native && r.frames[f.0 as usize].class == FrameClass::Python)
+        };
+        let (m, how, perf_map) = if s.agent() && has_python(r) {
+            // The job runs with CPython's perf trampolines too: their
+            // frames are this instant's Python frames already.
+            (
+                nat.iter()
+                    .filter(|f| matches!(f.1, Kind::Native))
+                    .map(|f| f.0)
+                    .collect(),
+                Attribution::SameInstant,
+                true,
+            )
+        } else if s.agent() {
+            let is_eval = |n: u32| r.is_eval_loop(n);
+            let is_pm = |n: u32| r.frames[n as usize].class == FrameClass::Python;
+            let (m, how) = merge_same_instant(&nat, s.complete(), &is_eval, &is_pm, &self.markers);
+            (m, how, false)
+        } else if has_python(r) {
+            // CPython's perf trampolines: the native stack carries its
+            // own Python frames, of the same instant.
+            (
+                nat.iter().map(|f| f.0).collect(),
+                Attribution::SameInstant,
+                true,
+            )
+        } else {
+            let runs_python = nat.iter().any(|f| r.frames[f.0 as usize].eval);
+            let how = if runs_python {
+                Attribution::Unattributed(why)
+            } else {
+                Attribution::NativeOnly
+            };
+            // Every frame as sampled; the Python view shows the
+            // interpreter's part as `[python: not sampled]`.
+            (nat.iter().map(|f| f.0).collect(), how, false)
+        };
+        let id = intern_stack(&mut self.stacks, &mut self.stack_ids, m);
+        let merged = Merged {
+            id,
+            attribution: how,
+            root,
+            perf_map,
+        };
+        self.cache.insert(key, merged);
+        merged
+    }
+
+    /// py-spy's stacks: the Python-only view of the processes the agent
+    /// does not sample (of the others, the merged stacks hold the same
+    /// frames), and their weight per process.
+    fn python_only(
+        &mut self,
+        window: (MonoNs, MonoNs),
+        agent_pids: &BTreeSet<Pid>,
+    ) -> (Vec<Sample>, BTreeMap<Pid, u64>) {
+        let mut python_only = Vec::new();
+        let mut per_proc: BTreeMap<Pid, u64> = BTreeMap::new();
+        for s in &self.r.d.python.kept {
+            if s.t < window.0 || s.t > window.1 || agent_pids.contains(&s.pid) {
+                continue;
+            }
+            let frames: Vec<u32> = self.r.python(s.stack).into_iter().map(|f| f.0).collect();
+            let id = intern_stack(&mut self.stacks, &mut self.stack_ids, frames);
+            *per_proc.entry(s.pid).or_default() += s.weight() as u64;
+            python_only.push(Sample {
+                t: s.t,
+                pid: s.pid,
+                tid: s.tid,
+                stack: id,
+                py_stack: id,
+                attribution: Attribution::NativeOnly,
+                weight: s.weight(),
+            });
+        }
+        python_only.sort_by_key(|s| (s.pid, s.tid, s.t));
+        (python_only, per_proc)
+    }
+}
+
+/// The samplers' own figures into `rep` (lost records, truncations,
+/// Python errors, their CPU, the frequency); returns the sampling period
+/// (inferred from the samples for older or partial recordings).
+fn sampler_figures(
+    rep: &mut StacksReport,
+    d: &StackData,
+    samples: &[Sample],
+    bucket_ns: u64,
+) -> u64 {
     let mut period_ns = 0;
     for st in &d.stats {
         match st.kind {
@@ -1575,46 +1682,31 @@ pub fn analyze(
         gaps.sort_unstable();
         period_ns = gaps.get(gaps.len() / 2).copied().unwrap_or(0);
     }
+    period_ns
+}
 
-    let mut st = Stacks {
-        frames,
-        stacks,
-        fold_notes: HashMap::new(),
-        python_pids: Default::default(),
-        samples,
-        python_only,
-        procs,
-        period_ns,
-        bucket_ns,
-        report: rep,
-    };
-    st.report.analysis_stride = if bucket_ns > 0 && period_ns > 0 {
-        (bucket_ns as f64 / period_ns as f64).round().max(1.0) as u64
-    } else {
-        1
-    };
-    st.report.analysis_bucket_ms = round4(bucket_ns as f64 / 1e6);
-    st.build_python_view();
-    st.estimate_python_frames();
-    let mut roles = BTreeMap::new();
-    for role in Role::ALL {
-        let n = st.role_weight(Some(role));
-        st.report.samples_per_role.insert(role.to_string(), n);
-        if n == 0 {
-            continue;
+impl Stacks {
+    /// `report.samples_per_role` and `report.roles`.
+    fn summarize_roles(&mut self) {
+        let mut roles = BTreeMap::new();
+        for role in Role::ALL {
+            let n = self.role_weight(Some(role));
+            self.report.samples_per_role.insert(role.to_string(), n);
+            if n == 0 {
+                continue;
+            }
+            let processes = self.procs.values().filter(|m| m.role == role).count() as u64;
+            roles.insert(
+                role.to_string(),
+                RoleStacks {
+                    samples: n,
+                    processes,
+                    top_functions: self.top_functions(Some(role), TOP_FUNCTIONS),
+                },
+            );
         }
-        let processes = st.procs.values().filter(|m| m.role == role).count() as u64;
-        roles.insert(
-            role.to_string(),
-            RoleStacks {
-                samples: n,
-                processes,
-                top_functions: st.top_functions(Some(role), TOP_FUNCTIONS),
-            },
-        );
+        self.report.roles = roles;
     }
-    st.report.roles = roles;
-    st
 }
 
 /// `stacks.python`: per process (those that ran Python code, or that the
@@ -2502,7 +2594,6 @@ pub fn merge_perf_processes(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::SampleBatch;
 
     fn node(kind: StackKind, id: u32, parent: Option<u32>, frame: u32) -> Event {
         Event::StackNode {
