@@ -21,6 +21,9 @@
 #
 # Usage: scripts/bench-pystacks.sh [RUNS] [PYTHON]   (PYSPY=path skips installing py-spy)
 #   CONFIGS="bare gpuprof" and JOBS=loader run a subset (bare is always run).
+#   CONFIGS="gpuprof gpuprof-base" GPUPROF_BASE=path/to/older/gpuprof compares
+#   two builds in one run (paired, round by round): a change worth a few
+#   tenths of a percent is lost between two separate runs on a noisy host.
 #   Many runs of a subset resolve a smaller difference: e.g.
 #   CONFIGS="bare gpuprof" JOBS=loader STEPS=1500 scripts/bench-pystacks.sh 30
 # Needs: a release build (cargo build --release), pip (py-spy goes into a
@@ -54,6 +57,9 @@ run() {
     bare) "${cmd[@]}" > "$out" 2>&1 ;;
     gpuprof) "$GPUPROF" -q -o "$WORK/g.$job.$i" -- "${cmd[@]}" > "$out" 2>&1 ;;
     gpuprof-pyspy) "$GPUPROF" -q -o "$WORK/p.$job.$i" --python-frames py-spy -- "${cmd[@]}" > "$out" 2>&1 ;;
+    gpuprof-base)
+        "$GPUPROF_BASE" -q -o "$WORK/base.$job.$i" -- "${cmd[@]}" > "$out" 2>&1
+        rm -rf "$WORK/base.$job.$i" ;;
     # A competitor that crashes (py-spy --native segfaults on some
     # kernels) is reported, not fatal: the job's own time is still read
     # when it got to print it.
@@ -112,6 +118,10 @@ PY
 configs=(bare)
 for c in ${CONFIGS:-gpuprof gpuprof-pyspy pyspy-native pyspy-nonblock}; do
     [ "$c" = bare ] || configs+=("$c")
+    if [ "$c" = gpuprof-base ] && [ ! -x "${GPUPROF_BASE:-}" ]; then
+        echo "gpuprof-base needs GPUPROF_BASE=path to another gpuprof binary" >&2
+        exit 1
+    fi
 done
 jobs=(${JOBS:-loader calls})
 echo "python: $PY ($("$PY" -V 2>&1)); $(nproc) CPUs; kernel $(uname -r); load before: $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -151,6 +161,9 @@ for job in "${jobs[@]}"; do
         [ "$c" = bare ] || line+="  $(paired "$WORK/$job.bare.paired" "$WORK/$job.$c.paired")"
         echo "$line"
     done
+    if [ -s "$WORK/$job.gpuprof.paired" ] && [ -s "$WORK/$job.gpuprof-base.paired" ]; then
+        echo "  gpuprof / gpuprof-base, paired: $(paired "$WORK/$job.gpuprof-base.paired" "$WORK/$job.gpuprof.paired")"
+    fi
     for c in gpuprof gpuprof-pyspy; do
         [ -s "$WORK/$job.$c.stats" ] || continue
         echo "  $c per run: cpu_pct_of_one_core cpu_s perf_reader_s pyspy_sampler_s same_instant unattributed"

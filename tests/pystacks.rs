@@ -450,8 +450,52 @@ fn py_spy_reads_only_what_the_agent_does_not_sample() {
                 events.contains("[perf: not unwound"),
                 "perf samples were all unwound"
             );
+            // The reader decides as it reads; the analysis decides per
+            // thread on the totals (`agent_covers`). A thread with few
+            // samples (a worker's queue feeder: 5 agent samples to 11 of
+            // perf's in one run) may end below the line after the reader
+            // relied on the agent for some of them: the analysis then uses
+            // perf's samples, and those are shown as not unwound (the
+            // honest label). Only such a thread may show them.
+            let mut per_thread: BTreeMap<(u64, u64), (u64, u64)> = BTreeMap::new();
+            for l in events.lines() {
+                let e: Value = serde_json::from_str(l).unwrap();
+                if e["k"] != "samples" || e["kind"] != "native" {
+                    continue;
+                }
+                let n = e["stacks"].as_array().map_or(0, |a| a.len() as u64);
+                let c = per_thread
+                    .entry((e["pid"].as_u64().unwrap(), e["tid"].as_u64().unwrap()))
+                    .or_default();
+                if e["source"] == "agent" {
+                    c.0 += n;
+                } else {
+                    c.1 += n;
+                }
+            }
+            let fell_back: Vec<u64> = per_thread
+                .iter()
+                .filter(|(_, &(a, p))| a > 0 && 2 * a + 5 < p)
+                .map(|(k, _)| k.0)
+                .collect();
             let all = std::fs::read_to_string(out.join("stacks-all-native.folded")).unwrap();
-            assert!(!all.contains("not unwound"), "{all}");
+            for l in all.lines().filter(|l| l.contains("not unwound")) {
+                let pid: u64 = l
+                    .split_once(" (")
+                    .and_then(|(_, r)| r.split_once(')'))
+                    .and_then(|(p, _)| p.parse().ok())
+                    .expect("pid");
+                assert!(
+                    fell_back.contains(&pid),
+                    "{l}: no thread of {pid} fell back to perf: {per_thread:?}"
+                );
+            }
+            // The busy threads (each process's main one) keep the agent's.
+            for ((pid, tid), (a, p)) in &per_thread {
+                if pid == tid && *p >= 50 {
+                    assert!(2 * a + 5 >= *p, "{pid}: agent {a}, perf {p}");
+                }
+            }
         }
         let _ = std::fs::remove_dir_all(&out);
     }
