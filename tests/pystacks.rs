@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use gpuprof::analysis::stacks::agent_covers;
 use gpuprof::collect::perf::pyagent::{AgentRecord, AgentRings};
 use serde_json::Value;
 
@@ -120,24 +121,47 @@ impl Truth {
     fn share(&self, n: u64) -> f64 {
         n as f64 / self.total().max(1) as f64
     }
+    /// One line of the table the tests print.
+    fn row(&self, label: &str) -> String {
+        format!(
+            "{label}: {} samples, right {:.1}%, unattributed {:.1}%, wrong {:.1}%",
+            self.total(),
+            100.0 * self.share(self.right),
+            100.0 * self.share(self.unattributed),
+            100.0 * self.share(self.wrong)
+        )
+    }
+    /// Issue 8's bar: enough samples, none under the wrong function, at
+    /// least 99% under the right one.
+    fn check(&self, label: &str) {
+        assert!(self.total() >= 20, "{label}: only {self:?}");
+        assert_eq!(self.wrong, 0, "{label}: {self:?}");
+        assert!(self.share(self.right) >= 0.99, "{label}: {self:?}");
+    }
+}
+
+/// Whether a stack's native leaf is zlib's (`Some(true)`) or SHA-256's
+/// (`Some(false)`); `None` for neither, or both.
+fn zlib_leaf(frames: &[&str]) -> Option<bool> {
+    let zlib = frames
+        .iter()
+        .any(|f| *f == "zlib_compress" || f.starts_with("deflate") || f.contains("libz.so"));
+    let sha = frames.iter().any(|f| {
+        !f.contains(".py)")
+            && (f.to_ascii_lowercase().contains("sha256")
+                || f.contains("EVP_Digest")
+                || f.contains("libcrypto"))
+    });
+    (zlib != sha).then_some(zlib)
 }
 
 fn classify(lines: &[(String, u64)]) -> Truth {
     let mut t = Truth::default();
     for (stack, n) in lines {
         let frames: Vec<&str> = stack.split(';').collect();
-        let zlib = frames
-            .iter()
-            .any(|f| *f == "zlib_compress" || f.starts_with("deflate") || f.contains("libz.so"));
-        let sha = frames.iter().any(|f| {
-            !f.contains(".py)")
-                && (f.to_ascii_lowercase().contains("sha256")
-                    || f.contains("EVP_Digest")
-                    || f.contains("libcrypto"))
-        });
-        if zlib == sha {
+        let Some(zlib) = zlib_leaf(&frames) else {
             continue;
-        }
+        };
         let want = if zlib {
             "compress_block (alternate.py)"
         } else {
@@ -154,6 +178,30 @@ fn classify(lines: &[(String, u64)]) -> Truth {
             _ if frames.iter().any(|f| f.starts_with("[python: ")) => t.unattributed += n,
             // Under another Python function (e.g. hashlib's own module
             // code at import): not a sample of the alternation.
+            _ => {}
+        }
+    }
+    t
+}
+
+/// As [`classify`], by the function anywhere on the stack rather than the
+/// innermost one (the fresh-code job runs its native work one frame in).
+fn classify_outer(lines: &[(String, u64)]) -> Truth {
+    let mut t = Truth::default();
+    for (stack, n) in lines {
+        let frames: Vec<&str> = stack.split(';').collect();
+        let Some(zlib) = zlib_leaf(&frames) else {
+            continue;
+        };
+        let has = |name: &str| frames.contains(&name);
+        let (c, h) = (
+            has("compress_block (alternate.py)"),
+            has("hash_block (alternate.py)"),
+        );
+        match (zlib, c, h) {
+            (true, true, false) | (false, false, true) => t.right += n,
+            (_, true, _) | (_, _, true) => t.wrong += n,
+            _ if frames.iter().any(|f| f.starts_with("[python: ")) => t.unattributed += n,
             _ => {}
         }
     }
@@ -187,16 +235,8 @@ fn native_leaves_lie_under_the_python_function_that_ran_them() {
         assert_eq!(code, 0, "3.{minor}: the job failed");
         for role in ["main", "worker"] {
             let t = classify(&folded(&out.join(format!("stacks-{role}.folded"))));
-            table.push(format!(
-                "3.{minor} {role}: {} samples, right {:.1}%, unattributed {:.1}%, wrong {:.1}%",
-                t.total(),
-                100.0 * t.share(t.right),
-                100.0 * t.share(t.unattributed),
-                100.0 * t.share(t.wrong)
-            ));
-            assert!(t.total() >= 20, "3.{minor} {role}: only {t:?}");
-            assert_eq!(t.wrong, 0, "3.{minor} {role}: {t:?}");
-            assert!(t.share(t.right) >= 0.99, "3.{minor} {role}: {t:?}");
+            table.push(t.row(&format!("3.{minor} {role}")));
+            t.check(&format!("3.{minor} {role}"));
         }
         let r = report(&out);
         let p = &r["stacks"]["python"];
@@ -267,43 +307,9 @@ fn code_objects_reborn_at_one_address_keep_their_own_names() {
         reused += shared.iter().filter(|&&n| n > 0).count();
         table.push(format!("3.{minor}: addresses shared {shared:?}"));
         for role in ["main", "worker"] {
-            let mut t = Truth::default();
-            for (stack, n) in folded(&out.join(format!("stacks-{role}.folded"))) {
-                let frames: Vec<&str> = stack.split(';').collect();
-                let zlib = frames.iter().any(|f| {
-                    *f == "zlib_compress" || f.starts_with("deflate") || f.contains("libz.so")
-                });
-                let sha = frames.iter().any(|f| {
-                    !f.contains(".py)")
-                        && (f.to_ascii_lowercase().contains("sha256")
-                            || f.contains("EVP_Digest")
-                            || f.contains("libcrypto"))
-                });
-                if zlib == sha {
-                    continue;
-                }
-                let has = |name: &str| frames.contains(&name);
-                let (c, h) = (
-                    has("compress_block (alternate.py)"),
-                    has("hash_block (alternate.py)"),
-                );
-                match (zlib, c, h) {
-                    (true, true, false) | (false, false, true) => t.right += n,
-                    (_, true, _) | (_, _, true) => t.wrong += n,
-                    _ if frames.iter().any(|f| f.starts_with("[python: ")) => t.unattributed += n,
-                    _ => {}
-                }
-            }
-            table.push(format!(
-                "3.{minor} {role}: {} samples, right {:.1}%, unattributed {:.1}%, wrong {:.1}%",
-                t.total(),
-                100.0 * t.share(t.right),
-                100.0 * t.share(t.unattributed),
-                100.0 * t.share(t.wrong)
-            ));
-            assert!(t.total() >= 20, "3.{minor} {role}: only {t:?}");
-            assert_eq!(t.wrong, 0, "3.{minor} {role}: {t:?}");
-            assert!(t.share(t.right) >= 0.99, "3.{minor} {role}: {t:?}");
+            let t = classify_outer(&folded(&out.join(format!("stacks-{role}.folded"))));
+            table.push(t.row(&format!("3.{minor} {role}")));
+            t.check(&format!("3.{minor} {role}"));
         }
         let _ = std::fs::remove_dir_all(&out);
     }
@@ -475,7 +481,7 @@ fn py_spy_reads_only_what_the_agent_does_not_sample() {
             }
             let fell_back: Vec<u64> = per_thread
                 .iter()
-                .filter(|(_, &(a, p))| a > 0 && 2 * a + 5 < p)
+                .filter(|(_, &(a, p))| a > 0 && !agent_covers(a, p))
                 .map(|(k, _)| k.0)
                 .collect();
             let all = std::fs::read_to_string(out.join("stacks-all-native.folded")).unwrap();
@@ -493,7 +499,7 @@ fn py_spy_reads_only_what_the_agent_does_not_sample() {
             // The busy threads (each process's main one) keep the agent's.
             for ((pid, tid), (a, p)) in &per_thread {
                 if pid == tid && *p >= 50 {
-                    assert!(2 * a + 5 >= *p, "{pid}: agent {a}, perf {p}");
+                    assert!(agent_covers(*a, *p), "{pid}: agent {a}, perf {p}");
                 }
             }
         }

@@ -1338,7 +1338,7 @@ fn merge_same_instant(
 /// timers of their own: on a loaded machine their counts differ by up to
 /// ~10% (measured). Far fewer means the agent missed the thread (it blocked
 /// SIGTRAP, or the agent's ring overflowed), and perf's samples are used.
-pub(crate) fn agent_covers(agent: u64, perf: u64) -> bool {
+pub fn agent_covers(agent: u64, perf: u64) -> bool {
     agent > 0 && 2 * agent + 5 >= perf
 }
 
