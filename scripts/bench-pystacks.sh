@@ -39,6 +39,11 @@ WORK=$(mktemp -d /tmp/bench-pystacks.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 [ -x "$GPUPROF" ] || { echo "no release binary at $GPUPROF: run cargo build --release" >&2; exit 1; }
 
+case " ${CONFIGS:-} " in
+*" gpuprof-base "*)
+    [ -x "${GPUPROF_BASE:-}" ] || { echo "gpuprof-base needs GPUPROF_BASE=path to another gpuprof binary" >&2; exit 1; } ;;
+esac
+
 if [ -z "${PYSPY:-}" ]; then
     "$PY" -m venv "$WORK/venv" >/dev/null
     "$WORK/venv/bin/pip" install -q py-spy >/dev/null
@@ -118,10 +123,6 @@ PY
 configs=(bare)
 for c in ${CONFIGS:-gpuprof gpuprof-pyspy pyspy-native pyspy-nonblock}; do
     [ "$c" = bare ] || configs+=("$c")
-    if [ "$c" = gpuprof-base ] && [ ! -x "${GPUPROF_BASE:-}" ]; then
-        echo "gpuprof-base needs GPUPROF_BASE=path to another gpuprof binary" >&2
-        exit 1
-    fi
 done
 jobs=(${JOBS:-loader calls})
 echo "python: $PY ($("$PY" -V 2>&1)); $(nproc) CPUs; kernel $(uname -r); load before: $(cut -d' ' -f1-3 /proc/loadavg)"

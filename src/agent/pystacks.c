@@ -222,8 +222,9 @@ static struct code_slot *g_codes;
 /* Code objects this thread's handler found alive, by address: while no
  * code object has been deallocated since (g_code_gen unchanged), the object
  * at that address is still the same one, so its key needs no read. Reading
- * a code object costs a page of process_vm_readv (~1.5 us on a VM, a
- * loader's stack has 15-25 of them); this was two fifths of the handler.
+ * a code object costs a page of process_vm_readv (~1.7 us on a VM; a
+ * worker of samples/train_sim.py has 12 per stack): two fifths of the
+ * handler, timed inside it.
  * Per thread (the handler is the only user, and is not reentered for
  * SIGTRAP), so no entry is ever seen half written. */
 struct live_code {
