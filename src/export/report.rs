@@ -277,82 +277,9 @@ pub fn build(a: &Analysis) -> Value {
     } else {
         Value::Null
     };
-    // Processes whose PID a later one took: their own figures, the
-    // busiest first, within the list's bounds.
-    let processes_reused = if a.reused.is_empty() {
-        Value::Null
-    } else {
-        let mut ps: Vec<&Process> = a.reused.iter().collect();
-        ps.sort_by(|x, y| y.cpu_s().total_cmp(&x.cpu_s()).then(x.pid.cmp(&y.pid)));
-        let count = ps.len() as u64 + a.reused_omitted.0;
-        let cpu = ps.iter().map(|p| p.cpu_s()).sum::<f64>() + a.reused_omitted.1;
-        json!({
-            "count": count,
-            "cpu_s": r(cpu, 3),
-            "listed": ps
-                .iter()
-                .take(MAX_REUSED_LISTED)
-                .map(|p| process_json(a, p, MAX_THREADS_PER_PROCESS.min(8)))
-                .collect::<Vec<Value>>(),
-        })
-    };
-    let mut roles = Map::new();
-    for role in Role::ALL {
-        // Every process that had the role, those whose PID was reused too.
-        let ps: Vec<&Process> = a
-            .processes_with_role(role)
-            .chain(a.reused.iter().filter(|p| p.role == role))
-            .collect();
-        roles.insert(
-            role.as_str().into(),
-            json!({
-                "processes": ps.len(),
-                "cpu_s": r(ps.iter().map(|p| p.cpu_s()).sum::<f64>(), 3),
-                "read_bytes": ps.iter().map(|p| p.read_bytes).sum::<u64>(),
-                "write_bytes": ps.iter().map(|p| p.write_bytes).sum::<u64>(),
-            }),
-        );
-    }
-    let s = &a.system;
-    let disks: Vec<Value> = s
-        .disks
-        .values()
-        .filter(|d| d.read_bytes > 0 || d.write_bytes > 0 || d.busy.max() > 0.0)
-        .map(|d| {
-            json!({
-                "name": d.name,
-                "read_bytes": d.read_bytes,
-                "write_bytes": d.write_bytes,
-                "busy_pct": series_stats(&d.busy, 1.0),
-                "read_mb_per_s": series_stats(&d.read_bps, 1e-6),
-                "write_mb_per_s": series_stats(&d.write_bps, 1e-6),
-            })
-        })
-        .collect();
-    let psi = |ps: &crate::analysis::PressureSeries| {
-        if ps.some.is_empty() {
-            Value::Null
-        } else {
-            json!({"some_pct": series_stats(&ps.some, 1.0), "full_pct": series_stats(&ps.full, 1.0)})
-        }
-    };
-    let system = json!({
-        "cpus": s.cpus,
-        "cpu_busy_pct": series_stats(&s.busy, 1.0),
-        "iowait_pct": series_stats(&s.iowait, 1.0),
-        "steal_pct": series_stats(&s.steal, 1.0),
-        "runnable_tasks": series_stats(&s.runnable, 1.0),
-        "blocked_tasks": series_stats(&s.blocked, 1.0),
-        "disks": disks,
-        "pressure": {"cpu": psi(&s.psi_cpu), "io": psi(&s.psi_io), "memory": psi(&s.psi_memory)},
-        "memory": {
-            "total_bytes": s.mem_total,
-            "available_min_bytes": if s.mem_available.is_empty() { Value::Null } else { json!(s.mem_available.quantile(0.0) as u64) },
-            "swap_in_bytes": s.swap_in_bytes,
-            "swap_out_bytes": s.swap_out_bytes,
-        },
-        "cgroup": cgroup_json(&s.cgroup),
-    });
+    let processes_reused = processes_reused(a);
+    let roles = roles_json(a);
+    let system = system_json(a);
     let coverage: Vec<Value> = a
         .coverage
         .values()
@@ -419,6 +346,95 @@ pub fn build(a: &Analysis) -> Value {
         "steps": super::report_nvtx::steps(a),
         "profiler": profiler,
         "warnings": a.warnings,
+    })
+}
+
+/// Processes whose PID a later one took: their own figures, the busiest
+/// first, within the list's bounds.
+fn processes_reused(a: &Analysis) -> Value {
+    if a.reused.is_empty() {
+        Value::Null
+    } else {
+        let mut ps: Vec<&Process> = a.reused.iter().collect();
+        ps.sort_by(|x, y| y.cpu_s().total_cmp(&x.cpu_s()).then(x.pid.cmp(&y.pid)));
+        let count = ps.len() as u64 + a.reused_omitted.0;
+        let cpu = ps.iter().map(|p| p.cpu_s()).sum::<f64>() + a.reused_omitted.1;
+        json!({
+            "count": count,
+            "cpu_s": r(cpu, 3),
+            "listed": ps
+                .iter()
+                .take(MAX_REUSED_LISTED)
+                .map(|p| process_json(a, p, MAX_THREADS_PER_PROCESS.min(8)))
+                .collect::<Vec<Value>>(),
+        })
+    }
+}
+
+/// Per role: its processes (those whose PID was reused too) and their
+/// CPU and IO totals.
+fn roles_json(a: &Analysis) -> Map<String, Value> {
+    let mut roles = Map::new();
+    for role in Role::ALL {
+        // Every process that had the role, those whose PID was reused too.
+        let ps: Vec<&Process> = a
+            .processes_with_role(role)
+            .chain(a.reused.iter().filter(|p| p.role == role))
+            .collect();
+        roles.insert(
+            role.as_str().into(),
+            json!({
+                "processes": ps.len(),
+                "cpu_s": r(ps.iter().map(|p| p.cpu_s()).sum::<f64>(), 3),
+                "read_bytes": ps.iter().map(|p| p.read_bytes).sum::<u64>(),
+                "write_bytes": ps.iter().map(|p| p.write_bytes).sum::<u64>(),
+            }),
+        );
+    }
+    roles
+}
+
+/// `system`: CPU, disks, pressure, memory and the job's cgroup.
+fn system_json(a: &Analysis) -> Value {
+    let s = &a.system;
+    let disks: Vec<Value> = s
+        .disks
+        .values()
+        .filter(|d| d.read_bytes > 0 || d.write_bytes > 0 || d.busy.max() > 0.0)
+        .map(|d| {
+            json!({
+                "name": d.name,
+                "read_bytes": d.read_bytes,
+                "write_bytes": d.write_bytes,
+                "busy_pct": series_stats(&d.busy, 1.0),
+                "read_mb_per_s": series_stats(&d.read_bps, 1e-6),
+                "write_mb_per_s": series_stats(&d.write_bps, 1e-6),
+            })
+        })
+        .collect();
+    let psi = |ps: &crate::analysis::PressureSeries| {
+        if ps.some.is_empty() {
+            Value::Null
+        } else {
+            json!({"some_pct": series_stats(&ps.some, 1.0), "full_pct": series_stats(&ps.full, 1.0)})
+        }
+    };
+    json!({
+        "cpus": s.cpus,
+        "cpu_busy_pct": series_stats(&s.busy, 1.0),
+        "iowait_pct": series_stats(&s.iowait, 1.0),
+        "steal_pct": series_stats(&s.steal, 1.0),
+        "runnable_tasks": series_stats(&s.runnable, 1.0),
+        "blocked_tasks": series_stats(&s.blocked, 1.0),
+        "disks": disks,
+        "pressure": {"cpu": psi(&s.psi_cpu), "io": psi(&s.psi_io), "memory": psi(&s.psi_memory)},
+        "memory": {
+            "total_bytes": s.mem_total,
+            "available_min_bytes": if s.mem_available.is_empty() { Value::Null } else { json!(s.mem_available.quantile(0.0) as u64) },
+            "swap_in_bytes": s.swap_in_bytes,
+            "swap_out_bytes": s.swap_out_bytes,
+        },
+        "cgroup": cgroup_json(&s.cgroup),
     })
 }
 
