@@ -461,8 +461,10 @@ fn py_spy_reads_only_what_the_agent_does_not_sample() {
             // samples (a worker's queue feeder: 5 agent samples to 11 of
             // perf's in one run) may end below the line after the reader
             // relied on the agent for some of them: the analysis then uses
-            // perf's samples, and those are shown as not unwound (the
-            // honest label). Only such a thread may show them.
+            // perf's samples, and the thread's agent sample nearest in time
+            // stands in for each one not unwound; one with no agent sample
+            // within a second keeps the label, counted in the report. Only
+            // such a thread may show them.
             let mut per_thread: BTreeMap<(u64, u64), (u64, u64)> = BTreeMap::new();
             for l in events.lines() {
                 let e: Value = serde_json::from_str(l).unwrap();
@@ -485,6 +487,17 @@ fn py_spy_reads_only_what_the_agent_does_not_sample() {
                 .map(|(k, _)| k.0)
                 .collect();
             let all = std::fs::read_to_string(out.join("stacks-all-native.folded")).unwrap();
+            let labelled: u64 = all
+                .lines()
+                .filter(|l| l.contains("not unwound"))
+                .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+                .sum();
+            assert_eq!(
+                labelled,
+                r["stacks"]["not_unwound"].as_u64().unwrap(),
+                "labelled samples against the report's count: {}",
+                r["stacks"]
+            );
             for l in all.lines().filter(|l| l.contains("not unwound")) {
                 let pid: u64 = l
                     .split_once(" (")

@@ -494,6 +494,27 @@ impl StackData {
         a.handler_chained |= handler_chained;
     }
 
+    /// The native stacks that are one `[perf: not unwound, …]` frame: the
+    /// perf samples the reader left to the agent.
+    fn not_unwound_stacks(&self) -> BTreeSet<u32> {
+        let marker: BTreeSet<u32> = self
+            .native_frames
+            .iter()
+            .filter(|(_, f)| {
+                matches!(f, Frame::Marker(m) if m == crate::collect::perf::MARKER_NOT_UNWOUND)
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        if marker.is_empty() {
+            return marker;
+        }
+        self.native_nodes
+            .iter()
+            .filter(|(_, (parent, frame))| parent.is_none() && marker.contains(frame))
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
     /// Every process perf saw start, exec or exit (sorted by pid). A reused
     /// pid shows as one process (its latest fork and exit).
     pub fn perf_processes(&self) -> Vec<PerfProcess> {
@@ -948,6 +969,13 @@ pub struct StacksReport {
     /// CPython's perf trampolines (`-X perf`), named from `/tmp/perf-PID.map`
     /// (counted as `python.same_instant` too).
     pub python_from_perf_map: u64,
+    /// Perf samples the reader left to the agent (not unwound) of threads
+    /// the analysis gave to perf, each replaced by an agent sample of the
+    /// same thread nearest in time (see `stand_in_for_covered`).
+    pub not_unwound_stood_in: u64,
+    /// Those with no agent sample near them, shown as `[perf: not unwound,
+    /// the agent sampled this thread]`.
+    pub not_unwound: u64,
     /// CPU time of the samplers (perf reader + py-spy), in seconds.
     pub sampler_cpu_s: f64,
     /// 1 normally; about k when the recording held more native samples than
@@ -1357,11 +1385,11 @@ pub fn analyze(
     native.retain(|s| s.t >= window.0 && s.t <= window.1);
     native.sort_by_key(|s| (s.pid, s.tid, s.t));
     let d: &StackData = d;
-    let agent_pids = keep_one_sampler(&mut native, d);
+    let mut rep = StacksReport::default();
+    let agent_pids = keep_one_sampler(&mut native, d, &mut rep);
 
     let mut m = Merger::new(d);
     let mut samples = Vec::with_capacity(native.len());
-    let mut rep = StacksReport::default();
     let mut rooted = 0u64;
     let mut weights = 0u64;
     let mut per_proc: BTreeMap<Pid, AttributionCounts> = BTreeMap::new();
@@ -1447,10 +1475,24 @@ pub fn analyze(
     st
 }
 
+/// How far (ns) an agent sample of a thread may lie from a perf sample the
+/// reader left to it, to stand in for it (see [`stand_in_for_covered`]).
+/// Both sample the thread's CPU time at the same rate, so while the agent
+/// keeps up its nearest sample is about a period away; a second is far
+/// past that, and still close enough that the stack is of that moment's
+/// work, not of another phase of the job.
+const STAND_IN_MAX_NS: u64 = 1_000_000_000;
+
 /// Each thread's samples come from one sampler: the agent's where it
 /// sampled the thread, perf's otherwise (never both: no double counting).
-/// Keeps those in `native`; returns the processes the agent sampled.
-fn keep_one_sampler(native: &mut Vec<RawSample>, d: &StackData) -> BTreeSet<Pid> {
+/// Keeps those in `native` (sorted by (pid, tid, t), as it comes); returns
+/// the processes the agent sampled, and counts in `rep` the perf samples
+/// the reader left to the agent of a thread that ended on perf's side.
+fn keep_one_sampler(
+    native: &mut Vec<RawSample>,
+    d: &StackData,
+    rep: &mut StacksReport,
+) -> BTreeSet<Pid> {
     let mut per_thread: BTreeMap<(Pid, Tid), (u64, u64)> = BTreeMap::new();
     for s in native.iter() {
         let c = per_thread.entry((s.pid, s.tid)).or_default();
@@ -1475,8 +1517,96 @@ fn keep_one_sampler(native: &mut Vec<RawSample>, d: &StackData) -> BTreeSet<Pid>
                 .map(|(pid, _)| *pid),
         )
         .collect();
+    // The agent's samples of threads that go to perf, which may stand in
+    // for the perf samples the reader did not unwind.
+    let not_unwound = d.not_unwound_stacks();
+    let spare: Vec<RawSample> = if not_unwound.is_empty() {
+        Vec::new()
+    } else {
+        native
+            .iter()
+            .filter(|s| s.agent() && !use_agent[&(s.pid, s.tid)])
+            .copied()
+            .collect()
+    };
     native.retain(|s| s.agent() == use_agent[&(s.pid, s.tid)]);
+    if !not_unwound.is_empty() {
+        let (stood_in, left) = stand_in_for_covered(native, &spare, &not_unwound);
+        rep.not_unwound_stood_in = stood_in;
+        rep.not_unwound = left;
+    }
     agent_pids
+}
+
+/// The perf reader decides per sample, on the counts so far, that the agent
+/// keeps up with a thread, and then does not unwind perf's sample of it
+/// (`[perf: not unwound, …]`); the analysis decides per thread, on the
+/// totals. A thread can end on perf's side after the reader relied on the
+/// agent for some of its samples (a thread with few samples, near the
+/// line). Each such sample is replaced by the thread's agent sample nearest
+/// in time (within [`STAND_IN_MAX_NS`], each used once): a real sample of
+/// the same thread with its same-instant stack, at its own time, keeping
+/// the perf sample's weight, so the thread's CPU time stays perf's count.
+/// Samples with no agent sample left near them keep the marker. `native`
+/// holds the kept samples sorted by (pid, tid, t), `spare` the agent
+/// samples of threads that went to perf, in the same order. Returns the
+/// samples stood in for and those left marked (weighted).
+fn stand_in_for_covered(
+    native: &mut [RawSample],
+    spare: &[RawSample],
+    not_unwound: &BTreeSet<u32>,
+) -> (u64, u64) {
+    let (mut stood_in, mut left) = (0u64, 0u64);
+    let mut moved = false;
+    let mut spare_at = 0;
+    let mut i = 0;
+    while i < native.len() {
+        let key = (native[i].pid, native[i].tid);
+        let mut j = i;
+        while j < native.len() && (native[j].pid, native[j].tid) == key {
+            j += 1;
+        }
+        while spare_at < spare.len() && (spare[spare_at].pid, spare[spare_at].tid) < key {
+            spare_at += 1;
+        }
+        let from = spare_at;
+        while spare_at < spare.len() && (spare[spare_at].pid, spare[spare_at].tid) == key {
+            spare_at += 1;
+        }
+        // Unused agent samples of this thread by (time, index).
+        let mut unused: BTreeSet<(u64, usize)> = spare[from..spare_at]
+            .iter()
+            .enumerate()
+            .map(|(k, s)| (s.t.0, k))
+            .collect();
+        for s in native[i..j].iter_mut() {
+            if !not_unwound.contains(&s.stack) {
+                continue;
+            }
+            let t = s.t.0;
+            let before = unused.range(..(t, usize::MAX)).next_back().copied();
+            let after = unused.range((t, 0)..).next().copied();
+            let nearest = match (before, after) {
+                (Some(b), Some(a)) => Some(if t - b.0 <= a.0 - t { b } else { a }),
+                (b, a) => b.or(a),
+            };
+            let w = s.weight() as u64;
+            match nearest.filter(|n| n.0.abs_diff(t) <= STAND_IN_MAX_NS) {
+                Some(n) => {
+                    unused.remove(&n);
+                    *s = spare[from + n.1].with_weight(s.weight());
+                    stood_in += w;
+                    moved = true;
+                }
+                None => left += w,
+            }
+        }
+        i = j;
+    }
+    if moved {
+        native.sort_by_key(|s| (s.pid, s.tid, s.t));
+    }
+    (stood_in, left)
 }
 
 /// What decides a native sample's merged stack: (stack, taken by the
@@ -3042,6 +3172,109 @@ mod tests {
         // their own.
         assert!(st.python_only.is_empty());
         assert_eq!(st.report.unwind_coverage, 1.0, "leaf {leaf}");
+    }
+
+    /// A thread the perf reader left to the agent for some samples but the
+    /// analysis gives to perf (3 agent samples against 16 of perf's): each
+    /// sample not unwound takes the nearest unused agent sample within a
+    /// second, and keeps the marker when there is none.
+    #[test]
+    fn agent_samples_stand_in_for_perf_samples_not_unwound() {
+        let mut d = data();
+        let ms = 1_000_000u64;
+        let evs = vec![
+            node(StackKind::Native, 5, Some(4), 5),
+            node(StackKind::Native, 6, Some(5), 6),
+            Event::InlinePyFrame {
+                id: 5,
+                name: "<module>".into(),
+                file: "/x/job.py".into(),
+                entry: true,
+            },
+            Event::InlinePyFrame {
+                id: 6,
+                name: "augment".into(),
+                file: "/x/job.py".into(),
+                entry: false,
+            },
+            Event::StackMarker {
+                id: 20,
+                marker: crate::collect::perf::MARKER_NOT_UNWOUND.into(),
+            },
+            node(StackKind::Native, 20, None, 20),
+            Event::PyProcess {
+                t: MonoNs(0),
+                pid: Pid(10),
+                version: "3.12.1".into(),
+                same_instant: true,
+                detail: String::new(),
+            },
+            // Perf at 2.00 s, every 10 ms: not unwound at 2.00, 2.01 and
+            // 2.06–2.09 s.
+            Event::Samples(SampleBatch {
+                kind: StackKind::Native,
+                pid: Pid(10),
+                tid: Tid(10),
+                t0: MonoNs(2_000 * ms),
+                dt_us: vec![
+                    0, 10_000, 10_000, 10_000, 10_000, 10_000, 10_000, 10_000, 10_000, 10_000,
+                    10_000, 10_000,
+                ],
+                stacks: vec![20, 20, 4, 4, 4, 4, 20, 20, 20, 20, 4, 4],
+                incomplete: vec![],
+                source: SampleSource::Perf,
+            }),
+            // The agent at 1.999 and 2.002 s (both nearest to 2.00 s: the
+            // second goes to 2.01 s), and 7 s later.
+            Event::Samples(SampleBatch {
+                kind: StackKind::Native,
+                pid: Pid(10),
+                tid: Tid(10),
+                t0: MonoNs(1_999 * ms),
+                dt_us: vec![0, 3_000, 7_000_000],
+                stacks: vec![6; 3],
+                incomplete: vec![],
+                source: SampleSource::Agent,
+            }),
+        ];
+        for e in &evs {
+            d.add(e);
+        }
+        let st = analyze_all(&mut d);
+        assert_eq!(st.report.samples, 16, "perf's count stays");
+        assert_eq!(
+            (st.report.not_unwound_stood_in, st.report.not_unwound),
+            (2, 4)
+        );
+        let folded = st.folded_role(
+            Some(Role::Main),
+            FoldOptions {
+                view: View::Native,
+                merge_workers: false,
+            },
+        );
+        let count = |needle: &str| -> u64 {
+            folded
+                .lines()
+                .filter(|l| l.contains(needle))
+                .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+                .sum()
+        };
+        assert_eq!(count("augment (job.py)"), 2, "{folded}");
+        assert_eq!(count("[perf: not unwound"), 4, "{folded}");
+        // The stand-ins keep the agent's times (1.999 and 2.002 s).
+        let mut times: Vec<u64> = st
+            .samples
+            .iter()
+            .filter(|s| s.attribution == Attribution::SameInstant)
+            .map(|s| s.t.0 / ms)
+            .collect();
+        times.sort_unstable();
+        assert_eq!(times, vec![1_999, 2_002]);
+        assert!(st
+            .samples
+            .windows(2)
+            .all(|w| (w[0].pid, w[0].tid, w[0].t) <= (w[1].pid, w[1].tid, w[1].t)));
     }
 
     #[test]
