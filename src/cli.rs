@@ -215,8 +215,10 @@ pub struct RecordArgs {
     #[arg(long, value_name = "DURATION", default_value = "100ms", value_parser = parse_duration)]
     pub interval: Duration,
 
-    /// Start recording this long after the job starts (the job runs
-    /// unobserved until then), e.g. `--delay 10m` to skip warm-up.
+    /// Start recording this long after the job starts, e.g. `--delay 10m`
+    /// to skip warm-up. Until then nothing is sampled: perf's events are
+    /// off, and the in-process Python agent's timer still fires but returns
+    /// at once (0.1% of a loader job's CPU, against 0.45% when sampling).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub delay: Option<Duration>,
 

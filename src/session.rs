@@ -550,8 +550,14 @@ async fn run(
     // its own time and takes the driver's samples from this moment on.
     let gpu = start_gpu(&cfg, &sink)?;
     // Between fork and exec: perf events enabled by the job's exec.
-    let stacks =
-        StackCollectors::start(cfg.stacks.as_ref(), suspended.pid, &sink, cfg.quiet, agent);
+    let stacks = StackCollectors::start(
+        cfg.stacks.as_ref(),
+        suspended.pid,
+        &sink,
+        cfg.quiet,
+        agent,
+        !delayed,
+    );
     samplers.follow(stacks.news());
     // Lives until gpuprof exits: its ring folder must outlast the job's
     // use of it, even after a --duration window closed.
@@ -633,6 +639,7 @@ async fn run(
                 if let Some(r) = recording.as_ref() {
                     r.sink.send_blocking(Event::WindowStart { t: MonoNs::now() });
                     r.samplers.active.store(true, Ordering::Release);
+                    r.stacks.set_active();
                     nvtx.set_active();
                     say(cfg.quiet, "--delay elapsed: recording started");
                 }

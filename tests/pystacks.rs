@@ -814,3 +814,82 @@ int main(void) {
     return 0;
 }
 "#;
+
+/// `--delay`: nothing is sampled before the recording window opens, in
+/// gpuprof (perf's events are off) or in the job (the agent's handler
+/// returns at once); once it opens, every process is sampled, the one
+/// forked during the delay too (turning an inherited event on reaches its
+/// copies in tasks created meanwhile).
+#[test]
+fn delay_samples_nothing_before_the_window() {
+    need_perf!();
+    let Some(py) = common::python_minor(12).or_else(|| common::python_minor(11)) else {
+        skip!("no CPython 3.11/3.12 installed (pyenv)");
+    };
+    let job = "import os, time\n\
+        def spin(until):\n    x = 0\n    while time.monotonic() < until:\n        x += 1\n\
+        t0 = time.monotonic()\n\
+        spin(t0 + 0.3)\n\
+        pid = os.fork()\n\
+        spin(t0 + 2.6)\n\
+        if pid:\n    os.waitpid(pid, 0)\nelse:\n    os._exit(0)\n";
+    let (out, code) = record(
+        "delay",
+        &["--delay", "1s"],
+        &[py.to_str().unwrap(), "-c", job],
+    );
+    assert_eq!(code, 0);
+    let mut events = String::new();
+    std::io::Read::read_to_string(
+        &mut flate2::read::MultiGzDecoder::new(
+            std::fs::File::open(out.join("recording/events.jsonl.gz")).unwrap(),
+        ),
+        &mut events,
+    )
+    .unwrap();
+    let mut window = None;
+    // (source, pid) -> (samples, earliest batch start)
+    let mut seen: BTreeMap<(String, u64), (u64, u64)> = BTreeMap::new();
+    for l in events.lines() {
+        let e: Value = serde_json::from_str(l).unwrap();
+        if e["k"] == "window_start" {
+            window = e["t"].as_u64();
+        }
+        if e["k"] != "samples" || e["kind"] != "native" {
+            continue;
+        }
+        let source = e["source"].as_str().unwrap_or("perf").to_string();
+        let c = seen
+            .entry((source, e["pid"].as_u64().unwrap()))
+            .or_insert((0, u64::MAX));
+        c.0 += e["stacks"].as_array().unwrap().len() as u64;
+        c.1 = c.1.min(e["t0"].as_u64().unwrap());
+    }
+    let window = window.expect("a window_start event");
+    for ((source, pid), (n, first)) in &seen {
+        // Batch times are kept to the microsecond.
+        assert!(
+            first + 1000 >= window,
+            "{n} {source} samples of {pid}, the first {} ms before the window opened",
+            (window - first) / 1_000_000
+        );
+    }
+    let pids = |source: &str| -> usize {
+        seen.iter()
+            .filter(|((s, _), (n, _))| s == source && *n >= 20)
+            .count()
+    };
+    assert_eq!(
+        pids("agent"),
+        2,
+        "the agent sampled both processes: {seen:?}"
+    );
+    assert_eq!(pids("perf"), 2, "perf sampled both processes: {seen:?}");
+    let r = report(&out);
+    assert!(
+        r["stacks"]["unwind_coverage"].as_f64().unwrap() >= 0.9,
+        "{}",
+        r["stacks"]
+    );
+    let _ = std::fs::remove_dir_all(&out);
+}

@@ -36,8 +36,10 @@
  *     after fork() the child opens its own event and ring (pthread_atfork),
  *     and vfork/posix_spawn children, which reset signal handlers before
  *     exec, never carry it. exec removes it (remove_on_exec).
- * If gpuprof is gone the ring fills up, records are dropped and counted,
- * and the job runs on. */
+ * Outside gpuprof's recording window (before `--delay` elapsed: the
+ * handler returns at once; after it closed: the event is stopped) nothing
+ * is read or written. If gpuprof is gone the ring fills up, records are
+ * dropped and counted, and the job runs on. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
@@ -262,6 +264,16 @@ static _Atomic int g_installed;
 /* Samples dropped in a row for a full ring: gpuprof has stopped reading. */
 static _Atomic uint32_t g_drops_in_a_row;
 #define GIVE_UP_DROPS 1000u
+/* The recording window, a file in the rings' folder that gpuprof writes
+ * (src/collect/perf/pyagent.rs): its first word says whether gpuprof is
+ * recording. Before `--delay` has elapsed the handler returns at once;
+ * once recording is over (`--duration`, or gpuprof stopped) it stops the
+ * event for good. Mapped read-only; NULL (no file): always recording. */
+#define WINDOW_FILE "window"
+#define WINDOW_PAUSED 0u
+#define WINDOW_OPEN 1u
+#define WINDOW_OVER 2u
+static const _Atomic uint32_t *g_window;
 static struct sigaction g_chain; /* the job's SIGTRAP disposition */
 static _Atomic int g_chain_seq;
 static sigaction_fn real_sigaction;
@@ -722,6 +734,15 @@ static void on_sigtrap(int sig, siginfo_t *si, void *ucv)
         return;
     }
     int saved_errno = errno;
+    if (g_window) {
+        uint32_t w = atomic_load_explicit(g_window, memory_order_relaxed);
+        if (w != WINDOW_OPEN) {
+            if (w == WINDOW_OVER && g_event_fd >= 0)
+                ioctl(g_event_fd, PERF_EVENT_IOC_DISABLE, 0);
+            errno = saved_errno;
+            return;
+        }
+    }
     uint32_t tid = my_tid();
     if (ps->flags & TRAP_PERF_FLAG_ASYNC_BIT) {
         note(NOTE_ASYNC, tid);
@@ -1055,6 +1076,20 @@ static const char *check_debug_offsets(void)
     return NULL;
 }
 
+/* Map gpuprof's recording-window word (see WINDOW_FILE). */
+static void map_window(void)
+{
+    char path[sizeof g_dir + sizeof WINDOW_FILE + 1];
+    snprintf(path, sizeof path, "%s/%s", g_dir, WINDOW_FILE);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return;
+    void *p = mmap(NULL, sizeof(uint32_t), PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    if (p != MAP_FAILED)
+        g_window = p;
+}
+
 __attribute__((constructor)) static void pystacks_init(void)
 {
     if (!real_sigaction)
@@ -1075,6 +1110,7 @@ __attribute__((constructor)) static void pystacks_init(void)
         return; /* not a CPython whose symbols we can see */
     code_type = (uintptr_t)ct;
     strcpy(g_dir, dir);
+    map_window();
     g_period_ns = env_u64(ENV_PERIOD, g_period_ns, 1000000, 1000000000);
     g_stack_bytes = (uint32_t)env_u64(ENV_STACK, g_stack_bytes, 1024, 65528) & ~7u;
     uint64_t rb = env_u64(ENV_RING, g_ring_bytes, 256u << 10, 64u << 20);

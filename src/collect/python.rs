@@ -60,13 +60,15 @@ impl PySampler {
     /// `news.processes` is bumped by the perf reader on every new process and
     /// exec; without it the process list is polled.
     /// `root`: follow that running process and its descendants instead
-    /// (`gpuprof attach`).
+    /// (`gpuprof attach`). Nothing is read until `active` (the recording
+    /// window is open).
     pub fn start(
         frequency: u64,
         sink: Sink,
         news: Option<Arc<TreeNews>>,
         root: Option<Pid>,
         agent: Option<Arc<AgentVerdicts>>,
+        active: Arc<AtomicBool>,
     ) -> std::io::Result<PySampler> {
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
@@ -76,6 +78,9 @@ impl PySampler {
                 let mut s = Sampler::new(frequency, sink, news);
                 s.root = root;
                 s.agent = agent;
+                while !active.load(Ordering::Acquire) && !stop2.load(Ordering::Acquire) {
+                    std::thread::park_timeout(Duration::from_millis(25));
+                }
                 s.run(&stop2);
                 s.finish()
             })?;

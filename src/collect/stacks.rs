@@ -5,10 +5,12 @@
 //! (of every Python process: blocked threads included, for the rank analysis).
 
 use std::ffi::OsString;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use crate::agent::AgentDir;
-use crate::collect::perf::pyagent::{self, RingDir};
+use crate::collect::perf::pyagent::{self, RingDir, Window};
 use crate::collect::perf::{self, AgentLink, PerfOptions, PerfSampler};
 use crate::collect::python::PySampler;
 use crate::collect::TreeNews;
@@ -24,6 +26,10 @@ pub struct StackCollectors {
     python: Option<PySampler>,
     /// What the perf reader learns of new processes and libraries.
     news: Option<Arc<TreeNews>>,
+    /// The recording window is open (false until `--delay` elapses).
+    active: Arc<AtomicBool>,
+    /// The agents' rings folder, whose window word they follow.
+    ring_dir: Option<PathBuf>,
 }
 
 /// The in-process agent, ready before the job is forked: its folder (which
@@ -107,15 +113,37 @@ impl StackCollectors {
     /// Start sampling `job`, which must be forked and not yet exec'd, with
     /// the agent of `agent` in its environment. `None` options: stacks
     /// disabled (`--no-stacks`). A refusal is said in one line (unless
-    /// `quiet`) and recorded as coverage; the job runs anyway.
+    /// `quiet`) and recorded as coverage; the job runs anyway. `active`:
+    /// from the job's exec; else nothing is sampled, in gpuprof or in the
+    /// job, until [`StackCollectors::set_active`] (`--delay`).
     pub fn start(
         opts: Option<&PerfOptions>,
         job: Pid,
         sink: &Sink,
         quiet: bool,
         agent: &AgentPlan,
+        active: bool,
     ) -> StackCollectors {
-        Self::start_with(opts, sink, quiet, None, agent, |o| perf::open(job, o))
+        let mut c = Self::start_with(opts, sink, quiet, None, agent, active, |o| {
+            perf::open(job, o, active)
+        });
+        if let AgentPlan::Ready(a) = agent {
+            // Before the job's exec, where the agent maps it.
+            let w = if active { Window::Open } else { Window::Paused };
+            if pyagent::set_window(a.rings.path(), w).is_ok() {
+                c.ring_dir = Some(a.rings.path().to_path_buf());
+            }
+        }
+        c
+    }
+
+    /// The recording window opened (`--delay` elapsed): perf's events are
+    /// turned on, py-spy starts reading, the agents start sampling.
+    pub fn set_active(&self) {
+        self.active.store(true, Ordering::Release);
+        if let Some(d) = &self.ring_dir {
+            let _ = pyagent::set_window(d, Window::Open);
+        }
     }
 
     /// Start sampling the running process `root` and everything below it
@@ -129,7 +157,7 @@ impl StackCollectors {
         let agent = AgentPlan::Off(
             "not in processes that were already running (attach): the agent is preloaded only into jobs gpuprof starts; Python frames come from py-spy alone".into(),
         );
-        Self::start_with(opts, sink, quiet, Some(root), &agent, |o| {
+        Self::start_with(opts, sink, quiet, Some(root), &agent, true, |o| {
             perf::open_attached(root, o)
         })
     }
@@ -140,8 +168,10 @@ impl StackCollectors {
         quiet: bool,
         root: Option<Pid>,
         agent: &AgentPlan,
+        active: bool,
         open: impl FnOnce(&PerfOptions) -> Result<perf::Opened, perf::OpenError>,
     ) -> StackCollectors {
+        let active = Arc::new(AtomicBool::new(active));
         let Some(opts) = opts else {
             for source in [
                 perf::COVERAGE_SOURCE,
@@ -160,13 +190,22 @@ impl StackCollectors {
             AgentPlan::Ready(a) => Some(a.link.clone()),
             AgentPlan::Off(_) => None,
         };
-        let mut c = StackCollectors::default();
+        let mut c = StackCollectors {
+            active: active.clone(),
+            ..StackCollectors::default()
+        };
         let changes = Arc::new(TreeNews::default());
         let mut news = None;
         let mut agent_running = false;
         match open(opts) {
             Ok(opened) => {
-                match PerfSampler::start(opened, sink.clone(), changes.clone(), link.clone()) {
+                match PerfSampler::start(
+                    opened,
+                    sink.clone(),
+                    changes.clone(),
+                    link.clone(),
+                    active.clone(),
+                ) {
                     Ok(s) => {
                         c.perf = Some(s);
                         news = Some(changes);
@@ -210,7 +249,14 @@ impl StackCollectors {
         // With the agent reading its processes, py-spy reads only those it
         // does not sample, and the ranks' main processes.
         let verdicts = link.filter(|_| agent_running).map(|l| l.verdicts);
-        match PySampler::start(opts.frequency, sink.clone(), news.clone(), root, verdicts) {
+        match PySampler::start(
+            opts.frequency,
+            sink.clone(),
+            news.clone(),
+            root,
+            verdicts,
+            active,
+        ) {
             Ok(p) => c.python = Some(p),
             Err(e) => sink.send_blocking(Event::Coverage(Coverage {
                 source: crate::collect::python::COVERAGE_SOURCE.into(),
@@ -230,6 +276,11 @@ impl StackCollectors {
     /// The job ended (or recording stops): drain, symbolize, write the
     /// counters.
     pub fn stop(self) {
+        // The job may run on (`--duration`): its agents stop their events
+        // now rather than fill rings no one reads.
+        if let Some(d) = &self.ring_dir {
+            let _ = pyagent::set_window(d, Window::Over);
+        }
         if let Some(p) = self.python {
             p.stop();
         }

@@ -156,6 +156,8 @@ pub struct Opened {
     job: Pid,
     opts: PerfOptions,
     attached: Option<Attached>,
+    /// The events stay off until the recording window opens (`--delay`).
+    off: bool,
 }
 
 /// Sampling a tree that already ran when the events were opened.
@@ -220,12 +222,15 @@ pub fn open_attached(root: Pid, opts: &PerfOptions) -> Result<Opened, OpenError>
             opened_at: Instant::now(),
             catch_ups: 0,
         }),
+        off: false,
     })
 }
 
 /// Open the sampling events on `job`, which must be forked but not yet
-/// exec'd. On refusal the error's message is one line with the fix.
-pub fn open(job: Pid, opts: &PerfOptions) -> Result<Opened, OpenError> {
+/// exec'd: turned on by its exec, or (`!at_exec`) once the reader is told
+/// that the recording window opened. On refusal the error's message is one
+/// line with the fix.
+pub fn open(job: Pid, opts: &PerfOptions, at_exec: bool) -> Result<Opened, OpenError> {
     opts.validate().map_err(|m| OpenError {
         message: m,
         errno: None,
@@ -240,12 +245,14 @@ pub fn open(job: Pid, opts: &PerfOptions) -> Result<Opened, OpenError> {
             stack_size: opts.stack_size,
             ring_bytes,
         },
+        at_exec,
     )?;
     Ok(Opened {
         rings,
         job,
         opts: opts.clone(),
         attached: None,
+        off: !at_exec,
     })
 }
 
@@ -280,18 +287,25 @@ pub struct PerfSampler {
 impl PerfSampler {
     /// Start reading the rings. Call before releasing the job.
     /// `news` is bumped on every new process, exec and executable mapping.
+    /// `active`: the recording window is open; events opened off are
+    /// turned on once it is.
     pub fn start(
         opened: Opened,
         sink: Sink,
         news: Arc<TreeNews>,
         agent: Option<AgentLink>,
+        active: Arc<AtomicBool>,
     ) -> std::io::Result<PerfSampler> {
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
         let thread = std::thread::Builder::new()
             .name("gpuprof-perf".into())
             .spawn(move || {
+                let off = opened.off;
                 let mut r = Reader::new(opened, sink, news, agent);
+                if off && !r.wait_for_window(&active, &stop2) {
+                    return r.finish();
+                }
                 r.run(&stop2);
                 r.finish()
             })?;
@@ -481,6 +495,27 @@ impl Reader {
             self.paths.push(path.clone());
             self.sink.send_blocking(Event::StackFile { id, path });
         }
+    }
+
+    /// Events opened off: wait for the recording window, then turn them
+    /// on. False when told to stop first (or they cannot be turned on,
+    /// which is said as coverage).
+    fn wait_for_window(&mut self, active: &AtomicBool, stop: &AtomicBool) -> bool {
+        while !active.load(Ordering::Acquire) {
+            if stop.load(Ordering::Acquire) {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(POLL_TIMEOUT_MS as u64 / 2));
+        }
+        if let Err(e) = self.rings.enable() {
+            self.sink.send_blocking(Event::Coverage(Coverage {
+                source: COVERAGE_SOURCE.into(),
+                available: false,
+                detail: format!("cannot turn the perf events on when the recording window opened: {e}; no native stacks"),
+            }));
+            return false;
+        }
+        true
     }
 
     fn run(&mut self, stop: &AtomicBool) {

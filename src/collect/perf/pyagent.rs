@@ -120,6 +120,34 @@ impl RingDir {
     }
 }
 
+/// Whether gpuprof records, as the agents read it from the first word of
+/// `WINDOW_FILE` in the rings' folder (`src/agent/pystacks.c`): before
+/// `--delay` has elapsed their handler returns at once, after the window
+/// they stop their event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Window {
+    Paused = 0,
+    Open = 1,
+    Over = 2,
+}
+
+const WINDOW_FILE: &str = "window";
+
+/// Write the window word (the agents map the file shared, read-only). The
+/// file is created before the job starts; an agent that finds none samples
+/// throughout.
+pub fn set_window(ring_dir: &Path, w: Window) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let f = OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(ring_dir.join(WINDOW_FILE))?;
+    // One aligned word: the agent never sees half of a change.
+    f.write_all_at(&(w as u32).to_ne_bytes(), 0)
+}
+
 impl Drop for RingDir {
     fn drop(&mut self) {
         if self.own {

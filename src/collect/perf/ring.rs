@@ -58,6 +58,18 @@ pub struct Rings {
     pub followers: Vec<perf_event::Counter>,
 }
 
+impl Rings {
+    /// Turn on events opened off (`open` without `at_exec`). Enabling an
+    /// inherited event turns on its copies in every task created meanwhile
+    /// (the kernel applies it to the event's children).
+    pub fn enable(&mut self) -> std::io::Result<()> {
+        for s in self.samplers.iter_mut() {
+            s.enable()?;
+        }
+        Ok(())
+    }
+}
+
 /// `perf_event_open` failed; carries what the user can do about it.
 #[derive(Debug, thiserror::Error)]
 #[error("{message}")]
@@ -157,8 +169,14 @@ fn watermark(size: usize, opts: &OpenOptions) -> usize {
 }
 
 /// Open one disabled `cpu-clock` event per CPU on `pid` (inherited by every
-/// task it creates), enabled by the kernel when `pid` execs.
-pub fn open(pid: Pid, cpus: &[usize], opts: &OpenOptions) -> Result<Rings, OpenError> {
+/// task it creates), enabled by the kernel when `pid` execs (`at_exec`), or
+/// left off until [`Rings::enable`].
+pub fn open(
+    pid: Pid,
+    cpus: &[usize],
+    opts: &OpenOptions,
+    at_exec: bool,
+) -> Result<Rings, OpenError> {
     let mut samplers = Vec::with_capacity(cpus.len());
     let mut ring_bytes = opts.ring_bytes;
     for &cpu in cpus {
@@ -166,7 +184,7 @@ pub fn open(pid: Pid, cpus: &[usize], opts: &OpenOptions) -> Result<Rings, OpenE
         b.observe_pid(pid.0)
             .one_cpu(cpu)
             .enabled(false)
-            .enable_on_exec(true);
+            .enable_on_exec(at_exec);
         let mut counter = b.build().map_err(|e| OpenError {
             message: refusal_advice(&e),
             errno: e.raw_os_error(),
