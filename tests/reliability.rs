@@ -493,12 +493,42 @@ fn a_killed_gpuprof_leaves_named_stacks_and_python_frames() {
         nix::sys::signal::Signal::SIGKILL,
     )
     .unwrap();
+    let killed = child.id();
     let o = child.wait_with_output().unwrap();
     // The job carries on without gpuprof and ends normally.
     assert!(
         String::from_utf8_lossy(&o.stderr).contains("steps done"),
         "the job finished: {}",
         String::from_utf8_lossy(&o.stderr)
+    );
+    // Its runtime folders (agents, rings: memory, on tmpfs) were left; the
+    // next recording removes them, the job being gone.
+    let left = || -> Vec<PathBuf> {
+        let mut bases = vec![std::env::temp_dir(), PathBuf::from("/dev/shm")];
+        bases.extend(std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from));
+        bases
+            .iter()
+            .filter_map(|b| std::fs::read_dir(b).ok())
+            .flat_map(|rd| rd.flatten().map(|e| e.path()))
+            .filter(|p| {
+                let n = p.file_name().unwrap().to_string_lossy();
+                n.starts_with(&format!("gpuprof-{killed}-"))
+                    || n.starts_with(&format!("gpuprof-nvtx-{killed}-"))
+            })
+            .collect()
+    };
+    assert!(!left().is_empty(), "a killed gpuprof leaves its folders");
+    let o = gpuprof()
+        .args(["-q", "-o"])
+        .arg(d.path().join("next"))
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    assert_eq!(
+        left(),
+        Vec::<PathBuf>::new(),
+        "removed by the next recording"
     );
     let o = gpuprof().arg("report").arg(&out).output().unwrap();
     let err = String::from_utf8_lossy(&o.stderr);

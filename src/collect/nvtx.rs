@@ -110,6 +110,7 @@ pub struct NvtxPlan {
 /// show as the job's own IO.
 struct RingDir {
     path: PathBuf,
+    _held: Option<crate::agent::Held>,
 }
 
 impl Drop for RingDir {
@@ -124,31 +125,12 @@ fn is_tmpfs(p: &Path) -> bool {
         .unwrap_or(false)
 }
 
-/// Remove ring folders left by a gpuprof that was killed (SIGKILL runs no
-/// destructor): ours by owner and name, whose gpuprof PID is gone.
-fn remove_stale(base: &Path) {
-    use std::os::unix::fs::MetadataExt;
-    let uid = nix::unistd::getuid().as_raw();
-    let Ok(rd) = std::fs::read_dir(base) else {
-        return;
-    };
-    for e in rd.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        let Some(pid) = name
-            .strip_prefix("gpuprof-nvtx-")
-            .and_then(|r| r.split('-').next())
-            .and_then(|p| p.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        let ours = e
-            .metadata()
-            .is_ok_and(|m| m.is_dir() && m.uid() == uid && m.mode() & 0o777 == 0o700);
-        let gone = pid > 0 && !Path::new(&format!("/proc/{pid}")).exists();
-        if ours && gone {
-            let _ = std::fs::remove_dir_all(e.path());
-        }
-    }
+/// The gpuprof PID in the name of an NVTX rings folder,
+/// `gpuprof-nvtx-<pid>-<8 hex>`.
+pub(crate) fn nvtx_dir_owner(name: &str) -> Option<i32> {
+    let (pid, nonce) = name.strip_prefix("gpuprof-nvtx-")?.split_once('-')?;
+    let hex = nonce.len() == 8 && nonce.bytes().all(|b| b.is_ascii_hexdigit());
+    pid.parse().ok().filter(|_| hex)
 }
 
 fn make_ring_dir(agent: &AgentDir) -> std::io::Result<RingDir> {
@@ -168,10 +150,16 @@ fn make_ring_dir(agent: &AgentDir) -> std::io::Result<RingDir> {
     bases.push(agent.path().to_path_buf());
     let mut last = None;
     for b in bases {
-        remove_stale(&b);
+        crate::agent::remove_stale(&b, nvtx_dir_owner);
         let p = b.join(&name);
         match std::fs::DirBuilder::new().mode(0o700).create(&p) {
-            Ok(()) => return Ok(RingDir { path: p }),
+            Ok(()) => {
+                let held = crate::agent::hold(&p);
+                return Ok(RingDir {
+                    path: p,
+                    _held: held,
+                });
+            }
             Err(e) => last = Some(e),
         }
     }
@@ -1201,30 +1189,6 @@ mod tests {
         assert_eq!(payload(5, (-2i32) as u32 as u64), Some(-2.0));
         assert_eq!(payload(6, 1.5f32.to_bits() as u64), Some(1.5));
         assert_eq!(payload(0, 1), None);
-    }
-
-    #[test]
-    fn ring_folders_of_a_killed_gpuprof_are_removed() {
-        let base = tempfile_dir();
-        let mk = |n: &str| {
-            let p = base.join(n);
-            std::fs::DirBuilder::new().mode(0o700).create(&p).unwrap();
-            p
-        };
-        let dead = mk("gpuprof-nvtx-999999999-00000001");
-        let live = mk(&format!("gpuprof-nvtx-{}-00000002", std::process::id()));
-        let other = mk("something-else");
-        remove_stale(&base);
-        assert!(!dead.exists());
-        assert!(live.exists() && other.exists());
-        std::fs::remove_dir_all(&base).unwrap();
-    }
-
-    fn tempfile_dir() -> PathBuf {
-        let p = std::env::temp_dir().join(format!("gpuprof-nvtx-test-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        p
     }
 
     #[test]

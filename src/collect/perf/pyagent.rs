@@ -80,6 +80,7 @@ impl PyStatus {
 pub struct RingDir {
     path: PathBuf,
     own: bool,
+    _held: Option<crate::agent::Held>,
 }
 
 fn on_tmpfs(p: &Path) -> bool {
@@ -93,6 +94,7 @@ impl RingDir {
     pub fn create(agent_dir: &Path) -> std::io::Result<RingDir> {
         use std::os::unix::fs::DirBuilderExt;
         if !on_tmpfs(agent_dir) && on_tmpfs(Path::new("/dev/shm")) {
+            crate::agent::remove_stale(Path::new("/dev/shm"), ring_dir_owner);
             for attempt in 0..16u32 {
                 let path = PathBuf::from(format!(
                     "/dev/shm/gpuprof-{}-rings-{:08x}",
@@ -104,7 +106,14 @@ impl RingDir {
                         ^ attempt.wrapping_mul(0x9e37_79b9)
                 ));
                 match std::fs::DirBuilder::new().mode(0o700).create(&path) {
-                    Ok(()) => return Ok(RingDir { path, own: true }),
+                    Ok(()) => {
+                        let held = crate::agent::hold(&path);
+                        return Ok(RingDir {
+                            path,
+                            own: true,
+                            _held: held,
+                        });
+                    }
                     Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
                     Err(_) => break,
                 }
@@ -112,7 +121,11 @@ impl RingDir {
         }
         let path = agent_dir.join("rings");
         std::fs::DirBuilder::new().mode(0o700).create(&path)?;
-        Ok(RingDir { path, own: false })
+        Ok(RingDir {
+            path,
+            own: false,
+            _held: None,
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -146,6 +159,19 @@ pub fn set_window(ring_dir: &Path, w: Window) -> std::io::Result<()> {
         .open(ring_dir.join(WINDOW_FILE))?;
     // One aligned word: the agent never sees half of a change.
     f.write_all_at(&(w as u32).to_ne_bytes(), 0)
+}
+
+/// The gpuprof PID in the name of a rings folder in `/dev/shm`,
+/// `gpuprof-<pid>-rings-<8 hex>`.
+pub(crate) fn ring_dir_owner(name: &str) -> Option<i32> {
+    let mut it = name.split('-');
+    let (Some("gpuprof"), Some(pid), Some("rings"), Some(nonce), None) =
+        (it.next(), it.next(), it.next(), it.next(), it.next())
+    else {
+        return None;
+    };
+    let hex = nonce.len() == 8 && nonce.bytes().all(|b| b.is_ascii_hexdigit());
+    pid.parse().ok().filter(|_| hex)
 }
 
 impl Drop for RingDir {
