@@ -343,8 +343,9 @@ enum FrameKey {
 pub const MARKER_UNREADABLE: &str = "[python: unreadable]";
 pub const MARKER_TRUNCATED: &str = "[python: truncated]";
 /// A perf sample of a thread the agent was sampling at the time: not
-/// unwound (the agent's sample of the same thread is used; this one shows
-/// only if the analysis falls back to perf's samples of the thread).
+/// unwound (the agent's sample of the same thread is used; if the analysis
+/// falls back to perf's samples of the thread, the thread's nearest agent
+/// sample stands in for it, and this shows only where there is none).
 pub const MARKER_NOT_UNWOUND: &str = "[perf: not unwound, the agent sampled this thread]";
 
 /// What the agent did in one process.
