@@ -518,18 +518,7 @@ async fn run(
     metrics: Option<std::net::TcpListener>,
     agent: &AgentPlan,
 ) -> Result<i32> {
-    // Handlers are installed only now, after the fork: the job must inherit
-    // the dispositions gpuprof was started with (e.g. SIGHUP ignored under
-    // nohup), not gpuprof's own.
-    let mut sigint = signal(SignalKind::interrupt())?;
-    watch_senders();
-    let mut sigquit = signal(SignalKind::quit())?;
-    let mut sigterm = signal(SignalKind::terminate())?;
-    let mut sighup = signal(SignalKind::hangup())?;
-    let mut sigusr1 = signal(SignalKind::user_defined1())?;
-    let mut sigusr2 = signal(SignalKind::user_defined2())?;
-    let mut sigchld = signal(SignalKind::child())?;
-
+    let mut sig = JobSignals::install()?;
     let header = make_header(&cfg, suspended.pid);
     // Live figures for the progress line, early warnings and --metrics-addr,
     // fed by the writer from the events it records.
@@ -545,40 +534,12 @@ async fn run(
     writer.hold_reserve(reserve);
     sink.send_blocking(Event::Header(header.clone()));
     let delayed = cfg.delay.is_some_and(|d| !d.is_zero());
-    let mut samplers = SamplerThread::start(&sink, cfg.interval, !delayed, None)?;
-    // The GPU thread starts before the job is released; it opens NVML on
-    // its own time and takes the driver's samples from this moment on.
-    let gpu = start_gpu(&cfg, &sink)?;
-    // Between fork and exec: perf events enabled by the job's exec.
-    let stacks = StackCollectors::start(
-        cfg.stacks.as_ref(),
-        suspended.pid,
-        &sink,
-        cfg.quiet,
-        agent,
-        !delayed,
-    );
-    samplers.follow(stacks.news());
-    // Lives until gpuprof exits: its ring folder must outlast the job's
-    // use of it, even after a --duration window closed.
-    let mut nvtx = NvtxCollector::start(nvtx_plan, &sink, !delayed);
-    if !delayed {
-        sink.send_blocking(Event::WindowStart { t: MonoNs::now() });
-    }
-
+    let (rec, mut nvtx) =
+        start_collectors(&cfg, sink, writer, suspended.pid, nvtx_plan, agent, delayed)?;
     let job = match suspended.resume() {
         Ok(pid) => pid,
         Err(e) => {
-            if let Some(g) = gpu {
-                g.stop();
-            }
-            samplers.finish();
-            stacks.stop();
-            nvtx.stop();
-            drop(sink);
-            let reserve = writer.take_reserve();
-            drop(writer.finish());
-            undo_output(&out, created, reserve);
+            abandon(rec, nvtx, &out, created);
             eprintln!("gpuprof: {e}");
             return Ok(e.exit_code());
         }
@@ -587,13 +548,7 @@ async fn run(
     let started = tokio::time::Instant::now();
     let window_start = started + cfg.delay.unwrap_or_default();
     let window_end = cfg.duration.map(|d| window_start + d);
-    let mut recording = Some(Recording {
-        samplers,
-        gpu,
-        sink,
-        writer,
-        stacks,
-    });
+    let mut recording = Some(rec);
     let mut interrupts = 0u32;
     let mut job_status: Option<JobStatus> = None;
     let mut stop_reason: Option<&str> = None;
@@ -617,9 +572,9 @@ async fn run(
                 .as_ref()
                 .is_some_and(|r| !r.samplers.active.load(Ordering::Acquire));
         tokio::select! {
-            _ = sigchld.recv() => {}
+            _ = sig.chld.recv() => {}
             _ = tick.tick(), if recording.is_some() && views.ticks() => views.tick(),
-            _ = sigint.recv() => {
+            _ = sig.int.recv() => {
                 let sender = take_sender(Signal::SIGINT);
                 interrupts += 1;
                 if interrupts == 1 && sender == 0 {
@@ -630,18 +585,14 @@ async fn run(
                     stop_reason = Some("interrupted");
                 }
             }
-            _ = sigquit.recv() => {}
-            _ = sigterm.recv() => pass_on(&cfg, job, Signal::SIGTERM, &mut told),
-            _ = sighup.recv() => pass_on(&cfg, job, Signal::SIGHUP, &mut told),
-            _ = sigusr1.recv() => pass_on(&cfg, job, Signal::SIGUSR1, &mut told),
-            _ = sigusr2.recv() => pass_on(&cfg, job, Signal::SIGUSR2, &mut told),
+            _ = sig.quit.recv() => {}
+            _ = sig.term.recv() => pass_on(&cfg, job, Signal::SIGTERM, &mut told),
+            _ = sig.hup.recv() => pass_on(&cfg, job, Signal::SIGHUP, &mut told),
+            _ = sig.usr1.recv() => pass_on(&cfg, job, Signal::SIGUSR1, &mut told),
+            _ = sig.usr2.recv() => pass_on(&cfg, job, Signal::SIGUSR2, &mut told),
             _ = tokio::time::sleep_until(window_start), if delay_pending => {
                 if let Some(r) = recording.as_ref() {
-                    r.sink.send_blocking(Event::WindowStart { t: MonoNs::now() });
-                    r.samplers.active.store(true, Ordering::Release);
-                    r.stacks.set_active();
-                    nvtx.set_active();
-                    say(cfg.quiet, "--delay elapsed: recording started");
+                    open_window(r, &mut nvtx, cfg.quiet);
                 }
             }
             _ = tokio::time::sleep_until(window_end.unwrap_or(far)), if window_end.is_some() && recording.is_some() => {
@@ -678,6 +629,103 @@ async fn run(
         );
     }
     Ok(status.exit_code().unwrap_or(0))
+}
+
+/// The signals gpuprof handles while the job runs.
+struct JobSignals {
+    int: tokio::signal::unix::Signal,
+    quit: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+    usr1: tokio::signal::unix::Signal,
+    usr2: tokio::signal::unix::Signal,
+    chld: tokio::signal::unix::Signal,
+}
+
+impl JobSignals {
+    /// Installed only after the fork: the job must inherit the dispositions
+    /// gpuprof was started with (e.g. SIGHUP ignored under nohup), not
+    /// gpuprof's own.
+    fn install() -> Result<JobSignals> {
+        let int = signal(SignalKind::interrupt())?;
+        watch_senders();
+        Ok(JobSignals {
+            int,
+            quit: signal(SignalKind::quit())?,
+            term: signal(SignalKind::terminate())?,
+            hup: signal(SignalKind::hangup())?,
+            usr1: signal(SignalKind::user_defined1())?,
+            usr2: signal(SignalKind::user_defined2())?,
+            chld: signal(SignalKind::child())?,
+        })
+    }
+}
+
+/// Start the collectors of a recording of `job` (forked, not yet exec'd)
+/// into `sink`; with `delayed`, they wait for [`open_window`].
+fn start_collectors(
+    cfg: &RecordConfig,
+    sink: Sink,
+    writer: record::Writer,
+    job: Pid,
+    nvtx_plan: NvtxPlan,
+    agent: &AgentPlan,
+    delayed: bool,
+) -> Result<(Recording, NvtxCollector)> {
+    let samplers = SamplerThread::start(&sink, cfg.interval, !delayed, None)?;
+    // The GPU thread starts before the job is released; it opens NVML on
+    // its own time and takes the driver's samples from this moment on.
+    let gpu = start_gpu(cfg, &sink)?;
+    // Between fork and exec: perf events enabled by the job's exec.
+    let stacks =
+        StackCollectors::start(cfg.stacks.as_ref(), job, &sink, cfg.quiet, agent, !delayed);
+    samplers.follow(stacks.news());
+    // Lives until gpuprof exits: its ring folder must outlast the job's
+    // use of it, even after a --duration window closed.
+    let nvtx = NvtxCollector::start(nvtx_plan, &sink, !delayed);
+    if !delayed {
+        sink.send_blocking(Event::WindowStart { t: MonoNs::now() });
+    }
+    let rec = Recording {
+        samplers,
+        gpu,
+        sink,
+        writer,
+        stacks,
+    };
+    Ok((rec, nvtx))
+}
+
+/// `--delay` elapsed: every collector starts recording.
+fn open_window(r: &Recording, nvtx: &mut NvtxCollector, quiet: bool) {
+    r.sink
+        .send_blocking(Event::WindowStart { t: MonoNs::now() });
+    r.samplers.active.store(true, Ordering::Release);
+    r.stacks.set_active();
+    nvtx.set_active();
+    say(quiet, "--delay elapsed: recording started");
+}
+
+/// The job could not be started: stop the collectors and remove what
+/// gpuprof put in the output folder.
+fn abandon(rec: Recording, mut nvtx: NvtxCollector, out: &OutDir, created: bool) {
+    let Recording {
+        mut samplers,
+        gpu,
+        sink,
+        mut writer,
+        stacks,
+    } = rec;
+    if let Some(g) = gpu {
+        g.stop();
+    }
+    samplers.finish();
+    stacks.stop();
+    nvtx.stop();
+    drop(sink);
+    let reserve = writer.take_reserve();
+    drop(writer.finish());
+    undo_output(out, created, reserve);
 }
 
 /// The GPU collector, unless `--no-gpu` (then a coverage entry says so).
