@@ -443,7 +443,8 @@ fn early_warnings_name_the_finding() {
                 "sample_period_ms": 100,
                 "utilization": 10,
                 "temperature_c": 92,
-                "throttle_reasons": ["hw_thermal_slowdown", "sw_thermal_slowdown"],
+                "power_w": 640,
+                "throttle_reasons": ["hw_thermal_slowdown", "sw_thermal_slowdown", "sw_power_cap"],
                 "processes": [{"cmdline_contains": "sleep", "type": "compute", "used_memory_mib": 1024}]
             }]
         }),
@@ -476,11 +477,19 @@ fn early_warnings_name_the_finding() {
     assert!(
         warnings
             .iter()
+            .any(|w| w.contains("GPU 0 held by its power cap for 100%")
+                && w.contains("drawing 640 W")
+                && w.contains("[power-capped")),
+        "{err}"
+    );
+    assert!(
+        warnings
+            .iter()
             .any(|w| w.contains("GPU 0 was busy only 10%")),
         "{err}"
     );
     // Each once, although the conditions held until the end.
-    assert_eq!(warnings.len(), 2, "{err}");
+    assert_eq!(warnings.len(), 3, "{err}");
     let quiet = run(true, "b");
     assert!(!quiet.contains("warning"), "{quiet}");
 }

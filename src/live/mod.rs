@@ -1012,6 +1012,10 @@ pub mod warn {
     /// and HW thermal slowdown), active at least this share of the window.
     pub const THERMAL_MASK: u64 = 0x8 | 0x20 | 0x40;
     pub const THERMAL_SHARE: f64 = 0.5;
+    /// Clock-event reasons that mean a power cap (SW power cap, HW power
+    /// brake), active at least this share of the window.
+    pub const POWER_MASK: u64 = 0x4 | 0x80;
+    pub const POWER_SHARE: f64 = 0.5;
     /// A disk with IO in flight at least this share of the window ...
     pub const DISK_BUSY: f64 = 0.9;
     /// ... while on average at least this many of the job's threads waited
@@ -1035,28 +1039,48 @@ impl LiveState {
         let recorded = self.elapsed_s();
         let mins = fmt_window(w);
 
-        // Thermal throttling.
+        // Thermal throttling, power capping.
         for (i, g) in &self.gpus {
             if g.first_sample.map_or(true, |f| now.secs_since(f) < w) {
                 continue;
             }
-            let s = g.throttled_in(warn::THERMAL_MASK, from, now);
-            if s >= warn::THERMAL_SHARE * w {
-                out.push(Alert {
-                    key: format!("thermal:{i}"),
-                    finding: Some("thermal-throttling"),
-                    message: format!(
-                        "GPU {i} thermally throttled for {:.0}% of the last {mins}{}",
-                        s / w * 100.0,
-                        match (g.sm_mhz, g.max_sm_mhz) {
-                            (Some(c), Some(m)) if m > 0 => format!(
-                                " (SM clock {c} of {m} MHz, {}°C)",
-                                g.temp_c.map_or("?".into(), |t| t.to_string())
-                            ),
-                            _ => String::new(),
-                        }
-                    ),
-                });
+            let clock = match (g.sm_mhz, g.max_sm_mhz) {
+                (Some(c), Some(m)) if m > 0 => format!("SM clock {c} of {m} MHz, "),
+                _ => String::new(),
+            };
+            let temp = g.temp_c.map_or("?".into(), |t| t.to_string());
+            let power = g
+                .power_mw
+                .map_or("?".into(), |p| format!("{:.0}", p as f64 / 1000.0));
+            for (mask, share, key, finding, what, detail) in [
+                (
+                    warn::THERMAL_MASK,
+                    warn::THERMAL_SHARE,
+                    "thermal",
+                    "thermal-throttling",
+                    "thermally throttled",
+                    format!("{clock}{temp}°C"),
+                ),
+                (
+                    warn::POWER_MASK,
+                    warn::POWER_SHARE,
+                    "power",
+                    "power-capped",
+                    "held by its power cap",
+                    format!("{clock}drawing {power} W"),
+                ),
+            ] {
+                let s = g.throttled_in(mask, from, now);
+                if s >= share * w {
+                    out.push(Alert {
+                        key: format!("{key}:{i}"),
+                        finding: Some(finding),
+                        message: format!(
+                            "GPU {i} {what} for {:.0}% of the last {mins} ({detail})",
+                            s / w * 100.0
+                        ),
+                    });
+                }
             }
         }
 
