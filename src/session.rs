@@ -709,19 +709,7 @@ fn open_window(r: &Recording, nvtx: &mut NvtxCollector, quiet: bool) {
 /// The job could not be started: stop the collectors and remove what
 /// gpuprof put in the output folder.
 fn abandon(rec: Recording, mut nvtx: NvtxCollector, out: &OutDir, created: bool) {
-    let Recording {
-        mut samplers,
-        gpu,
-        sink,
-        mut writer,
-        stacks,
-    } = rec;
-    if let Some(g) = gpu {
-        g.stop();
-    }
-    samplers.finish();
-    stacks.stop();
-    nvtx.stop();
+    let (sink, mut writer) = rec.stop_collectors(Some(&mut nvtx));
     drop(sink);
     let reserve = writer.take_reserve();
     drop(writer.finish());
@@ -791,6 +779,29 @@ pub(crate) struct Recording {
     pub(crate) stacks: StackCollectors,
 }
 
+impl Recording {
+    /// Stop every collector (the last of their events are in the sink);
+    /// the sink and the writer are left to the caller.
+    fn stop_collectors(self, nvtx: Option<&mut NvtxCollector>) -> (Sink, record::Writer) {
+        let Recording {
+            mut samplers,
+            gpu,
+            sink,
+            writer,
+            stacks,
+        } = self;
+        if let Some(g) = gpu {
+            g.stop();
+        }
+        samplers.finish();
+        stacks.stop();
+        if let Some(n) = nvtx {
+            n.stop();
+        }
+        (sink, writer)
+    }
+}
+
 /// Remove what gpuprof put in the output folder for a job that never ran.
 pub(crate) fn undo_output(out: &OutDir, created: bool, reserve: Option<Reserve>) {
     drop(reserve);
@@ -812,23 +823,9 @@ pub(crate) fn finish_recording(
     quiet: bool,
     outputs: &crate::outputs::OutputOptions,
 ) {
-    let Recording {
-        mut samplers,
-        gpu,
-        sink,
-        mut writer,
-        stacks,
-    } = rec;
+    let (sink, mut writer) = rec.stop_collectors(nvtx);
     let live = writer.take_live_lock();
     let reserve = writer.take_reserve();
-    if let Some(g) = gpu {
-        g.stop();
-    }
-    samplers.finish();
-    stacks.stop();
-    if let Some(n) = nvtx {
-        n.stop();
-    }
     // The space kept for the end: the footer and the small outputs.
     drop(reserve);
     let (cpu_ns, max_rss) = self_usage();
@@ -844,7 +841,6 @@ pub(crate) fn finish_recording(
     };
     sink.send_blocking(Event::Footer(footer.clone()));
     drop(sink);
-    drop(samplers);
     let mut opts = GenerateOptions {
         session: true,
         outputs: outputs.clone(),

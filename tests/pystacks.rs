@@ -94,6 +94,19 @@ fn report(dir: &Path) -> Value {
     common::report(dir)
 }
 
+/// The recording's events, one JSON object per line.
+fn recorded_events(out: &Path) -> String {
+    let mut events = String::new();
+    std::io::Read::read_to_string(
+        &mut flate2::read::MultiGzDecoder::new(
+            std::fs::File::open(out.join("recording/events.jsonl.gz")).unwrap(),
+        ),
+        &mut events,
+    )
+    .unwrap();
+    events
+}
+
 fn folded(path: &Path) -> Vec<(String, u64)> {
     std::fs::read_to_string(path)
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
@@ -444,14 +457,7 @@ fn py_spy_reads_only_what_the_agent_does_not_sample() {
             // perf's own samples of the threads the agent kept up with were
             // not unwound (the recording marks them), and no output shows
             // them: the agent's samples of those threads are used.
-            let mut events = String::new();
-            std::io::Read::read_to_string(
-                &mut flate2::read::MultiGzDecoder::new(
-                    std::fs::File::open(out.join("recording/events.jsonl.gz")).unwrap(),
-                ),
-                &mut events,
-            )
-            .unwrap();
+            let events = recorded_events(&out);
             assert!(
                 events.contains("[perf: not unwound"),
                 "perf samples were all unwound"
@@ -839,14 +845,7 @@ fn delay_samples_nothing_before_the_window() {
         &[py.to_str().unwrap(), "-c", job],
     );
     assert_eq!(code, 0);
-    let mut events = String::new();
-    std::io::Read::read_to_string(
-        &mut flate2::read::MultiGzDecoder::new(
-            std::fs::File::open(out.join("recording/events.jsonl.gz")).unwrap(),
-        ),
-        &mut events,
-    )
-    .unwrap();
+    let events = recorded_events(&out);
     let mut window = None;
     // (source, pid) -> (samples, earliest batch start)
     let mut seen: BTreeMap<(String, u64), (u64, u64)> = BTreeMap::new();

@@ -3118,10 +3118,10 @@ mod tests {
         }
     }
 
-    fn agent_samples_replace_perf_samples(nodes: Vec<Event>, leaf: u32) {
-        let mut d = data();
-        let mut evs = nodes;
-        evs.extend(vec![
+    /// Process 10 is sampled by the agent (Python 3.12), and its frames 5
+    /// and 6 are `<module>` → `augment`.
+    fn same_instant_python() -> Vec<Event> {
+        vec![
             Event::InlinePyFrame {
                 id: 5,
                 name: "<module>".into(),
@@ -3141,17 +3141,23 @@ mod tests {
                 same_instant: true,
                 detail: String::new(),
             },
-            Event::Samples(SampleBatch {
-                kind: StackKind::Native,
-                pid: Pid(10),
-                tid: Tid(10),
-                t0: MonoNs(1_003_000_000),
-                dt_us: vec![0, 10_000, 10_000, 10_000],
-                stacks: vec![leaf; 4],
-                incomplete: vec![0, 1, 2, 3],
-                source: SampleSource::Agent,
-            }),
-        ]);
+        ]
+    }
+
+    fn agent_samples_replace_perf_samples(nodes: Vec<Event>, leaf: u32) {
+        let mut d = data();
+        let mut evs = nodes;
+        evs.extend(same_instant_python());
+        evs.extend(vec![Event::Samples(SampleBatch {
+            kind: StackKind::Native,
+            pid: Pid(10),
+            tid: Tid(10),
+            t0: MonoNs(1_003_000_000),
+            dt_us: vec![0, 10_000, 10_000, 10_000],
+            stacks: vec![leaf; 4],
+            incomplete: vec![0, 1, 2, 3],
+            source: SampleSource::Agent,
+        })]);
         for e in &evs {
             d.add(e);
         }
@@ -3185,30 +3191,11 @@ mod tests {
         let evs = vec![
             node(StackKind::Native, 5, Some(4), 5),
             node(StackKind::Native, 6, Some(5), 6),
-            Event::InlinePyFrame {
-                id: 5,
-                name: "<module>".into(),
-                file: "/x/job.py".into(),
-                entry: true,
-            },
-            Event::InlinePyFrame {
-                id: 6,
-                name: "augment".into(),
-                file: "/x/job.py".into(),
-                entry: false,
-            },
             Event::StackMarker {
                 id: 20,
                 marker: crate::collect::perf::MARKER_NOT_UNWOUND.into(),
             },
             node(StackKind::Native, 20, None, 20),
-            Event::PyProcess {
-                t: MonoNs(0),
-                pid: Pid(10),
-                version: "3.12.1".into(),
-                same_instant: true,
-                detail: String::new(),
-            },
             // Perf at 2.00 s, every 10 ms: not unwound at 2.00, 2.01 and
             // 2.06–2.09 s.
             Event::Samples(SampleBatch {
@@ -3237,7 +3224,7 @@ mod tests {
                 source: SampleSource::Agent,
             }),
         ];
-        for e in &evs {
+        for e in same_instant_python().iter().chain(&evs) {
             d.add(e);
         }
         let st = analyze_all(&mut d);
