@@ -438,12 +438,14 @@ fn early_warnings_name_the_finding() {
     let scen = scenario(
         tmp.path(),
         serde_json::json!({
-            "description": "A hot GPU, busy 10%",
+            "description": "A hot, power-capped GPU with its memory full, busy 10%",
             "devices": [{
                 "sample_period_ms": 100,
                 "utilization": 10,
                 "temperature_c": 92,
                 "power_w": 640,
+                "memory_total_mib": 81559,
+                "memory_used_mib": 80000,
                 "throttle_reasons": ["hw_thermal_slowdown", "sw_thermal_slowdown", "sw_power_cap"],
                 "processes": [{"cmdline_contains": "sleep", "type": "compute", "used_memory_mib": 1024}]
             }]
@@ -485,11 +487,19 @@ fn early_warnings_name_the_finding() {
     assert!(
         warnings
             .iter()
+            .any(|w| w.contains("GPU 0 memory was at least 95% full")
+                && w.contains("80000 of 81559 MiB")
+                && w.contains("[gpu-memory-pressure")),
+        "{err}"
+    );
+    assert!(
+        warnings
+            .iter()
             .any(|w| w.contains("GPU 0 was busy only 10%")),
         "{err}"
     );
     // Each once, although the conditions held until the end.
-    assert_eq!(warnings.len(), 3, "{err}");
+    assert_eq!(warnings.len(), 4, "{err}");
     let quiet = run(true, "b");
     assert!(!quiet.contains("warning"), "{quiet}");
 }

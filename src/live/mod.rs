@@ -106,6 +106,9 @@ pub struct LiveGpu {
     pub uuid: String,
     pub mem_total: Option<u64>,
     pub mem_used: Option<u64>,
+    /// Since when its memory has been at least the diagnosis' pressure
+    /// share full, without a sample below it.
+    pub mem_full_since: Option<MonoNs>,
     pub temp_c: Option<u32>,
     pub power_mw: Option<u32>,
     pub sm_mhz: Option<u32>,
@@ -817,6 +820,17 @@ impl LiveState {
     fn gpu_state(&mut self, t: MonoNs, gpu: GpuIndex, state: &GpuState) {
         let g = self.gpus.entry(gpu).or_default();
         g.mem_used = state.mem_used;
+        let full = match (state.mem_used, g.mem_total) {
+            (Some(u), Some(total)) if total > 0 => {
+                u as f64 >= crate::diagnose::thresholds::GPU_MEMORY_PRESSURE * total as f64
+            }
+            _ => false,
+        };
+        g.mem_full_since = if full {
+            g.mem_full_since.or(Some(t))
+        } else {
+            None
+        };
         g.temp_c = state.temp_c;
         g.power_mw = state.power_mw;
         g.sm_mhz = state.sm_mhz;
@@ -1081,6 +1095,27 @@ impl LiveState {
                         ),
                     });
                 }
+            }
+        }
+
+        // Memory nearly full throughout the window.
+        for (i, g) in &self.gpus {
+            let (Some(since), Some(used), Some(total)) =
+                (g.mem_full_since, g.mem_used, g.mem_total)
+            else {
+                continue;
+            };
+            if now.secs_since(since) >= w {
+                out.push(Alert {
+                    key: format!("gpu-memory:{i}"),
+                    finding: Some("gpu-memory-pressure"),
+                    message: format!(
+                        "GPU {i} memory was at least {:.0}% full for the whole last {mins} ({:.0} of {:.0} MiB used now)",
+                        crate::diagnose::thresholds::GPU_MEMORY_PRESSURE * 100.0,
+                        used as f64 / 1048576.0,
+                        total as f64 / 1048576.0
+                    ),
+                });
             }
         }
 
