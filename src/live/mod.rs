@@ -1048,12 +1048,19 @@ impl LiveState {
         if w <= 0.0 {
             return out;
         }
-        let now = self.now;
-        let from = MonoNs(now.0.saturating_sub(window.as_nanos() as u64));
-        let recorded = self.elapsed_s();
+        let from = MonoNs(self.now.0.saturating_sub(window.as_nanos() as u64));
         let mins = fmt_window(w);
+        self.throttle_alerts(w, from, &mins, &mut out);
+        self.memory_alerts(w, &mins, &mut out);
+        self.unused_alert(w, &mins, &mut out);
+        self.idle_alerts(w, from, &mins, &mut out);
+        self.disk_alerts(w, &mins, &mut out);
+        out
+    }
 
-        // Thermal throttling, power capping.
+    /// Thermal throttling and power capping held over most of the window.
+    fn throttle_alerts(&self, w: f64, from: MonoNs, mins: &str, out: &mut Vec<Alert>) {
+        let now = self.now;
         for (i, g) in &self.gpus {
             if g.first_sample.map_or(true, |f| now.secs_since(f) < w) {
                 continue;
@@ -1097,8 +1104,11 @@ impl LiveState {
                 }
             }
         }
+    }
 
-        // Memory nearly full throughout the window.
+    /// GPU memory nearly full in every sample of the window.
+    fn memory_alerts(&self, w: f64, mins: &str, out: &mut Vec<Alert>) {
+        let now = self.now;
         for (i, g) in &self.gpus {
             let (Some(since), Some(used), Some(total)) =
                 (g.mem_full_since, g.mem_used, g.mem_total)
@@ -1118,8 +1128,11 @@ impl LiveState {
                 });
             }
         }
+    }
 
-        // No process on any GPU.
+    /// No process on any GPU for the first window.
+    fn unused_alert(&self, w: f64, mins: &str, out: &mut Vec<Alert>) {
+        let recorded = self.elapsed_s();
         if recorded >= w
             && !self.gpus.is_empty()
             && self
@@ -1138,8 +1151,11 @@ impl LiveState {
                 ),
             });
         }
+    }
 
-        // Mostly idle GPU, after it started working.
+    /// A GPU of the job mostly idle over the window, after it started working, with what the CPU side did meanwhile.
+    fn idle_alerts(&self, w: f64, from: MonoNs, mins: &str, out: &mut Vec<Alert>) {
+        let now = self.now;
         let hint = self.idle_hint(w);
         for i in self.job_gpus() {
             let Some(g) = self.gpus.get(&i) else { continue };
@@ -1166,8 +1182,11 @@ impl LiveState {
                 ),
             });
         }
+    }
 
-        // A saturated disk while the job waits on IO.
+    /// A saturated disk while the job waits on IO.
+    fn disk_alerts(&self, w: f64, mins: &str, out: &mut Vec<Alert>) {
+        let recorded = self.elapsed_s();
         if let Some((a, b)) = self.window(w) {
             if b.t.secs_since(a.t) >= 0.8 * w && recorded >= w {
                 let ds: Vec<&Tick> = self.ticks.iter().filter(|k| k.t > a.t).collect();
@@ -1194,7 +1213,6 @@ impl LiveState {
                 }
             }
         }
-        out
     }
 
     /// What the CPU side did over the window, when it matches a finding's
