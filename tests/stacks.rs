@@ -644,6 +644,42 @@ fn python_view_of_a_pytorch_dataloader_with_pillow() {
     let _ = std::fs::remove_dir_all(&out);
 }
 
+/// Without NVTX or a GPU, the steps of a real PyTorch training loop come
+/// from the main thread's stacks: one per backward pass, though the two
+/// DataLoader workers hand batches over unevenly; the job's imports (which
+/// enter many functions a few times, `<module>` of several `utils.py`)
+/// are not taken for steps.
+#[test]
+fn steps_of_a_pytorch_loop_from_its_backward_passes() {
+    need_perf!();
+    let Some(torch) = common::torch_python() else {
+        skip!("no PyTorch venv (GPUPROF_TEST_TORCH_PYTHON or ~/.cache/gpuprof-ci/torch-venv)");
+    };
+    let script = scripts().join("torch_train.py");
+    let (out, code) = record(
+        "steps-torch",
+        &[],
+        &[torch.to_str().unwrap(), script.to_str().unwrap(), "40", "2"],
+    );
+    assert_eq!(code, 0);
+    let r = report(&out);
+    let s = &r["steps"];
+    assert_eq!(s["method"], "python-stacks", "{s}");
+    assert_eq!(s["name"], "Tensor.backward (_tensor.py)", "{s}");
+    // 40 steps: 39 from one backward pass to the next.
+    let n = s["count"].as_u64().unwrap();
+    assert!((35..=40).contains(&n), "{n} steps of 39: {s}");
+    let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
+    assert!(
+        summary.contains(&format!(
+            "- {n} steps, {:.2} steps/s; estimated from the main thread's stacks (`Tensor.backward (_tensor.py)` recurs).",
+            s["steps_per_s"].as_f64().unwrap()
+        )),
+        "{summary}"
+    );
+    let _ = std::fs::remove_dir_all(&out);
+}
+
 /// With CPython's perf trampolines enabled by the job (`PYTHONPERFSUPPORT=1`,
 /// 3.12+), every Python call runs through JIT code without unwind
 /// information: unwinding gets through it with the trampoline rule, and the

@@ -494,7 +494,7 @@ fn from_stacks(a: &Analysis) -> Option<StackSteps> {
     // so they neither end nor start a run.
     let is_py = |f: &str| f.ends_with(".py)");
     let mut last: HashMap<&str, usize> = HashMap::new();
-    let mut runs: HashMap<&str, Vec<MonoNs>> = HashMap::new();
+    let mut runs: HashMap<&str, Vec<Run>> = HashMap::new();
     let mut k = 0usize;
     for s in &samples {
         let mut seen = BTreeSet::new();
@@ -502,8 +502,13 @@ fn from_stacks(a: &Analysis) -> Option<StackSteps> {
             if !seen.insert(f) {
                 continue;
             }
-            if !last.get(f).is_some_and(|&j| j + 1 == k) {
-                runs.entry(f).or_default().push(s.t);
+            let v = runs.entry(f).or_default();
+            match v.last_mut() {
+                Some(r) if last.get(f).is_some_and(|&j| j + 1 == k) => r.samples += 1,
+                _ => v.push(Run {
+                    start: s.t,
+                    samples: 1,
+                }),
             }
             last.insert(f, k);
         }
@@ -511,42 +516,19 @@ fn from_stacks(a: &Analysis) -> Option<StackSteps> {
             k += 1;
         }
     }
-    let mut best: Option<(f64, usize, &str)> = None;
-    for (f, starts) in &runs {
-        if starts.len() < 5 {
-            continue;
-        }
-        let periods: Vec<f64> = starts
-            .windows(2)
-            .map(|w| w[1].0.saturating_sub(w[0].0) as f64)
-            .collect();
-        let mut p = periods.clone();
-        let med = median(&mut p);
-        if med < 3.0 * period as f64 {
-            continue;
-        }
-        if regularity(&periods) < MIN_REGULARITY {
-            continue;
-        }
-        let c = cv(&periods);
-        let better = match best {
-            None => true,
-            Some((bc, bn, bf)) => {
-                (c, std::cmp::Reverse(starts.len()), *f) < (bc, std::cmp::Reverse(bn), bf)
-            }
-        };
-        if better {
-            best = Some((c, starts.len(), f));
-        }
-    }
-    let (_, _, f) = best?;
-    let starts = &runs[f];
+    let f = choose_stack_step(&runs, period)?;
+    let starts: Vec<MonoNs> = runs[f].iter().map(|r| r.start).collect();
     let iv: Vec<(MonoNs, MonoNs)> = starts.windows(2).map(|w| (w[0], w[1])).collect();
     let hz = 1e9 / period as f64;
+    let why = if step_marker(f) {
+        "a function that runs once per training step (once per micro-batch with gradient accumulation)"
+    } else {
+        "at a regular period"
+    };
     Some((
         iv,
         format!(
-            "estimated from the stacks of thread {tid} of process {pid}: `{f}` was entered {} times at a regular period (stack samples at {hz:.0} Hz: steps shorter than ~{:.0} ms are not resolved, and each step boundary is known to ±{:.0} ms)",
+            "estimated from the stacks of thread {tid} of process {pid}: `{f}` was entered {} times, {why} (stack samples at {hz:.0} Hz: steps shorter than ~{:.0} ms are not resolved, and each step boundary is known to ±{:.0} ms)",
             starts.len(),
             3e3 / hz,
             1e3 / hz
@@ -555,6 +537,98 @@ fn from_stacks(a: &Analysis) -> Option<StackSteps> {
         pid,
         tid,
     ))
+}
+
+/// Fewest entries of a function for its spacing to count as a loop's: with
+/// 5, three regular spacings of four passed (imports of several modules of
+/// one file name, `<module> (utils.py)`, were once taken for the steps of
+/// a PyTorch job).
+const MIN_STACK_STARTS: usize = 8;
+
+/// A run of consecutive samples of the loop thread in one function: one
+/// entry into it.
+#[derive(Clone, Copy, Debug)]
+struct Run {
+    start: MonoNs,
+    samples: u32,
+}
+
+/// Sampling ticks come every period of the thread's CPU time, so an entry
+/// that takes at least a period is always sampled; one that takes less may
+/// be missed, and a step without its sample would be counted as part of
+/// the one before (a small model's backward pass, a few ms, was seen in 17
+/// of 40 steps). A candidate's typical entry must span this many samples.
+const MIN_MEDIAN_RUN: u32 = 2;
+
+/// Python functions that run once per training step by what they are:
+/// PyTorch's backward pass (`loss.backward()`), and the step methods of the
+/// usual training loops (`training_step` of Lightning and Hugging Face's
+/// Trainer, `train_step` of Keras and many hand-written loops). With
+/// gradient accumulation they run once per micro-batch.
+fn step_marker(f: &str) -> bool {
+    let Some((func, _file)) = f.rsplit_once(" (") else {
+        return false;
+    };
+    let last = func.rsplit('.').next().unwrap_or(func);
+    f == "Tensor.backward (_tensor.py)" || last == "training_step" || last == "train_step"
+}
+
+/// The function whose entries (`runs`: function -> start of each run of
+/// consecutive samples in it) mark the steps, sampled every `period` ns.
+///
+/// A function qualifies when it was entered at least [`MIN_STACK_STARTS`]
+/// times, typically for at least two samples ([`MIN_MEDIAN_RUN`]: so no
+/// entry went unsampled), on average at least 3 sampling periods apart
+/// (shorter steps are not resolved), at a regular spacing ([`regularity`]). A step marker
+/// ([`step_marker`]) may instead be regular over pairs of steps: a
+/// DataLoader with two workers often hands over batches short-long-short
+/// (one waited for, the next ready), which is real step time, not an
+/// irregular function. Markers come first; among equals, the most regular
+/// spacing, then the most entries. A module body (`<module>`) never
+/// qualifies: it runs once per import, and a loop at module level is the
+/// outermost frame, which never recurs.
+fn choose_stack_step<'a>(runs: &HashMap<&'a str, Vec<Run>>, period: u64) -> Option<&'a str> {
+    let mut best: Option<(bool, f64, usize, &str)> = None;
+    for (&f, rs) in runs {
+        if rs.len() < MIN_STACK_STARTS || f.starts_with("<module> (") {
+            continue;
+        }
+        let mut lens: Vec<u32> = rs.iter().map(|r| r.samples).collect();
+        lens.sort_unstable();
+        if lens[lens.len() / 2] < MIN_MEDIAN_RUN {
+            continue;
+        }
+        let starts: Vec<MonoNs> = rs.iter().map(|r| r.start).collect();
+        let periods: Vec<f64> = starts
+            .windows(2)
+            .map(|w| w[1].0.saturating_sub(w[0].0) as f64)
+            .collect();
+        let mut p = periods.clone();
+        if median(&mut p) < 3.0 * period as f64 {
+            continue;
+        }
+        let marker = step_marker(f);
+        let pairs: Vec<f64> = periods.windows(2).map(|w| w[0] + w[1]).collect();
+        let c = if regularity(&periods) >= MIN_REGULARITY {
+            cv(&periods)
+        } else if marker && regularity(&pairs) >= MIN_REGULARITY {
+            cv(&pairs)
+        } else {
+            continue;
+        };
+        // Markers first, then the lowest variation, the most entries, the name.
+        let better = match best {
+            None => true,
+            Some((bm, bc, bn, bf)) => {
+                (!marker, c, std::cmp::Reverse(starts.len()), f)
+                    < (!bm, bc, std::cmp::Reverse(bn), bf)
+            }
+        };
+        if better {
+            best = Some((marker, c, starts.len(), f));
+        }
+    }
+    best.map(|b| b.3)
 }
 
 /// Figures of one interval, compared between slow and typical steps.
@@ -1127,5 +1201,90 @@ mod tests {
         assert!(step_like("iteration N"));
         assert!(!step_like("epoch N"));
         assert!(!step_like("forward"));
+    }
+
+    /// Entries (3 samples each) from spacings in ms, starting at 1 s.
+    fn starts(spacings_ms: &[u64]) -> Vec<Run> {
+        let mut t = 1_000_000_000;
+        let run = |t| Run {
+            start: MonoNs(t),
+            samples: 3,
+        };
+        let mut v = vec![run(t)];
+        for ms in spacings_ms {
+            t += ms * 1_000_000;
+            v.push(run(t));
+        }
+        v
+    }
+
+    #[test]
+    fn stack_steps_take_the_backward_pass_over_a_coincidence() {
+        const PERIOD: u64 = 10_101_010; // 99 Hz
+                                        // A real PyTorch loop fed by two DataLoader workers: one batch
+                                        // waited for, the next ready (short-long-short), 50 steps.
+        let alternating: Vec<u64> = (0..49)
+            .map(|i| if i % 2 == 0 { 110 } else { 260 })
+            .collect();
+        // Imports of several modules named utils.py, 3 of 4 spacings alike.
+        let imports = [1200, 1250, 1230, 400];
+        let mut runs: HashMap<&str, Vec<Run>> = HashMap::new();
+        runs.insert("Tensor.backward (_tensor.py)", starts(&alternating));
+        runs.insert("Sequential.forward (container.py)", starts(&alternating));
+        runs.insert("<module> (utils.py)", starts(&imports));
+        assert_eq!(
+            choose_stack_step(&runs, PERIOD),
+            Some("Tensor.backward (_tensor.py)")
+        );
+        // Without a step marker, an alternating spacing is not taken for
+        // a loop, and neither is a handful of entries.
+        runs.remove("Tensor.backward (_tensor.py)");
+        assert_eq!(choose_stack_step(&runs, PERIOD), None);
+        // A module body never, however regular; any other regular function.
+        let regular = [200u64; 20];
+        runs.insert("<module> (data.py)", starts(&regular));
+        assert_eq!(choose_stack_step(&runs, PERIOD), None);
+        runs.insert("train_one (train.py)", starts(&regular));
+        assert_eq!(
+            choose_stack_step(&runs, PERIOD),
+            Some("train_one (train.py)")
+        );
+        // A marker still comes first, even the less regular one.
+        runs.insert("LitModel.training_step (model.py)", starts(&alternating));
+        assert_eq!(
+            choose_stack_step(&runs, PERIOD),
+            Some("LitModel.training_step (model.py)")
+        );
+        // Steps shorter than 3 sampling periods are not resolved.
+        let mut fast = HashMap::new();
+        fast.insert("Tensor.backward (_tensor.py)", starts(&[20u64; 30]));
+        assert_eq!(choose_stack_step(&fast, PERIOD), None);
+        // An entry shorter than a sampling period can go unsampled, and its
+        // step would be counted with the one before: a function seen
+        // mostly one sample at a time is no step boundary, however regular.
+        let mut brief = HashMap::new();
+        let mut runs = starts(&regular);
+        for r in runs.iter_mut().take(11) {
+            r.samples = 1;
+        }
+        brief.insert("Tensor.backward (_tensor.py)", runs.clone());
+        assert_eq!(choose_stack_step(&brief, PERIOD), None);
+        // 10 of 21: typically two samples or more.
+        runs[0].samples = 2;
+        brief.insert("Tensor.backward (_tensor.py)", runs);
+        assert_eq!(
+            choose_stack_step(&brief, PERIOD),
+            Some("Tensor.backward (_tensor.py)")
+        );
+    }
+
+    #[test]
+    fn step_markers() {
+        assert!(step_marker("Tensor.backward (_tensor.py)"));
+        assert!(step_marker("Trainer.training_step (trainer.py)"));
+        assert!(step_marker("main.<locals>.train_step (train.py)"));
+        assert!(!step_marker("backward (__init__.py)"));
+        assert!(!step_marker("Function.backward (function.py)"));
+        assert!(!step_marker("train_step_fn (train.py)"));
     }
 }

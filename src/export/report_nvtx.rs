@@ -188,9 +188,12 @@ pub fn steps_lines(a: &Analysis) -> Vec<String> {
             .map(|v| format!("{v:.2} steps/s"))
             .unwrap_or_else(|| "steps/s unknown".into());
         let what = match s.method.as_str() {
-            "nvtx-range" => format!("NVTX range `{}`", s.name.as_deref().unwrap_or("?")),
+            "nvtx-range" => format!(
+                "steps from NVTX range `{}`",
+                s.name.as_deref().unwrap_or("?")
+            ),
             "nvtx-range-auto" => format!(
-                "NVTX range `{}` (chosen automatically; --step-range NAME to choose)",
+                "steps from NVTX range `{}` (chosen automatically; --step-range NAME to choose)",
                 s.name.as_deref().unwrap_or("?")
             ),
             "gpu-idle-gaps" => "estimated from the GPU's recurring idle gaps".to_string(),
@@ -199,7 +202,7 @@ pub fn steps_lines(a: &Analysis) -> Vec<String> {
                 s.name.as_deref().unwrap_or("?")
             ),
         };
-        out.push(format!("{} steps, {rate}; steps from {what}.", s.count));
+        out.push(format!("{} steps, {rate}; {what}.", s.count));
         if let Some(d) = &s.time {
             out.push(format!(
                 "Step time: mean {}, p50 {}, p90 {}, p99 {}, max {}.",
