@@ -1096,9 +1096,14 @@ pub fn analyze(a: &Analysis, step_range: Option<&str>) -> Steps {
             for &i in order.iter().take(MAX_SLOW_LISTED.max(50)) {
                 let m = ctx.metrics(iv[i].0, iv[i].1);
                 let cs = causes(&ctx, &m, &typical, durs[i] - med, i);
+                // A step counts once per kind: it may have two of one kind
+                // (the CPU of the main process and of the workers).
+                let mut counted = BTreeSet::new();
                 for c in &cs {
                     let e = kinds.entry(c.kind).or_insert((0, c.text.clone()));
-                    e.0 += 1;
+                    if counted.insert(c.kind) {
+                        e.0 += 1;
+                    }
                 }
                 if steps.slow.len() < MAX_SLOW_LISTED {
                     steps.slow.push(SlowStep {
