@@ -560,6 +560,13 @@ struct Run {
 /// of 40 steps). A candidate's typical entry must span this many samples.
 const MIN_MEDIAN_RUN: u32 = 2;
 
+/// Most of a candidate's spacings that may be a whole multiple (2-4x,
+/// within [`STRETCH_TOLERANCE`]) of the median: an entry that took less
+/// than a sampling period now and then went unsampled, and two steps
+/// were counted as one (a backward pass of 1-2 periods was missed in 4 of
+/// 20 steps of a PyTorch job loading in its main process).
+const MAX_MISSED_SHARE: f64 = 0.1;
+
 /// Python functions that run once per training step by what they are:
 /// PyTorch's backward pass (`loss.backward()`), and the step methods of the
 /// usual training loops (`training_step` of Lightning and Hugging Face's
@@ -577,8 +584,9 @@ fn step_marker(f: &str) -> bool {
 /// consecutive samples in it) mark the steps, sampled every `period` ns.
 ///
 /// A function qualifies when it was entered at least [`MIN_STACK_STARTS`]
-/// times, typically for at least two samples ([`MIN_MEDIAN_RUN`]: so no
-/// entry went unsampled), on average at least 3 sampling periods apart
+/// times, typically for at least two samples ([`MIN_MEDIAN_RUN`]) and
+/// with few spacings that look like an entry went unsampled
+/// ([`MAX_MISSED_SHARE`]), on average at least 3 sampling periods apart
 /// (shorter steps are not resolved), at a regular spacing ([`regularity`]). A step marker
 /// ([`step_marker`]) may instead be regular over pairs of steps: a
 /// DataLoader with two workers often hands over batches short-long-short
@@ -604,7 +612,19 @@ fn choose_stack_step<'a>(runs: &HashMap<&'a str, Vec<Run>>, period: u64) -> Opti
             .map(|w| w[1].0.saturating_sub(w[0].0) as f64)
             .collect();
         let mut p = periods.clone();
-        if median(&mut p) < 3.0 * period as f64 {
+        let med = median(&mut p);
+        if med < 3.0 * period as f64 {
+            continue;
+        }
+        let missed = periods
+            .iter()
+            .filter(|&&x| {
+                let k = (x / med).round();
+                (2.0..=MAX_STEPS_PER_STRETCH).contains(&k)
+                    && (x / med - k).abs() <= STRETCH_TOLERANCE
+            })
+            .count();
+        if missed as f64 > MAX_MISSED_SHARE * periods.len() as f64 {
             continue;
         }
         let marker = step_marker(f);
@@ -1281,6 +1301,20 @@ mod tests {
             choose_stack_step(&brief, PERIOD),
             Some("Tensor.backward (_tensor.py)")
         );
+        // Spacings of two steps: entries that went unsampled. One in 20
+        // passes, three do not.
+        let mut missed = [200u64; 20];
+        missed[7] = 400;
+        let mut m = HashMap::new();
+        m.insert("Tensor.backward (_tensor.py)", starts(&missed));
+        assert_eq!(
+            choose_stack_step(&m, PERIOD),
+            Some("Tensor.backward (_tensor.py)")
+        );
+        missed[11] = 410;
+        missed[15] = 390;
+        m.insert("Tensor.backward (_tensor.py)", starts(&missed));
+        assert_eq!(choose_stack_step(&m, PERIOD), None);
     }
 
     #[test]
