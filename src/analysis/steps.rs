@@ -584,10 +584,11 @@ fn step_marker(f: &str) -> bool {
 /// consecutive samples in it) mark the steps, sampled every `period` ns.
 ///
 /// A function qualifies when it was entered at least [`MIN_STACK_STARTS`]
-/// times, typically for at least two samples ([`MIN_MEDIAN_RUN`]) and
-/// with few spacings that look like an entry went unsampled
+/// times, typically for at least two samples ([`MIN_MEDIAN_RUN`]), with
+/// few spacings that look like an entry went unsampled
 /// ([`MAX_MISSED_SHARE`]), on average at least 3 sampling periods apart
-/// (shorter steps are not resolved), at a regular spacing ([`regularity`]). A step marker
+/// (shorter steps are not resolved), at a regular spacing
+/// ([`regularity`]). A step marker
 /// ([`step_marker`]) may instead be regular over pairs of steps: a
 /// DataLoader with two workers often hands over batches short-long-short
 /// (one waited for, the next ready), which is real step time, not an
@@ -1245,9 +1246,10 @@ mod tests {
 
     #[test]
     fn stack_steps_take_the_backward_pass_over_a_coincidence() {
-        const PERIOD: u64 = 10_101_010; // 99 Hz
-                                        // A real PyTorch loop fed by two DataLoader workers: one batch
-                                        // waited for, the next ready (short-long-short), 50 steps.
+        // Samples at 99 Hz.
+        const PERIOD: u64 = 10_101_010;
+        // A real PyTorch loop fed by two DataLoader workers: one batch
+        // waited for, the next ready (short-long-short), 50 steps.
         let alternating: Vec<u64> = (0..49)
             .map(|i| if i % 2 == 0 { 110 } else { 260 })
             .collect();
