@@ -259,7 +259,7 @@ pub(super) fn write_stall(
         tl,
         gpu,
         Cause::WriteStall,
-        secs,
+        tl.weighted_s(Cause::WriteStall, |_| 1.0),
         "upper bound: the time the job was blocked on its writes",
     );
     if gt.share < th::MIN_SHARE {
@@ -290,7 +290,6 @@ pub(super) fn worker_restarts(
     if tl.restarts.is_empty() || dur <= 0.0 {
         return None;
     }
-    let secs = tl.cause_s(Cause::WorkerRestart);
     let lens: Vec<f64> = tl
         .restarts
         .iter()
@@ -301,7 +300,7 @@ pub(super) fn worker_restarts(
         tl,
         gpu,
         Cause::WorkerRestart,
-        secs,
+        tl.weighted_s(Cause::WorkerRestart, |_| 1.0),
         "upper bound: from the old workers exiting to the new ones' first run of computing ending",
     );
     if gt.share < th::MIN_SHARE {

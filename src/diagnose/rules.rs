@@ -201,11 +201,17 @@ pub(super) fn gpu_time(
     let dur = a.duration_s().max(1e-9);
     let devs = measured_devices(gpu);
     if devs.is_empty() {
+        let before = tl.before_loop_s();
+        let method = if before > 0.0 {
+            format!("{method}; the {before:.1} s before the first step (start-up) left out")
+        } else {
+            method.to_string()
+        };
         return GpuTime {
             seconds: estimate,
             share: (estimate / dur).min(1.0),
             basis: Basis::Estimated,
-            method: method.to_string(),
+            method,
         };
     }
     let secs: f64 = devs
@@ -412,7 +418,7 @@ fn io_bound(
         tl,
         gpu,
         Cause::Io,
-        io_s,
+        tl.weighted_s(Cause::Io, |_| 1.0),
         "time most input threads were blocked waiting for storage (nothing was being prepared for the GPU)",
     );
     let mem = a.system.mem_total as f64;

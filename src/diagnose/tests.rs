@@ -262,6 +262,47 @@ fn main_thread_computing_without_workers() {
     assert!(top.fix.contains("num_workers=3"), "{}", top.fix);
 }
 
+/// Without a measured GPU, what the CPU side cost the GPU counts from the
+/// first step: before it, the job was starting (imports, model, data), and
+/// a GPU would have had nothing to run.
+#[test]
+fn estimates_without_a_gpu_leave_out_the_start_up() {
+    let main = || Th {
+        pid: 10,
+        tid: 10,
+        state: |_| 'R',
+        busy: |_| 1.0,
+    };
+    let a = analysis(4, &[main()], &[], |_| 0.25);
+    let whole = diagnose(&a, None, None)
+        .top()
+        .unwrap()
+        .gpu_time
+        .clone()
+        .unwrap();
+    let mut a = analysis(4, &[main()], &[], |_| 0.25);
+    // The loop's first step starts 4 s into the 10 s run.
+    a.steps.intervals = (40..TICKS).step_by(5).map(|k| (t(k), t(k + 5))).collect();
+    let d = diagnose(&a, None, None);
+    let top = d.top().unwrap();
+    assert_eq!(
+        top.kind,
+        FindingKind::MainProcessPreprocessing,
+        "{:?}",
+        ids(&d)
+    );
+    let gt = top.gpu_time.as_ref().unwrap();
+    assert_eq!(gt.basis, Basis::Estimated);
+    assert!((whole.seconds - 10.0).abs() < 0.3, "{whole:?}");
+    assert!((gt.seconds - 6.0).abs() < 0.3, "{gt:?}");
+    assert!(
+        gt.method
+            .ends_with("; the 4.0 s before the first step (start-up) left out"),
+        "{}",
+        gt.method
+    );
+}
+
 /// A main thread that sleeps between short steps is read R now and then,
 /// at the instant it wakes: with the workers keeping up, those readings are
 /// not a busy training loop (one in ten readings R, 2% of a core).

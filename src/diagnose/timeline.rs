@@ -156,6 +156,13 @@ pub struct Timeline {
     pub sys_busy: Vec<f32>,
     pub psi_cpu: Vec<f32>,
     pub cause: Vec<Option<Cause>>,
+    /// The first bin of the training loop: that of the first step's start
+    /// when steps were found, else 0. The estimates of GPU time from the
+    /// CPU side ([`Timeline::weighted_s`]) start there: before its first
+    /// step a job imports, builds its model and starts its workers, and a
+    /// GPU has nothing to run yet (a measured GPU's idle time before its
+    /// first work is left out the same way).
+    pub loop_from: usize,
 }
 
 /// A per-bin share at or above `t` (a bin without data never is).
@@ -530,8 +537,15 @@ impl Timeline {
             sys_busy,
             psi_cpu,
             cause: vec![None; n],
+            loop_from: 0,
         };
         tl.cause = (0..n).map(|i| tl.classify(i)).collect();
+        tl.loop_from = a
+            .steps
+            .intervals
+            .first()
+            .and_then(|s| tl.bin_of(s.0))
+            .unwrap_or(0);
         tl
     }
 
@@ -607,6 +621,11 @@ impl Timeline {
             || ge(self.psi_cpu[i], th::OVERSUBSCRIBED_PSI_CPU)
     }
 
+    /// Seconds before the training loop's first bin.
+    pub fn before_loop_s(&self) -> f64 {
+        (0..self.loop_from).map(|i| self.bin_s(i)).sum()
+    }
+
     pub fn bin_s(&self, i: usize) -> f64 {
         let (a, b) = bin_span(self.start, self.bin_ns, i);
         b.min(self.end).secs_since(a)
@@ -621,9 +640,11 @@ impl Timeline {
         self.bins_of(cause).map(|i| self.bin_s(i)).sum()
     }
 
-    /// Σ over bins with this cause of bin length × `weight(bin)`.
+    /// Σ over bins with this cause of bin length × `weight(bin)`, from
+    /// the training loop's first bin ([`Timeline::loop_from`]).
     pub fn weighted_s(&self, cause: Cause, weight: impl Fn(usize) -> f64) -> f64 {
         self.bins_of(cause)
+            .filter(|&i| i >= self.loop_from)
             .map(|i| self.bin_s(i) * weight(i).clamp(0.0, 1.0))
             .sum()
     }
