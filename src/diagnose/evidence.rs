@@ -159,6 +159,8 @@ pub struct StackEvidence {
 
 impl StackEvidence {
     /// "`augment` 91%, `resize` 4%" for a role, or None without samples.
+    /// Functions under 1% of the samples after the first are left out: a
+    /// list that reads "`work` 100%, `dumps` 0%" says nothing of the second.
     pub fn hot_functions_text(&self, role: Role, n: usize) -> Option<String> {
         let fs = self.top_functions.get(&role)?;
         if fs.is_empty() {
@@ -167,7 +169,9 @@ impl StackEvidence {
         Some(
             fs.iter()
                 .take(n)
-                .map(|f| format!("`{}` {:.0}%", f.name, f.total_share * 100.0))
+                .enumerate()
+                .filter(|(i, f)| *i == 0 || f.total_share >= 0.01)
+                .map(|(_, f)| format!("`{}` {:.0}%", f.name, f.total_share * 100.0))
                 .collect::<Vec<_>>()
                 .join(", "),
         )

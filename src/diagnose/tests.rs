@@ -577,16 +577,31 @@ fn stacks_name_the_hot_function() {
     let mut s = StackEvidence::default();
     s.top_functions.insert(
         crate::analysis::Role::Worker,
-        vec![evidence::FunctionShare {
-            name: "augment".into(),
-            self_share: 0.8,
-            total_share: 0.91,
-        }],
+        vec![
+            evidence::FunctionShare {
+                name: "augment".into(),
+                self_share: 0.8,
+                total_share: 0.91,
+            },
+            evidence::FunctionShare {
+                name: "resize".into(),
+                self_share: 0.04,
+                total_share: 0.04,
+            },
+            // Under 1%: "0%" would say nothing.
+            evidence::FunctionShare {
+                name: "dumps".into(),
+                self_share: 0.004,
+                total_share: 0.004,
+            },
+        ],
     );
     let d = diagnose(&a, None, Some(&s));
     let top = d.top().unwrap();
     assert!(
-        top.evidence.iter().any(|e| e.contains("`augment` 91%")),
+        top.evidence
+            .iter()
+            .any(|e| e.ends_with(": `augment` 91%, `resize` 4%.")),
         "{:?}",
         top.evidence
     );
