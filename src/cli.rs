@@ -310,9 +310,11 @@ pub struct RecordArgs {
 
     /// Whether SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 sent to gpuprof are
     /// passed on to the job. `auto`: yes, except those sent by
-    /// `slurmstepd`, which signals every process of the job step (the job
-    /// has its own, and would otherwise get it twice: a SIGUSR1 checkpoint
-    /// handler would run twice). `never`: for a scheduler or script that
+    /// `slurmstepd`, which signals every process of the job step, and by
+    /// GNU `timeout` without `--foreground`, which signals its whole
+    /// process group (the job has its own, and would otherwise get it
+    /// twice: a SIGUSR1 checkpoint handler would run twice). `never`: for a
+    /// scheduler or script that
     /// signals the whole process group or cgroup; gpuprof then records
     /// until the job exits. `always`: pass every one on.
     #[arg(long, value_name = "WHEN", default_value = "auto", value_parser = ["auto", "always", "never"])]

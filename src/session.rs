@@ -465,10 +465,13 @@ fn pass_on(cfg: &RecordConfig, job: Pid, sig: Signal, told: &mut [bool; WATCHED.
         ForwardSignals::Never => Some(format!(
             "{sig} reached gpuprof and is not passed on (--forward-signals never): recording until the job exits"
         )),
-        ForwardSignals::Auto => (sender > 0 && comm_of(sender).as_deref() == Some(SLURM_STEPD))
-            .then(|| format!(
-                "{sig} from {SLURM_STEPD} (pid {sender}) is not passed on: Slurm signals every process of the job step, so the job has its own (--forward-signals always passes it on); recording until the job exits"
-            )),
+        ForwardSignals::Auto if sender > 0 && comm_of(sender).as_deref() == Some(SLURM_STEPD) => Some(format!(
+            "{sig} from {SLURM_STEPD} (pid {sender}) is not passed on: Slurm signals every process of the job step, so the job has its own (--forward-signals always passes it on); recording until the job exits"
+        )),
+        ForwardSignals::Auto if sender > 0 && timeout_signals_group_of(sender, job) => Some(format!(
+            "{sig} from timeout (pid {sender}) is not passed on: GNU timeout signals its whole process group, the job's too, so the job has its own (--forward-signals always passes it on); recording until the job exits"
+        )),
+        ForwardSignals::Auto => None,
     };
     match why {
         None => {
@@ -480,6 +483,51 @@ fn pass_on(cfg: &RecordConfig, job: Pid, sig: Signal, told: &mut [bool; WATCHED.
             }
         }
     }
+}
+
+/// Whether `sender` is GNU coreutils' `timeout` signalling the job's whole
+/// process group: without `--foreground` it makes itself the leader of a
+/// process group and sends its signal to the child, then to the group
+/// (`kill(0, sig)`), which holds the job. `--foreground`, another
+/// program's `timeout` (BusyBox's signals the child only) or a job in a
+/// group of its own do not qualify: the job then has the signal only if
+/// gpuprof passes it on.
+fn timeout_signals_group_of(sender: i32, job: Pid) -> bool {
+    let exe = std::fs::read_link(format!("/proc/{sender}/exe")).ok();
+    if exe.as_deref().and_then(|p| p.file_name()) != Some(std::ffi::OsStr::new("timeout")) {
+        return false;
+    }
+    let job_group = nix::unistd::getpgid(Some(nix::unistd::Pid::from_raw(job.0)));
+    if job_group.map(|g| g.as_raw()) != Ok(sender) {
+        return false;
+    }
+    let Ok(args) = std::fs::read(format!("/proc/{sender}/cmdline")) else {
+        return false;
+    };
+    let args: Vec<&[u8]> = args.split(|b| *b == 0).skip(1).collect();
+    !timeout_in_foreground(&args)
+}
+
+/// Whether `timeout`'s options (its arguments before DURATION) hold
+/// `--foreground` (or a prefix of it, as getopt takes: `--fore`).
+fn timeout_in_foreground(args: &[&[u8]]) -> bool {
+    let mut i = 0;
+    while let Some(a) = args.get(i) {
+        if *a == b"--" || !a.starts_with(b"-") {
+            return false;
+        }
+        if a.len() > 3 && b"--foreground".starts_with(a) {
+            return true;
+        }
+        // The options whose value may be the next argument.
+        if matches!(*a, b"-s" | b"-k" | b"--signal" | b"--kill-after")
+            || (a.len() > 3 && (b"--signal".starts_with(a) || b"--kill-after".starts_with(a)))
+        {
+            i += 1;
+        }
+        i += 1;
+    }
+    false
 }
 
 fn comm_of(pid: i32) -> Option<String> {
@@ -903,5 +951,33 @@ pub fn self_usage() -> (u64, u64) {
             )
         }
         Err(_) => (0, 0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::timeout_in_foreground;
+
+    #[test]
+    fn timeout_options_in_foreground() {
+        let f = |args: &[&str]| {
+            let v: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+            timeout_in_foreground(&v)
+        };
+        assert!(f(&["--foreground", "10", "gpuprof"]));
+        assert!(f(&["-s", "USR1", "--fore", "10", "gpuprof"]));
+        assert!(f(&["--signal", "TERM", "-k", "5", "--foreground", "10"]));
+        assert!(!f(&["10", "gpuprof", "--foreground"]));
+        assert!(!f(&[
+            "-s",
+            "TERM",
+            "10",
+            "gpuprof",
+            "--",
+            "python",
+            "--foreground"
+        ]));
+        assert!(!f(&["--signal=TERM", "-k5", "10", "gpuprof"]));
+        assert!(!f(&["--", "--foreground"]));
     }
 }

@@ -296,6 +296,50 @@ fn a_signal_slurmstepd_sends_to_every_process_reaches_the_job_once() {
     }
 }
 
+/// GNU `timeout` (without `--foreground`) sends its signal to gpuprof and
+/// then to its whole process group, the job included: by default gpuprof
+/// does not pass it on, so the job's handler runs once. With
+/// `--foreground` timeout signals gpuprof alone, which passes it on.
+#[test]
+fn a_signal_from_timeout_reaches_the_job_once() {
+    for (mode, foreground, expect) in [("auto", false, 1), ("always", false, 2), ("auto", true, 1)]
+    {
+        let d = tmp();
+        let out = d.path().join("o");
+        // Waits at most 8 s for the signal: a job that never gets it
+        // prints 0.
+        let job = "import signal, time\n\
+                   got = []\n\
+                   signal.signal(signal.SIGUSR1, lambda s, f: got.append(s))\n\
+                   end = time.monotonic() + 8\n\
+                   while not got and time.monotonic() < end: time.sleep(0.01)\n\
+                   time.sleep(1.5)\n\
+                   print('checkpoints', len(got))\n";
+        let mut cmd = std::process::Command::new("timeout");
+        cmd.args(["-s", "USR1"]);
+        if foreground {
+            cmd.arg("--foreground");
+        }
+        let o = cmd
+            .arg("3")
+            .arg(BIN)
+            .args(["-q", "--no-stacks", "--forward-signals", mode, "-o"])
+            .arg(&out)
+            .args(["--", "python3", "-c", job])
+            .stdin(Stdio::null())
+            .output()
+            .expect("GNU timeout (coreutils)");
+        let stdout = String::from_utf8_lossy(&o.stdout);
+        // 124: timed out, after the job ended on its own.
+        assert_eq!(o.status.code(), Some(124), "{mode} {foreground}: {stdout}");
+        assert!(
+            stdout.contains(&format!("checkpoints {expect}")),
+            "--forward-signals {mode}, --foreground {foreground}: {stdout}"
+        );
+        assert!(out.join("report.json").exists());
+    }
+}
+
 /// The kernel reuses PIDs: a busy process that exited keeps its own
 /// figures when a later process of the job gets its PID (merged, the later
 /// one's counters replaced them).
