@@ -410,6 +410,15 @@ const MAX_STEPS_PER_STRETCH: f64 = 4.0;
 /// How close to a whole number of typical periods a stretch must be.
 const STRETCH_TOLERANCE: f64 = 0.2;
 
+/// The number of typical periods `med` that a period `p` spans, when it is
+/// 2 to [`MAX_STEPS_PER_STRETCH`] of them (within [`STRETCH_TOLERANCE`]):
+/// steps run together, whose boundaries were not seen.
+fn whole_periods(p: f64, med: f64) -> Option<f64> {
+    let k = (p / med.max(1e-9)).round();
+    ((2.0..=MAX_STEPS_PER_STRETCH).contains(&k) && (p - k * med).abs() <= STRETCH_TOLERANCE * med)
+        .then_some(k)
+}
+
 /// Steps from the gaps' starts: one per period, or k equal ones where a
 /// period spans k typical periods (see above); and how many periods were
 /// split.
@@ -422,13 +431,8 @@ fn gap_steps(gaps: &[(MonoNs, MonoNs)]) -> (Vec<(MonoNs, MonoNs)>, usize) {
     let mut merged = 0;
     for w in gaps.windows(2) {
         let (from, to) = (w[0].0, w[1].0);
-        let p = to.secs_since(from);
-        let k = (p / med.max(1e-9)).round();
         let ordinary_gap = w[0].1.secs_since(w[0].0) <= 1.6 * med_gap;
-        if (2.0..=MAX_STEPS_PER_STRETCH).contains(&k)
-            && (p - k * med).abs() <= STRETCH_TOLERANCE * med
-            && ordinary_gap
-        {
+        if let Some(k) = whole_periods(to.secs_since(from), med).filter(|_| ordinary_gap) {
             merged += 1;
             let step = (to.0 - from.0) / k as u64;
             for i in 0..k as u64 {
@@ -619,11 +623,7 @@ fn choose_stack_step<'a>(runs: &HashMap<&'a str, Vec<Run>>, period: u64) -> Opti
         }
         let missed = periods
             .iter()
-            .filter(|&&x| {
-                let k = (x / med).round();
-                (2.0..=MAX_STEPS_PER_STRETCH).contains(&k)
-                    && (x / med - k).abs() <= STRETCH_TOLERANCE
-            })
+            .filter(|&&x| whole_periods(x, med).is_some())
             .count();
         if missed as f64 > MAX_MISSED_SHARE * periods.len() as f64 {
             continue;
