@@ -53,6 +53,14 @@ pub const THROTTLE_REASONS: &[(u64, &str)] = &[
     (0x100, "display_clock_setting"),
 ];
 
+/// The reason bits of `names` (names of [`THROTTLE_REASONS`]).
+pub fn throttle_mask(names: &[&str]) -> u64 {
+    THROTTLE_REASONS
+        .iter()
+        .filter(|(_, n)| names.contains(n))
+        .fold(0, |m, (bit, _)| m | bit)
+}
+
 /// Names of the reason bits set in `bits` (unknown bits as hex).
 pub fn throttle_names(bits: u64) -> Vec<String> {
     let mut out = Vec::new();
@@ -1382,6 +1390,16 @@ mod tests {
             vec!["sw_power_cap", "hw_thermal_slowdown"]
         );
         assert_eq!(throttle_names(0x1000), vec!["0x1000"]);
+        // nvml.h: HW slowdown, SW and HW thermal slowdown; SW power cap,
+        // HW power brake.
+        assert_eq!(
+            throttle_mask(&["hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown"]),
+            0x8 | 0x20 | 0x40
+        );
+        assert_eq!(
+            throttle_mask(&["sw_power_cap", "hw_power_brake_slowdown"]),
+            0x4 | 0x80
+        );
     }
 
     fn header() -> Header {

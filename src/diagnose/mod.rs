@@ -26,7 +26,9 @@ mod timeline;
 use serde::Serialize;
 
 use crate::analysis::Analysis;
-pub use evidence::{GpuDeviceEvidence, GpuEvidence, StackEvidence, ThrottleEvidence};
+pub use evidence::{
+    GpuDeviceEvidence, GpuEvidence, StackEvidence, ThrottleEvidence, POWER_REASONS, THERMAL_REASONS,
+};
 pub use timeline::{Cause, Timeline};
 
 /// The catalogue. The order is the tie-break of the ranking: a cause ranks

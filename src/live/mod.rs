@@ -17,8 +17,10 @@ pub mod progress;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::analysis::gpu::throttle_mask;
 use crate::analysis::roles::{self, RankIds, RoleFacts, TORCH_WORKER_NAME};
 use crate::analysis::Role;
+use crate::diagnose::{POWER_REASONS, THERMAL_REASONS};
 use crate::event::{CpuTimes, Event, GpuIndex, GpuProc, GpuState, MonoNs, Pid, Tid};
 
 /// Entries kept in one history, whatever the window and rates.
@@ -1022,13 +1024,10 @@ pub mod warn {
     /// The GPU is mostly idle: busy below this share (the usual alerting
     /// rule for training jobs: utilization under 30% for a sustained time).
     pub const GPU_BUSY_BELOW: f64 = 0.30;
-    /// Clock-event reasons that mean thermal throttling (HW slowdown, SW
-    /// and HW thermal slowdown), active at least this share of the window.
-    pub const THERMAL_MASK: u64 = 0x8 | 0x20 | 0x40;
+    /// The clock-event reasons the diagnosis takes for thermal throttling
+    /// (`THERMAL_REASONS`), active at least this share of the window ...
     pub const THERMAL_SHARE: f64 = 0.5;
-    /// Clock-event reasons that mean a power cap (SW power cap, HW power
-    /// brake), active at least this share of the window.
-    pub const POWER_MASK: u64 = 0x4 | 0x80;
+    /// ... and for a power cap (`POWER_REASONS`).
     pub const POWER_SHARE: f64 = 0.5;
     /// A disk with IO in flight at least this share of the window ...
     pub const DISK_BUSY: f64 = 0.9;
@@ -1073,9 +1072,9 @@ impl LiveState {
             let power = g
                 .power_mw
                 .map_or("?".into(), |p| format!("{:.0}", p as f64 / 1000.0));
-            for (mask, share, key, finding, what, detail) in [
+            for (reasons, share, key, finding, what, detail) in [
                 (
-                    warn::THERMAL_MASK,
+                    THERMAL_REASONS,
                     warn::THERMAL_SHARE,
                     "thermal",
                     "thermal-throttling",
@@ -1083,7 +1082,7 @@ impl LiveState {
                     format!("{clock}{temp}°C"),
                 ),
                 (
-                    warn::POWER_MASK,
+                    POWER_REASONS,
                     warn::POWER_SHARE,
                     "power",
                     "power-capped",
@@ -1091,7 +1090,7 @@ impl LiveState {
                     format!("{clock}drawing {power} W"),
                 ),
             ] {
-                let s = g.throttled_in(mask, from, now);
+                let s = g.throttled_in(throttle_mask(reasons), from, now);
                 if s >= share * w {
                     out.push(Alert {
                         key: format!("{key}:{i}"),
