@@ -509,20 +509,21 @@ fn timeout_signals_group_of(sender: i32, job: Pid) -> bool {
 }
 
 /// Whether `timeout`'s options (its arguments before DURATION) hold
-/// `--foreground` (or a prefix of it, as getopt takes: `--fore`).
+/// `--foreground` or a prefix of it, as getopt takes: `--f` already, no
+/// other long option of timeout starting with f (nor `--s` and `--k`
+/// another than `--signal` and `--kill-after`).
 fn timeout_in_foreground(args: &[&[u8]]) -> bool {
+    let long = |a: &[u8], name: &[u8]| a.len() > 2 && name.starts_with(a);
     let mut i = 0;
     while let Some(a) = args.get(i) {
         if *a == b"--" || !a.starts_with(b"-") {
             return false;
         }
-        if a.len() > 3 && b"--foreground".starts_with(a) {
+        if long(a, b"--foreground") {
             return true;
         }
         // The options whose value may be the next argument.
-        if matches!(*a, b"-s" | b"-k" | b"--signal" | b"--kill-after")
-            || (a.len() > 3 && (b"--signal".starts_with(a) || b"--kill-after".starts_with(a)))
-        {
+        if matches!(*a, b"-s" | b"-k") || long(a, b"--signal") || long(a, b"--kill-after") {
             i += 1;
         }
         i += 1;
@@ -966,6 +967,8 @@ mod tests {
         };
         assert!(f(&["--foreground", "10", "gpuprof"]));
         assert!(f(&["-s", "USR1", "--fore", "10", "gpuprof"]));
+        assert!(f(&["--f", "--k", "5", "10", "gpuprof"]));
+        assert!(f(&["--s", "TERM", "--f", "10", "gpuprof"]));
         assert!(f(&["--signal", "TERM", "-k", "5", "--foreground", "10"]));
         assert!(!f(&["10", "gpuprof", "--foreground"]));
         assert!(!f(&[
