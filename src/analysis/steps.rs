@@ -974,6 +974,95 @@ fn pattern(idx: &[usize]) -> Option<String> {
         None
     }
 }
+/// Why the `slow` steps (indices into `iv`, whose durations are `durs`)
+/// took longer than the median `med`: each compared with up to 300
+/// typical steps, on the loop thread (`thread`, else [`loop_thread`]).
+/// The slowest listed, and the kinds of cause seen most often.
+fn examine_slow(
+    a: &Analysis,
+    iv: &[(MonoNs, MonoNs)],
+    durs: &[f64],
+    med: f64,
+    slow: &[usize],
+    (pid, tid): (Option<Pid>, Option<Tid>),
+    step_group: Option<String>,
+) -> (Vec<SlowStep>, Vec<String>) {
+    let mut listed = Vec::new();
+    let measured = a.gpu.available && !a.gpu.devices.is_empty();
+    let loop_pt = match (pid, tid) {
+        (Some(p), Some(t)) => Some((p, t)),
+        _ => loop_thread(a),
+    };
+    let mut ranges_on_thread: Vec<&NvtxRange> = match loop_pt {
+        Some((p, t)) => a
+            .nvtx
+            .ranges
+            .iter()
+            .filter(|r| r.pid == p && r.tid == t)
+            .collect(),
+        None => Vec::new(),
+    };
+    ranges_on_thread.sort_by_key(|r| r.start);
+    let samples = match loop_pt {
+        Some((p, t)) => a
+            .stacks
+            .samples
+            .iter()
+            .filter(|s| s.pid == p && s.tid == t)
+            .collect(),
+        None => Vec::new(),
+    };
+    let ctx = Context {
+        a,
+        idle: measured.then(|| a.gpu.idle_intervals()),
+        pid: loop_pt.map(|x| x.0),
+        step_group,
+        ranges_on_thread,
+        samples,
+    };
+    // Typical steps: up to 300 of the others, evenly spread.
+    let normal: Vec<usize> = (0..iv.len()).filter(|i| !slow.contains(i)).collect();
+    let stride = normal.len().div_ceil(300).max(1);
+    let typical: Vec<Metrics> = normal
+        .iter()
+        .step_by(stride)
+        .map(|&i| ctx.metrics(iv[i].0, iv[i].1))
+        .collect();
+    let mut order = slow.to_vec();
+    order.sort_by(|x, y| durs[*y].total_cmp(&durs[*x]).then(x.cmp(y)));
+    let mut kinds: BTreeMap<&'static str, (usize, String)> = BTreeMap::new();
+    for &i in order.iter().take(MAX_SLOW_LISTED.max(50)) {
+        let m = ctx.metrics(iv[i].0, iv[i].1);
+        let cs = causes(&ctx, &m, &typical, durs[i] - med, i);
+        // A step counts once per kind: it may have two of one kind
+        // (the CPU of the main process and of the workers).
+        let mut counted = BTreeSet::new();
+        for c in &cs {
+            let e = kinds.entry(c.kind).or_insert((0, c.text.clone()));
+            if counted.insert(c.kind) {
+                e.0 += 1;
+            }
+        }
+        if listed.len() < MAX_SLOW_LISTED {
+            listed.push(SlowStep {
+                index: i,
+                start_s: a.rel_s(iv[i].0),
+                duration_s: durs[i],
+                vs_median: durs[i] / med,
+                causes: cs,
+            });
+        }
+    }
+    let examined = order.len().min(MAX_SLOW_LISTED.max(50));
+    let mut ks: Vec<(&&str, &(usize, String))> = kinds.iter().collect();
+    ks.sort_by(|x, y| y.1 .0.cmp(&x.1 .0).then(x.0.cmp(y.0)));
+    let common = ks
+        .into_iter()
+        .take(3)
+        .map(|(_, (n, text))| format!("{text} — in {n} of {examined} slow steps examined"))
+        .collect();
+    (listed, common)
+}
 
 /// Find the steps of the recording and analyse the slow ones.
 pub fn analyze(a: &Analysis, step_range: Option<&str>) -> Steps {
@@ -1071,79 +1160,8 @@ pub fn analyze(a: &Analysis, step_range: Option<&str>) -> Steps {
         steps.slow_count = slow.len();
         steps.slow_pattern = pattern(&slow);
         if !slow.is_empty() {
-            let measured = a.gpu.available && !a.gpu.devices.is_empty();
-            let loop_pt = match (pid, tid) {
-                (Some(p), Some(t)) => Some((p, t)),
-                _ => loop_thread(a),
-            };
-            let mut ranges_on_thread: Vec<&NvtxRange> = match loop_pt {
-                Some((p, t)) => a
-                    .nvtx
-                    .ranges
-                    .iter()
-                    .filter(|r| r.pid == p && r.tid == t)
-                    .collect(),
-                None => Vec::new(),
-            };
-            ranges_on_thread.sort_by_key(|r| r.start);
-            let samples = match loop_pt {
-                Some((p, t)) => a
-                    .stacks
-                    .samples
-                    .iter()
-                    .filter(|s| s.pid == p && s.tid == t)
-                    .collect(),
-                None => Vec::new(),
-            };
-            let ctx = Context {
-                a,
-                idle: measured.then(|| a.gpu.idle_intervals()),
-                pid: loop_pt.map(|x| x.0),
-                step_group,
-                ranges_on_thread,
-                samples,
-            };
-            // Typical steps: up to 300 of the others, evenly spread.
-            let normal: Vec<usize> = (0..iv.len()).filter(|i| !slow.contains(i)).collect();
-            let stride = normal.len().div_ceil(300).max(1);
-            let typical: Vec<Metrics> = normal
-                .iter()
-                .step_by(stride)
-                .map(|&i| ctx.metrics(iv[i].0, iv[i].1))
-                .collect();
-            let mut order = slow.clone();
-            order.sort_by(|x, y| durs[*y].total_cmp(&durs[*x]).then(x.cmp(y)));
-            let mut kinds: BTreeMap<&'static str, (usize, String)> = BTreeMap::new();
-            for &i in order.iter().take(MAX_SLOW_LISTED.max(50)) {
-                let m = ctx.metrics(iv[i].0, iv[i].1);
-                let cs = causes(&ctx, &m, &typical, durs[i] - med, i);
-                // A step counts once per kind: it may have two of one kind
-                // (the CPU of the main process and of the workers).
-                let mut counted = BTreeSet::new();
-                for c in &cs {
-                    let e = kinds.entry(c.kind).or_insert((0, c.text.clone()));
-                    if counted.insert(c.kind) {
-                        e.0 += 1;
-                    }
-                }
-                if steps.slow.len() < MAX_SLOW_LISTED {
-                    steps.slow.push(SlowStep {
-                        index: i,
-                        start_s: a.rel_s(iv[i].0),
-                        duration_s: durs[i],
-                        vs_median: durs[i] / med,
-                        causes: cs,
-                    });
-                }
-            }
-            let examined = order.len().min(MAX_SLOW_LISTED.max(50));
-            let mut ks: Vec<(&&str, &(usize, String))> = kinds.iter().collect();
-            ks.sort_by(|x, y| y.1 .0.cmp(&x.1 .0).then(x.0.cmp(y.0)));
-            steps.slow_causes = ks
-                .into_iter()
-                .take(3)
-                .map(|(_, (n, text))| format!("{text} — in {n} of {examined} slow steps examined"))
-                .collect();
+            (steps.slow, steps.slow_causes) =
+                examine_slow(a, &iv, &durs, med, &slow, (pid, tid), step_group);
         }
     }
     if method == "gpu-idle-gaps" || method == "python-stacks" {
