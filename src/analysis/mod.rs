@@ -404,6 +404,12 @@ impl Analysis {
     pub fn duration_s(&self) -> f64 {
         self.end.secs_since(self.start)
     }
+    /// Whether the recording saw the job start: launched by gpuprof (not
+    /// attached) and recorded from then on (not after `--delay`).
+    pub fn saw_job_start(&self) -> bool {
+        self.header.attached.is_none()
+            && self.start.0.saturating_sub(self.header.start.0) < 2 * self.header.interval_ns.max(1)
+    }
     /// Seconds from the start of the recording (the trace's time origin).
     pub fn rel_s(&self, t: MonoNs) -> f64 {
         t.0 as f64 / 1e9 - self.start.0 as f64 / 1e9

@@ -1140,8 +1140,7 @@ pub fn analyze(a: &Analysis, step_range: Option<&str>) -> Steps {
         // autotuning, workers starting), not an anomaly: said apart, when
         // the recording saw the job start (not attached, not delayed) or
         // the steps' process started during the recording.
-        let launched_here = a.header.attached.is_none()
-            && a.start.0.saturating_sub(a.header.start.0) < 2 * a.header.interval_ns.max(1);
+        let launched_here = a.saw_job_start();
         let born_in_window = pid
             .and_then(|p| a.processes.get(&p))
             .is_some_and(|p| p.first_seen.0 > a.start.0 + 1_000_000_000);

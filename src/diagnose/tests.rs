@@ -301,6 +301,17 @@ fn estimates_without_a_gpu_leave_out_the_start_up() {
         "{}",
         gt.method
     );
+    // Attached to a running job, what came before its first step is not
+    // start-up: the whole recording counts.
+    a.header.attached = Some(crate::event::Attached {
+        process_start: MonoNs(0),
+        processes: 1,
+        threads: 1,
+    });
+    let d = diagnose(&a, None, None);
+    let gt = d.top().unwrap().gpu_time.clone().unwrap();
+    assert!((gt.seconds - 10.0).abs() < 0.3, "{gt:?}");
+    assert!(!gt.method.contains("start-up"), "{}", gt.method);
 }
 
 /// A main thread that sleeps between short steps is read R now and then,

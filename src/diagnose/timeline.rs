@@ -157,7 +157,9 @@ pub struct Timeline {
     pub psi_cpu: Vec<f32>,
     pub cause: Vec<Option<Cause>>,
     /// The first bin of the training loop: that of the first step's start
-    /// when steps were found, else 0. The estimates of GPU time from the
+    /// when steps were found and the recording saw the job start (else
+    /// what comes before the first step is not start-up), else 0. The
+    /// estimates of GPU time from the
     /// CPU side ([`Timeline::weighted_s`]) start there: before its first
     /// step a job imports, builds its model and starts its workers, and a
     /// GPU has nothing to run yet (a measured GPU's idle time before its
@@ -544,6 +546,7 @@ impl Timeline {
             .steps
             .intervals
             .first()
+            .filter(|_| a.saw_job_start())
             .and_then(|s| tl.bin_of(s.0))
             .unwrap_or(0);
         tl
