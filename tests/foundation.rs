@@ -298,12 +298,15 @@ fn a_signal_slurmstepd_sends_to_every_process_reaches_the_job_once() {
 
 /// GNU `timeout` (without `--foreground`) sends its signal to gpuprof and
 /// then to its whole process group, the job included: by default gpuprof
-/// does not pass it on, so the job's handler runs once. With
+/// keeps its copy back and says so, and the job's handler runs once. With
 /// `--foreground` timeout signals gpuprof alone, which passes it on.
+/// (`--forward-signals always` is not run here: its second copy follows
+/// the first by microseconds, and the kernel, or Python running its
+/// handler once for both, may merge the two, so the count is not fixed;
+/// the slurmstepd test above shows a second copy with a gap.)
 #[test]
 fn a_signal_from_timeout_reaches_the_job_once() {
-    for (mode, foreground, expect) in [("auto", false, 1), ("always", false, 2), ("auto", true, 1)]
-    {
+    for foreground in [false, true] {
         let d = tmp();
         let out = d.path().join("o");
         // Waits at most 8 s for the signal: a job that never gets it
@@ -323,18 +326,24 @@ fn a_signal_from_timeout_reaches_the_job_once() {
         let o = cmd
             .arg("3")
             .arg(BIN)
-            .args(["-q", "--no-stacks", "--forward-signals", mode, "-o"])
+            .args(["--no-stacks", "--no-gpu", "-o"])
             .arg(&out)
             .args(["--", "python3", "-c", job])
             .stdin(Stdio::null())
             .output()
             .expect("GNU timeout (coreutils)");
         let stdout = String::from_utf8_lossy(&o.stdout);
+        let stderr = String::from_utf8_lossy(&o.stderr);
         // 124: timed out, after the job ended on its own.
-        assert_eq!(o.status.code(), Some(124), "{mode} {foreground}: {stdout}");
+        assert_eq!(o.status.code(), Some(124), "{foreground}: {stdout}");
         assert!(
-            stdout.contains(&format!("checkpoints {expect}")),
-            "--forward-signals {mode}, --foreground {foreground}: {stdout}"
+            stdout.contains("checkpoints 1"),
+            "--foreground {foreground}: {stdout}"
+        );
+        let kept_back = stderr.contains("SIGUSR1 from timeout (pid ");
+        assert_eq!(
+            kept_back, !foreground,
+            "--foreground {foreground}: {stderr}"
         );
         assert!(out.join("report.json").exists());
     }
