@@ -1052,6 +1052,24 @@ fn basename(path: &str) -> &str {
     path.rsplit('/').next().unwrap_or(path)
 }
 
+/// The file part of a Python frame's label: the file's name, with its
+/// folder where the name alone says nothing — every package has an
+/// `__init__.py`, so `<module> (__init__.py)` does not say which import ran
+/// (`<module> (torch/__init__.py)` does).
+fn py_file_label(path: &str) -> &str {
+    let base = basename(path);
+    if !matches!(base, "__init__.py" | "__main__.py") {
+        return base;
+    }
+    let dir = path[..path.len() - base.len()].trim_end_matches('/');
+    let parent = basename(dir);
+    if parent.is_empty() {
+        base
+    } else {
+        &path[dir.len() - parent.len()..]
+    }
+}
+
 impl<'a> Resolver<'a> {
     fn intern(&mut self, f: FrameInfo) -> u32 {
         if let Some(id) = self.frame_ids.get(&f) {
@@ -1065,7 +1083,7 @@ impl<'a> Resolver<'a> {
 
     fn intern_python(&mut self, name: &str, file: &str) -> u32 {
         self.intern(FrameInfo {
-            label: format!("{} ({})", clean(name), clean(basename(file))),
+            label: format!("{} ({})", clean(name), clean(py_file_label(file))),
             class: FrameClass::Python,
             name: name.to_string(),
             file: file.to_string(),
@@ -2731,6 +2749,31 @@ mod tests {
             id,
             parent,
             frame,
+        }
+    }
+
+    #[test]
+    fn a_package_body_is_named_with_its_package() {
+        for (path, label) in [
+            (
+                "/venv/lib/python3.11/site-packages/torch/_tensor.py",
+                "_tensor.py",
+            ),
+            ("/venv/site-packages/torch/__init__.py", "torch/__init__.py"),
+            (
+                "/venv/site-packages/torch/autograd/__init__.py",
+                "autograd/__init__.py",
+            ),
+            ("/usr/lib/python3.11/json/__main__.py", "json/__main__.py"),
+            ("pkg//__init__.py", "pkg//__init__.py"),
+            ("__init__.py", "__init__.py"),
+            ("/__init__.py", "__init__.py"),
+            (
+                "<frozen importlib._bootstrap>",
+                "<frozen importlib._bootstrap>",
+            ),
+        ] {
+            assert_eq!(py_file_label(path), label, "{path}");
         }
     }
 
