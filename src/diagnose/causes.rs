@@ -25,7 +25,12 @@ const FUNCTION_CHAIN: usize = 3;
 /// samples: per sample the innermost Python function with its callers
 /// (`augment ← compute_metrics ← log_step`; the leaf native function when
 /// it ran no Python), each sample weighted by how idle the GPU was when it
-/// was taken (1 without GPU data). Shares of the total weight, most first.
+/// was taken (1 without GPU data, see [`idle_weighted`]) and by the
+/// recorded samples it stands for. A process whose native samples have no
+/// Python frames of their instant is named from py-spy's Python stacks of
+/// the same bins instead, scaled to its native samples there, so that each
+/// process still counts by the CPU it used. Shares of the total weight,
+/// most first.
 pub(super) fn functions_in(
     a: &Analysis,
     tl: &Timeline,
@@ -34,44 +39,70 @@ pub(super) fn functions_in(
     n: usize,
 ) -> Vec<(String, f64)> {
     let st = &a.stacks;
-    let gpu = a.gpu.devices.iter().any(|d| d.util_samples > 0);
-    let mut w: BTreeMap<String, f64> = BTreeMap::new();
-    let mut total = 0.0;
-    for s in st.samples.iter().filter(|s| pids.contains(&s.pid)) {
-        let Some(i) = tl.bin_of(s.t) else { continue };
-        if !in_bin(i) {
-            continue;
+    let gpu = idle_weighted(a);
+    let weight_of = |s: &crate::analysis::stacks::Sample| -> f64 {
+        match tl.bin_of(s.t) {
+            Some(i) if in_bin(i) => {
+                let idle = if gpu {
+                    a.gpu.idle_weight_at(s.t).unwrap_or(0.0)
+                } else {
+                    1.0
+                };
+                // A thinned long recording keeps some samples for several.
+                idle * s.weight as f64
+            }
+            _ => 0.0,
         }
-        let weight = if gpu {
-            a.gpu.idle_weight_at(s.t).unwrap_or(0.0)
-        } else {
-            1.0
-        };
+    };
+    let py_spy: BTreeSet<Pid> = st
+        .python_only
+        .iter()
+        .map(|s| s.pid)
+        .filter(|p| pids.contains(p))
+        .collect();
+    // Per process: its functions, and the native samples' weight.
+    let mut per_pid: BTreeMap<Pid, (BTreeMap<String, f64>, f64)> = BTreeMap::new();
+    for s in st.samples.iter().filter(|s| pids.contains(&s.pid)) {
+        let weight = weight_of(s);
         if weight <= 0.0 {
             continue;
         }
-        let frames: Vec<&str> = st.stack(s.stack).collect();
-        let py: Vec<&str> = frames
-            .iter()
-            .copied()
-            .filter(|f| is_python_frame(f))
-            .collect();
-        let name = if py.is_empty() {
-            match frames.last() {
-                Some(f) => f.to_string(),
-                None => continue,
-            }
-        } else {
-            py.iter()
-                .rev()
-                .take(FUNCTION_CHAIN)
-                .map(|f| f.split(" (").next().unwrap_or(f))
-                .collect::<Vec<_>>()
-                .join(" ← ")
-        };
-        *w.entry(name).or_default() += weight;
-        total += weight;
+        let e = per_pid.entry(s.pid).or_default();
+        e.1 += weight;
+        if py_spy.contains(&s.pid) {
+            continue;
+        }
+        if let Some(name) = function_of(st.stack(s.stack)) {
+            *e.0.entry(name).or_default() += weight;
+        }
     }
+    let mut py_only: BTreeMap<Pid, (BTreeMap<String, f64>, f64)> = BTreeMap::new();
+    for s in st.python_only.iter().filter(|s| py_spy.contains(&s.pid)) {
+        let weight = weight_of(s);
+        if weight <= 0.0 {
+            continue;
+        }
+        if let Some(name) = function_of(st.stack(s.stack)) {
+            let e = py_only.entry(s.pid).or_default();
+            *e.0.entry(name).or_default() += weight;
+            e.1 += weight;
+        }
+    }
+    for (pid, (names, py_total)) in py_only {
+        let e = per_pid.entry(pid).or_default();
+        // Without native samples (perf refused), py-spy's own weights.
+        let scale = if e.1 > 0.0 { e.1 / py_total } else { 1.0 };
+        for (name, w) in names {
+            *e.0.entry(name).or_default() += w * scale;
+        }
+    }
+    let mut w: BTreeMap<String, f64> = BTreeMap::new();
+    for (names, _) in per_pid.into_values() {
+        for (name, x) in names {
+            *w.entry(name).or_default() += x;
+        }
+    }
+    let total: f64 = w.values().sum();
     if total <= 0.0 {
         return Vec::new();
     }
@@ -81,12 +112,80 @@ pub(super) fn functions_in(
     v
 }
 
-/// "`augment ← compute_metrics` 85%, `log_step` 9%".
+/// A sample's function: its innermost Python frames, callers after, or
+/// its innermost native frames when it has none (`gc_collect_main ←
+/// _PyGC_CollectNoFail ← Py_FinalizeEx` says what a leaf alone does not).
+fn function_of<'a>(frames: impl Iterator<Item = &'a str>) -> Option<String> {
+    let frames: Vec<&str> = frames.collect();
+    let py: Vec<&str> = frames
+        .iter()
+        .copied()
+        .filter(|f| is_python_frame(f))
+        .collect();
+    let chain: Vec<&str> = if py.is_empty() {
+        frames.iter().rev().take(FUNCTION_CHAIN).copied().collect()
+    } else {
+        py.iter()
+            .rev()
+            .take(FUNCTION_CHAIN)
+            .map(|f| chain_name(f))
+            .collect()
+    };
+    (!chain.is_empty()).then(|| chain.join(" ← "))
+}
+
+/// A Python frame in a chain: its function without the file, except a
+/// module body, which only its file names (`<module> (torch/__init__.py)`).
+fn chain_name(frame: &str) -> &str {
+    if frame.starts_with("<module> (") {
+        frame
+    } else {
+        frame.split(" (").next().unwrap_or(frame)
+    }
+}
+
+/// Whether [`functions_in`] weights samples by how idle the GPU was: when
+/// the GPU's utilization was sampled.
+pub(super) fn idle_weighted(a: &Analysis) -> bool {
+    a.gpu.devices.iter().any(|d| d.util_samples > 0)
+}
+
+/// "`augment ← compute_metrics` 85%, `log_step` 9%". Functions under 1%
+/// after the first are left out: "`work` 100%, `dumps` 0%" says nothing of
+/// the second.
 pub(super) fn functions_text(fs: &[(String, f64)]) -> String {
     fs.iter()
-        .map(|(f, s)| format!("`{f}` {}", pct(*s)))
+        .enumerate()
+        .filter(|(i, (_, s))| *i == 0 || *s >= 0.01)
+        .map(|(_, (f, s))| format!("`{f}` {}", pct(*s)))
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// "Stack samples of the workers while they were saturated: …": what
+/// `pids` ran in the bins of `cause` only. The same threads' samples over
+/// the whole run would put their start-up (imports, a spawned worker's
+/// unpickling of the dataset) among the functions of the cause.
+pub(super) fn cause_stack_line(
+    a: &Analysis,
+    tl: &Timeline,
+    pids: &BTreeSet<Pid>,
+    cause: Cause,
+    who_while: &str,
+) -> Option<String> {
+    let fs = functions_in(a, tl, pids, |i| tl.cause[i] == Some(cause), 3);
+    if fs.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "Stack samples of the {who_while}{}: {}.",
+        if idle_weighted(a) {
+            " (each weighted by how idle the GPU was)"
+        } else {
+            ""
+        },
+        functions_text(&fs)
+    ))
 }
 
 /// The busiest main thread of a timeline.
@@ -94,7 +193,7 @@ fn main_thread(tl: &Timeline) -> Option<&InputThread> {
     tl.mains.iter().max_by(|x, y| x.cpu_s.total_cmp(&y.cpu_s))
 }
 
-fn pids_of(ths: &[InputThread]) -> BTreeSet<Pid> {
+pub(super) fn pids_of(ths: &[InputThread]) -> BTreeSet<Pid> {
     ths.iter().map(|t| t.pid).collect()
 }
 
@@ -154,7 +253,7 @@ pub(super) fn training_loop(
     if !fs.is_empty() {
         ev.push(format!(
             "What the main thread ran then{}: {}.",
-            if gpu.is_some() {
+            if idle_weighted(a) {
                 " (stack samples, each weighted by how idle the GPU was)"
             } else {
                 " (stack samples)"

@@ -7,10 +7,8 @@
 //! (and on machines without a GPU or with perf refused) they return `None`
 //! and the diagnosis says what was not measured.
 
-use std::collections::BTreeMap;
-
 use crate::analysis::gpu::{phases_of, GpuDeviceAnalysis, IdleSplit, Phases};
-use crate::analysis::{Analysis, Role, Series};
+use crate::analysis::{Analysis, Series};
 use crate::event::MonoNs;
 
 /// Time a group of clock-event ("throttle") reasons was active.
@@ -133,49 +131,14 @@ impl GpuEvidence {
     }
 }
 
-/// One function's share of a role's samples.
-#[derive(Clone, Debug, PartialEq)]
-pub struct FunctionShare {
-    pub name: String,
-    /// Share of the role's samples with the function as leaf (0..=1).
-    pub self_share: f64,
-    /// Share of the role's samples with the function anywhere on the stack.
-    pub total_share: f64,
-}
-
-/// The stack side of a run.
+/// The stack side of a run: whether it was sampled, and how completely.
+/// What the threads ran in the time of each cause is read from the
+/// analysis's samples by the rules themselves (`causes::functions_in`).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct StackEvidence {
-    /// Samples per role.
-    pub samples: BTreeMap<Role, u64>,
-    /// Per role, the functions the threads were running, most samples
-    /// first: the innermost Python function of each sample when there are
-    /// Python frames, else the hottest native functions by self time.
-    pub top_functions: BTreeMap<Role, Vec<FunctionShare>>,
     /// Records the kernel dropped, and samples taken.
     pub lost_records: u64,
     pub total_samples: u64,
-}
-
-impl StackEvidence {
-    /// "`augment` 91%, `resize` 4%" for a role, or None without samples.
-    /// Functions under 1% of the samples after the first are left out: a
-    /// list that reads "`work` 100%, `dumps` 0%" says nothing of the second.
-    pub fn hot_functions_text(&self, role: Role, n: usize) -> Option<String> {
-        let fs = self.top_functions.get(&role)?;
-        if fs.is_empty() {
-            return None;
-        }
-        Some(
-            fs.iter()
-                .take(n)
-                .enumerate()
-                .filter(|(i, f)| *i == 0 || f.total_share >= 0.01)
-                .map(|(_, f)| format!("`{}` {:.0}%", f.name, f.total_share * 100.0))
-                .collect::<Vec<_>>()
-                .join(", "),
-        )
-    }
 }
 
 /// Clock-event ("throttle") reasons that mean "too hot", by NVML name.
@@ -284,126 +247,10 @@ pub(super) fn is_python_frame(name: &str) -> bool {
 }
 
 /// The stack evidence held by an analysis: None when no stack was sampled.
-/// Per role, the application's own functions: for each sample the
-/// innermost Python frame (the Python function the thread was running),
-/// ranked by share of the role's samples; roles without Python frames fall
-/// back to the hottest native functions by self time.
 pub fn stacks_from_analysis(a: &Analysis) -> Option<StackEvidence> {
-    stacks_by_scope(a, false).remove(&None)
-}
-
-/// The stack evidence of the whole job (key None) or, with `per_rank`, of
-/// each rank's processes (key Some(rank)), in one pass over the samples.
-pub fn stacks_by_scope(a: &Analysis, per_rank: bool) -> BTreeMap<Option<u32>, StackEvidence> {
     let s = &a.stacks;
-    let mut out = BTreeMap::new();
-    if s.samples.is_empty() {
-        return out;
-    }
-    let scope_of = |pid: &crate::event::Pid| {
-        if per_rank {
-            a.processes.get(pid).and_then(|p| p.rank).map(Some)
-        } else {
-            Some(None)
-        }
-    };
-    let scopes: std::collections::HashMap<crate::event::Pid, (Option<u32>, Role)> = s
-        .procs
-        .iter()
-        .filter_map(|(pid, m)| scope_of(pid).map(|sc| (*pid, (sc, m.role))))
-        .collect();
-    // A process without metadata counts as Role::Other of the whole job.
-    let key_of = |pid: &crate::event::Pid| match scopes.get(pid) {
-        Some(k) => Some(*k),
-        None => (!per_rank).then_some((None, Role::Other)),
-    };
-    // Per (scope, role): samples, and samples per innermost Python frame.
-    type Counts = (u64, BTreeMap<u32, u64>);
-    let mut counts: BTreeMap<(Option<u32>, Role), Counts> = BTreeMap::new();
-    let mut innermost: std::collections::HashMap<u32, Option<u32>> = Default::default();
-    let mut names: Vec<String> = Vec::new();
-    for smp in &s.samples {
-        let Some(key) = key_of(&smp.pid) else {
-            continue;
-        };
-        let f = *innermost.entry(smp.stack).or_insert_with(|| {
-            let f = s.stack(smp.stack).filter(|f| is_python_frame(f)).last()?;
-            Some(match names.iter().position(|n| n == f) {
-                Some(i) => i as u32,
-                None => {
-                    names.push(f.to_string());
-                    (names.len() - 1) as u32
-                }
-            })
-        });
-        // A sample of a thinned (long) recording stands for `weight`.
-        let w = smp.weight as u64;
-        let e = counts.entry(key).or_default();
-        e.0 += w;
-        if let Some(f) = f {
-            *e.1.entry(f).or_default() += w;
-        }
-    }
-    for ((scope, role), (count, frames)) in counts {
-        let ev = out.entry(scope).or_insert_with(|| StackEvidence {
-            lost_records: s.report.lost_records,
-            total_samples: s.report.samples,
-            ..Default::default()
-        });
-        let mut frames: BTreeMap<String, u64> = frames
-            .into_iter()
-            .map(|(f, n)| (names[f as usize].clone(), n))
-            .collect();
-        if frames.is_empty() {
-            // No same-instant Python frames in this scope and role: py-spy's
-            // Python-only stacks of its processes name the functions, each
-            // as a share of those stacks.
-            let mut n = 0u64;
-            let mut py_only: BTreeMap<String, u64> = BTreeMap::new();
-            for smp in s
-                .python_only
-                .iter()
-                .filter(|x| key_of(&x.pid) == Some((scope, role)))
-            {
-                let w = smp.weight as u64;
-                n += w;
-                if let Some(f) = s.stack(smp.stack).last() {
-                    *py_only.entry(f.to_string()).or_default() += w;
-                }
-            }
-            for (name, k) in py_only {
-                // Scaled to the role's CPU samples so shares stay shares.
-                frames.insert(name, k * count / n.max(1));
-            }
-        }
-        ev.samples.insert(role, count);
-        let mut fs: Vec<FunctionShare> = frames
-            .into_iter()
-            .map(|(name, n)| FunctionShare {
-                name,
-                self_share: n as f64 / count as f64,
-                total_share: n as f64 / count as f64,
-            })
-            .collect();
-        fs.sort_by(|x, y| {
-            y.self_share
-                .total_cmp(&x.self_share)
-                .then(x.name.cmp(&y.name))
-        });
-        if fs.is_empty() {
-            let in_scope = |pid: &crate::event::Pid| key_of(pid) == Some((scope, role));
-            fs = s
-                .top_functions_of(s.samples.iter().filter(|x| in_scope(&x.pid)), 3)
-                .into_iter()
-                .map(|t| FunctionShare {
-                    name: t.function,
-                    self_share: t.self_pct / 100.0,
-                    total_share: t.self_pct / 100.0,
-                })
-                .collect();
-        }
-        fs.truncate(5);
-        ev.top_functions.insert(role, fs);
-    }
-    out
+    (!s.samples.is_empty()).then_some(StackEvidence {
+        lost_records: s.report.lost_records,
+        total_samples: s.report.samples,
+    })
 }

@@ -387,7 +387,7 @@ pub fn diagnose(
     stacks: Option<&StackEvidence>,
 ) -> Diagnosis {
     let tl = Timeline::build(a);
-    let scopes = rules::scopes(a, gpu, stacks);
+    let scopes = rules::scopes(a, gpu);
     let mut findings = rules::all(a, &tl, &scopes, gpu);
     let rank_figures = ranks::figures(a, gpu);
     findings.extend(ranks::straggler(&rank_figures));

@@ -23,27 +23,18 @@ pub struct Scope {
     pub tl: Timeline,
     /// The GPUs this scope's processes used.
     pub gpu: Option<GpuEvidence>,
-    pub stacks: Option<StackEvidence>,
 }
 
 /// One scope per rank when the job has two ranks or more, else one for the
 /// whole job.
-pub fn scopes(
-    a: &Analysis,
-    gpu: Option<&GpuEvidence>,
-    stacks: Option<&StackEvidence>,
-) -> Vec<Scope> {
+pub fn scopes(a: &Analysis, gpu: Option<&GpuEvidence>) -> Vec<Scope> {
     if !a.multi_rank() {
         return vec![Scope {
             rank: None,
             tl: Timeline::build(a),
             gpu: gpu.cloned(),
-            stacks: stacks.cloned(),
         }];
     }
-    let mut by_rank = stacks
-        .map(|_| super::evidence::stacks_by_scope(a, true))
-        .unwrap_or_default();
     a.ranks()
         .into_iter()
         .map(|r| {
@@ -57,7 +48,6 @@ pub fn scopes(
                 rank: Some(r),
                 tl: Timeline::build_scoped(a, Some(r)),
                 gpu: gpu.and_then(|g| g.for_pids(&pids)),
-                stacks: by_rank.remove(&Some(r)),
             }
         })
         .collect()
@@ -73,13 +63,13 @@ pub fn all(
 ) -> Vec<Finding> {
     let mut out = Vec::new();
     for sc in scopes {
-        let (g, st) = (sc.gpu.as_ref(), sc.stacks.as_ref());
+        let g = sc.gpu.as_ref();
         let mut found = Vec::new();
-        found.extend(io_bound(a, &sc.tl, g, st));
+        found.extend(io_bound(a, &sc.tl, g));
         found.extend(causes::write_stall(a, &sc.tl, g));
         found.extend(causes::worker_restarts(a, &sc.tl, g));
-        found.extend(main_preprocessing(a, &sc.tl, g, st));
-        found.extend(pipeline(a, &sc.tl, g, st));
+        found.extend(main_preprocessing(a, &sc.tl, g));
+        found.extend(pipeline(a, &sc.tl, g));
         found.extend(causes::training_loop(a, &sc.tl, g));
         scope_titles(&mut found, sc.rank);
         out.extend(found);
@@ -273,12 +263,6 @@ pub(super) fn gpu_gap_lines(
     out
 }
 
-pub(super) fn stack_line(stacks: Option<&StackEvidence>, role: Role, who: &str) -> Option<String> {
-    stacks
-        .and_then(|s| s.hot_functions_text(role, 3))
-        .map(|t| format!("Stack samples of the {who}: {t}."))
-}
-
 pub(super) fn describe_threads(ths: &[InputThread]) -> String {
     let mut names: Vec<String> = ths
         .iter()
@@ -304,12 +288,7 @@ pub(super) fn concurrent_workers(tl: &Timeline) -> usize {
         .max(if tl.workers.is_empty() { 0.0 } else { 1.0 }) as usize
 }
 
-fn io_bound(
-    a: &Analysis,
-    tl: &Timeline,
-    gpu: Option<&GpuEvidence>,
-    stacks: Option<&StackEvidence>,
-) -> Option<Finding> {
+fn io_bound(a: &Analysis, tl: &Timeline, gpu: Option<&GpuEvidence>) -> Option<Finding> {
     let dur = a.duration_s();
     let io_s = tl.cause_s(Cause::Io);
     if dur <= 0.0 || io_s < th::MIN_SHARE * dur {
@@ -407,12 +386,13 @@ fn io_bound(
         Cause::Io,
         "the input threads were blocked on IO",
     ));
-    let role = if tl.workers.is_empty() {
-        Role::Main
-    } else {
-        Role::Worker
-    };
-    ev.extend(stack_line(stacks, role, "input threads"));
+    ev.extend(causes::cause_stack_line(
+        a,
+        tl,
+        &causes::pids_of(inputs),
+        Cause::Io,
+        "input threads while they waited for storage",
+    ));
     let gt = gpu_time(
         a,
         tl,
@@ -509,12 +489,7 @@ fn slow_storage(a: &Analysis, tl: &Timeline, io: Option<&Finding>) -> Option<Fin
     })
 }
 
-fn main_preprocessing(
-    a: &Analysis,
-    tl: &Timeline,
-    gpu: Option<&GpuEvidence>,
-    stacks: Option<&StackEvidence>,
-) -> Option<Finding> {
+fn main_preprocessing(a: &Analysis, tl: &Timeline, gpu: Option<&GpuEvidence>) -> Option<Finding> {
     let dur = a.duration_s();
     let busy_s = tl.cause_s(Cause::MainPreprocessing);
     if !tl.workers.is_empty() || dur <= 0.0 || busy_s < th::MIN_SHARE * dur {
@@ -541,7 +516,13 @@ fn main_preprocessing(
         Cause::MainPreprocessing,
         "the main thread was computing",
     ));
-    ev.extend(stack_line(stacks, Role::Main, "main process"));
+    ev.extend(causes::cause_stack_line(
+        a,
+        tl,
+        &causes::pids_of(&tl.mains),
+        Cause::MainPreprocessing,
+        "main process while its main thread was computing",
+    ));
     let est = tl.weighted_s(Cause::MainPreprocessing, |i| tl.main_cpu[i] as f64);
     let gt = gpu_time(
         a,
@@ -569,12 +550,7 @@ fn main_preprocessing(
     })
 }
 
-fn pipeline(
-    a: &Analysis,
-    tl: &Timeline,
-    gpu: Option<&GpuEvidence>,
-    stacks: Option<&StackEvidence>,
-) -> Option<Finding> {
+fn pipeline(a: &Analysis, tl: &Timeline, gpu: Option<&GpuEvidence>) -> Option<Finding> {
     let dur = a.duration_s();
     let sat_s = tl.cause_s(Cause::PipelineSaturated);
     if tl.workers.is_empty() || dur <= 0.0 || sat_s < th::MIN_SHARE * dur {
@@ -628,7 +604,13 @@ fn pipeline(
         Cause::PipelineSaturated,
         "the workers were saturated",
     ));
-    ev.extend(stack_line(stacks, Role::Worker, "workers"));
+    ev.extend(causes::cause_stack_line(
+        a,
+        tl,
+        &causes::pids_of(&tl.workers),
+        Cause::PipelineSaturated,
+        "workers while they were saturated",
+    ));
     let est = tl.weighted_s(Cause::PipelineSaturated, |i| {
         let m = tl.main_cpu[i];
         1.0 - if m.is_nan() { 0.0 } else { m as f64 }

@@ -582,39 +582,164 @@ fn no_gpu_attribution_is_not_gpu_not_used() {
     );
 }
 
+/// Stack samples of workers 20 (same-instant, by the agent) and 21 (its
+/// Python frames by py-spy only), 10 ms apart: worker 20 imports torch in
+/// the first second, then runs `augment` (and three samples of `dumps`);
+/// worker 21 runs `decode`, which py-spy sees at half the rate.
+fn worker_stacks() -> Vec<Event> {
+    use crate::event::{SampleBatch, SampleSource, StackKind};
+    let node = |kind, id, parent, frame| Event::StackNode {
+        kind,
+        id,
+        parent,
+        frame,
+    };
+    // One run of Python frames per interpreter loop frame: the outermost
+    // is its entry.
+    let inline = |id, name: &str, file: &str| Event::InlinePyFrame {
+        id,
+        name: name.into(),
+        file: file.into(),
+        entry: id <= 2,
+    };
+    let batch = |kind, pid, source, ks: Vec<u64>, stack: fn(u64) -> u32| {
+        let mut dt = vec![0u32];
+        dt.extend(ks.windows(2).map(|w| ((w[1] - w[0]) * 10_000) as u32));
+        Event::Samples(SampleBatch {
+            kind,
+            pid: Pid(pid),
+            tid: Tid(pid),
+            t0: MonoNs(START + ks[0] * 10 * MS),
+            dt_us: dt,
+            stacks: ks.iter().map(|&k| stack(k)).collect(),
+            incomplete: vec![],
+            source,
+        })
+    };
+    let mut evs = vec![
+        Event::StackFile {
+            id: 0,
+            path: "/usr/bin/python3".into(),
+        },
+        Event::NativeFrame {
+            id: 0,
+            file: 0,
+            offset: 0x10,
+        },
+        Event::Symbols {
+            names: vec![(0, "_PyEval_EvalFrameDefault".into())],
+            unnamed: vec![],
+        },
+        inline(1, "<module>", "/venv/site-packages/torch/__init__.py"),
+        inline(
+            2,
+            "_worker_loop",
+            "/venv/site-packages/torch/utils/data/_utils/worker.py",
+        ),
+        inline(3, "augment", "/job/train.py"),
+        inline(
+            4,
+            "dumps",
+            "/usr/lib/python3.12/multiprocessing/reduction.py",
+        ),
+        node(StackKind::Native, 0, None, 0),
+        node(StackKind::Native, 1, Some(0), 1),
+        node(StackKind::Native, 2, Some(0), 2),
+        node(StackKind::Native, 3, Some(2), 3),
+        node(StackKind::Native, 4, Some(2), 4),
+        Event::PyFrame {
+            id: 0,
+            name: "_worker_loop".into(),
+            file: "/venv/site-packages/torch/utils/data/_utils/worker.py".into(),
+            entry: true,
+        },
+        Event::PyFrame {
+            id: 1,
+            name: "decode".into(),
+            file: "/job/train.py".into(),
+            entry: false,
+        },
+        node(StackKind::Python, 0, None, 0),
+        node(StackKind::Python, 1, Some(0), 1),
+    ];
+    for (pid, same_instant) in [(20, true), (21, false)] {
+        evs.push(Event::PyProcess {
+            t: t(0),
+            pid: Pid(pid),
+            version: "3.12.1".into(),
+            same_instant,
+            detail: String::new(),
+        });
+    }
+    evs.push(batch(
+        StackKind::Native,
+        20,
+        SampleSource::Agent,
+        (0..1000).collect(),
+        |k| match k {
+            0..=99 => 1,
+            500..=502 => 4,
+            _ => 3,
+        },
+    ));
+    evs.push(batch(
+        StackKind::Native,
+        21,
+        SampleSource::Perf,
+        (100..1000).collect(),
+        |_| 0,
+    ));
+    evs.push(batch(
+        StackKind::Python,
+        21,
+        SampleSource::Perf,
+        (100..1000).step_by(2).collect(),
+        |_| 1,
+    ));
+    evs
+}
+
 #[test]
-fn stacks_name_the_hot_function() {
-    let a = analysis(4, &[sleeping_main(), saturated_worker(20)], &[20], |_| 0.27);
-    let mut s = StackEvidence::default();
-    s.top_functions.insert(
-        crate::analysis::Role::Worker,
-        vec![
-            evidence::FunctionShare {
-                name: "augment".into(),
-                self_share: 0.8,
-                total_share: 0.91,
-            },
-            evidence::FunctionShare {
-                name: "resize".into(),
-                self_share: 0.04,
-                total_share: 0.04,
-            },
-            // Under 1%: "0%" would say nothing.
-            evidence::FunctionShare {
-                name: "dumps".into(),
-                self_share: 0.004,
-                total_share: 0.004,
-            },
-        ],
+fn stacks_name_what_the_workers_ran_while_saturated() {
+    let starting = |pid| Th {
+        pid,
+        tid: pid,
+        state: |k| if k < 10 { 'S' } else { 'R' },
+        busy: |k| if k < 10 { 0.0 } else { 1.0 },
+    };
+    let mut evs = run(
+        2,
+        &[sleeping_main(), starting(20), starting(21)],
+        &[20, 21],
+        |k| {
+            if k < 10 {
+                0.1
+            } else {
+                0.97
+            }
+        },
     );
-    let d = diagnose(&a, None, Some(&s));
+    let footer = evs.pop().unwrap();
+    evs.extend(worker_stacks());
+    evs.push(footer);
+    let a = analyze_events(header(2), evs.into_iter());
+    let stacks = evidence::stacks_from_analysis(&a);
+    assert!(stacks.is_some());
+    let d = diagnose(&a, None, stacks.as_ref());
     let top = d.top().unwrap();
+    assert_eq!(top.kind, FindingKind::InputPipelineBound, "{:?}", ids(&d));
+    // The import before the workers were saturated is not among what they
+    // ran then; worker 21 counts by its CPU (900 samples), not by py-spy's
+    // stacks (450: that would make it 33%); and `dumps` (3 samples of
+    // 1,800) is left out.
+    let line = top
+        .evidence
+        .iter()
+        .find(|e| e.starts_with("Stack samples of the workers while they were saturated: "))
+        .unwrap_or_else(|| panic!("{:?}", top.evidence));
     assert!(
-        top.evidence
-            .iter()
-            .any(|e| e.ends_with(": `augment` 91%, `resize` 4%.")),
-        "{:?}",
-        top.evidence
+        line.ends_with(": `decode ← _worker_loop` 50%, `augment ← _worker_loop` 50%."),
+        "{line}"
     );
     assert!(d.stacks_measured);
 }
