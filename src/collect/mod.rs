@@ -36,6 +36,12 @@ impl TreeNews {
     pub fn new_process(&self) {
         self.processes
             .fetch_add(1, std::sync::atomic::Ordering::Release);
+        self.wake_listener();
+    }
+
+    /// Wake the listener without news of a process: something it waits
+    /// for happened (the in-process agent spoke of a process).
+    pub fn wake_listener(&self) {
         if let Some(t) = self
             .listener
             .lock()

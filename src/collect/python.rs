@@ -44,11 +44,20 @@ const REDISCOVER_EVERY: Duration = Duration::from_secs(1);
 const ATTACH_ATTEMPTS: u32 = 8;
 /// A Python process that has the agent loaded is left unread until the
 /// agent says whether it samples it: at once when it cannot, else at its
-/// first sample, after one sampling period of the process's CPU time
-/// (10 ms at 99 Hz), read within ~30 ms. A process still silent after this
-/// long (idle, or an agent that could not write its ring) is read, and left
-/// to the agent if it speaks up later.
+/// first sample, after one sampling period of a thread's CPU time (10 ms
+/// at 99 Hz), read within ~30 ms. A process still silent after this long
+/// is read, and left to the agent if it speaks up later — unless it has
+/// been idle (see [`AGENT_SILENT_CPU_PERIODS`]).
 const AGENT_SILENT_LIMIT: Duration = Duration::from_secs(2);
+/// A silent process that used less CPU than this many sampling periods
+/// since it was found is idle, not failed: the agent's first sample (and
+/// its word) comes once a thread has run one period. It stays left to the
+/// agent, and its CPU is looked at again at each reading of the process
+/// list (once a second). py-spy reading an idle process at 99 Hz cost
+/// ~0.2 ms a round — 2% of a core for `multiprocessing`'s resource
+/// tracker, which a spawn-context DataLoader starts and which sleeps for
+/// the whole run.
+const AGENT_SILENT_CPU_PERIODS: u64 = 10;
 
 pub struct PySampler {
     stop: Arc<AtomicBool>,
@@ -131,11 +140,33 @@ struct Sampler {
     left_to_agent: HashMap<Pid, String>,
     /// How many processes were left to the agent in all.
     left_total: u64,
-    /// Python processes waiting for the agent's word, since when.
-    waiting: HashMap<Pid, (String, Instant)>,
+    /// Python processes waiting for the agent's word: their executable,
+    /// since when, and their CPU time then (ns).
+    waiting: HashMap<Pid, Waiting>,
+    /// Processes found idle past the agent's silence limit, until read or
+    /// left to the agent.
+    idle_silent: HashSet<Pid>,
     /// Whether a process (running the executable) is the main process of
     /// a rank, which py-spy reads even when the agent samples it.
     rank_mains: HashMap<Pid, (String, bool)>,
+}
+
+/// A Python process waiting for the agent's word.
+struct Waiting {
+    exe: String,
+    since: Instant,
+    cpu_ns: Option<u64>,
+    /// Silent past [`AGENT_SILENT_LIMIT`] but idle: not worth reading the
+    /// process list often for.
+    idle: bool,
+}
+
+/// A process's CPU time (all its threads, user and system), in ns.
+fn process_cpu_ns(pid: Pid) -> Option<u64> {
+    let buf = std::fs::read(format!("/proc/{}/stat", pid.0)).ok()?;
+    let st = crate::collect::procfs::TaskStat::parse(&buf)?;
+    let tps = procfs::ticks_per_second().max(1);
+    Some((st.utime + st.stime).saturating_mul(1_000_000_000) / tps)
 }
 
 /// What to do with a Python process when the agent is in the job.
@@ -180,6 +211,7 @@ impl Sampler {
             left_to_agent: HashMap::new(),
             left_total: 0,
             waiting: HashMap::new(),
+            idle_silent: HashSet::new(),
             rank_mains: HashMap::new(),
         }
     }
@@ -220,19 +252,37 @@ impl Sampler {
             Some(true) => Plan::LeaveToAgent,
             Some(false) => Plan::Read,
             None => {
-                if let Some(w) = self.waiting.get(&pid).filter(|w| w.0 == exe) {
-                    return if w.1.elapsed() < AGENT_SILENT_LIMIT {
-                        Plan::Wait
-                    } else {
-                        Plan::Read
+                let period_ns = 1_000_000_000 / self.frequency;
+                if let Some(w) = self.waiting.get_mut(&pid).filter(|w| w.exe == exe) {
+                    if w.since.elapsed() < AGENT_SILENT_LIMIT {
+                        return Plan::Wait;
+                    }
+                    let used = match (w.cpu_ns, process_cpu_ns(pid)) {
+                        (Some(a), Some(b)) => b.saturating_sub(a),
+                        _ => u64::MAX,
                     };
-                }
-                // Without the agent loaded (a launcher that cleared
-                // LD_PRELOAD, a static interpreter) no word will come.
-                if !verdicts.loaded_in(pid) {
+                    if used < AGENT_SILENT_CPU_PERIODS * period_ns {
+                        w.idle = true;
+                        self.idle_silent.insert(pid);
+                        return Plan::Wait;
+                    }
                     return Plan::Read;
                 }
-                self.waiting.insert(pid, (exe.to_string(), Instant::now()));
+                // Without the agent loaded (a launcher that cleared
+                // LD_PRELOAD, a static interpreter) no word will come; an
+                // exec that preloads it has not mapped it yet.
+                if !verdicts.loaded_in(pid) && !verdicts.preloaded_in(pid) {
+                    return Plan::Read;
+                }
+                self.waiting.insert(
+                    pid,
+                    Waiting {
+                        exe: exe.to_string(),
+                        since: Instant::now(),
+                        cpu_ns: process_cpu_ns(pid),
+                        idle: false,
+                    },
+                );
                 Plan::Wait
             }
         }
@@ -247,6 +297,12 @@ impl Sampler {
             n.listen();
         }
         while !stop.load(Ordering::Acquire) {
+            // An idle process whose agent spoke up (woken by its word) is
+            // no longer silent, whether or not it is still running at the
+            // next reading of the process list.
+            if let Some(v) = &self.agent {
+                self.idle_silent.retain(|p| v.get(*p).is_none());
+            }
             // Look for new Python processes when perf saw a fork or an exec
             // (or, without perf, periodically), so that a fresh worker gets
             // Python frames from its start without walking /proc all the time.
@@ -312,8 +368,8 @@ impl Sampler {
     /// `None`: at once (never read yet).
     fn next_discovery(&self, last: Option<Instant>, seen_changes: u64) -> Option<Instant> {
         let last = last?;
-        let retry =
-            self.rejected.values().any(|r| r.1 < ATTACH_ATTEMPTS) || !self.waiting.is_empty();
+        let retry = self.rejected.values().any(|r| r.1 < ATTACH_ATTEMPTS)
+            || self.waiting.values().any(|w| !w.idle);
         Some(match self.news.as_ref().map(|n| n.processes()) {
             Some(c) if c != seen_changes || retry => last + DISCOVER_EVERY,
             Some(_) => last + REDISCOVER_EVERY,
@@ -358,10 +414,12 @@ impl Sampler {
             match self.plan(pid, &exe) {
                 Plan::Read => {
                     self.waiting.remove(&pid);
+                    self.idle_silent.remove(&pid);
                 }
                 Plan::Wait => continue,
                 Plan::LeaveToAgent => {
                     self.waiting.remove(&pid);
+                    self.idle_silent.remove(&pid);
                     self.leave_to_agent(pid, exe);
                     continue;
                 }
@@ -474,9 +532,17 @@ impl Sampler {
             .unwrap_or((self.busy + self.attach_time).as_nanos() as u64);
         let per_round = self.busy.as_secs_f64() * 1e3 / self.rounds.max(1) as f64;
         let left = if self.agent.is_some() {
+            // Idle past the silence limit, and neither read nor left to
+            // the agent since.
+            let idle = self.idle_silent.len();
             format!(
-                " and left {} to the in-process agent, which samples them (py-spy reads the Python processes the agent does not sample, and the ranks' main processes for their waits in collectives)",
-                self.left_total
+                " and left {} to the in-process agent, which samples them (py-spy reads the Python processes the agent does not sample, and the ranks' main processes for their waits in collectives){}",
+                self.left_total,
+                if idle > 0 {
+                    format!("; {idle} more with the agent loaded were idle as long as they ran (no CPU to sample: the agent never spoke, and py-spy did not read them)")
+                } else {
+                    String::new()
+                }
             )
         } else {
             String::new()

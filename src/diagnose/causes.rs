@@ -23,7 +23,7 @@ const FUNCTION_CHAIN: usize = 3;
 
 /// What `pids` were running in the bins `in_bin` selects, from the stack
 /// samples: per sample the innermost Python function with its callers
-/// (`augment ← compute_metrics ← log_step`; the leaf native function when
+/// (`augment (train.py) ← compute_metrics ← log_step`; native frames when
 /// it ran no Python), each sample weighted by how idle the GPU was when it
 /// was taken (1 without GPU data, see [`idle_weighted`]) and by the
 /// recorded samples it stands for. A process whose native samples have no
@@ -112,7 +112,8 @@ pub(super) fn functions_in(
     v
 }
 
-/// A sample's function: its innermost Python frames, callers after, or
+/// A sample's function: its innermost Python frames, callers after
+/// (`augment (train.py) ← __getitem__ ← fetch`), or
 /// its innermost native frames when it has none (`gc_collect_main ←
 /// _PyGC_CollectNoFail ← Py_FinalizeEx` says what a leaf alone does not).
 fn function_of<'a>(frames: impl Iterator<Item = &'a str>) -> Option<String> {
@@ -125,10 +126,12 @@ fn function_of<'a>(frames: impl Iterator<Item = &'a str>) -> Option<String> {
     let chain: Vec<&str> = if py.is_empty() {
         frames.iter().rev().take(FUNCTION_CHAIN).copied().collect()
     } else {
+        // The function with its file, its callers by name.
         py.iter()
             .rev()
             .take(FUNCTION_CHAIN)
-            .map(|f| chain_name(f))
+            .enumerate()
+            .map(|(i, f)| if i == 0 { f } else { chain_name(f) })
             .collect()
     };
     (!chain.is_empty()).then(|| chain.join(" ← "))

@@ -738,7 +738,9 @@ fn stacks_name_what_the_workers_ran_while_saturated() {
         .find(|e| e.starts_with("Stack samples of the workers while they were saturated: "))
         .unwrap_or_else(|| panic!("{:?}", top.evidence));
     assert!(
-        line.ends_with(": `decode ← _worker_loop` 50%, `augment ← _worker_loop` 50%."),
+        line.ends_with(
+            ": `decode (train.py) ← _worker_loop` 50%, `augment (train.py) ← _worker_loop` 50%."
+        ),
         "{line}"
     );
     assert!(d.stacks_measured);

@@ -93,6 +93,26 @@ impl AgentVerdicts {
             .is_ok_and(|m| m.lines().any(|l| l.ends_with(name)))
     }
 
+    /// Whether `pid`'s environment preloads the agent: right after an
+    /// exec the dynamic loader has not mapped it yet ([`loaded_in`] says
+    /// no), and perf's news of the exec brings the py-spy sampler to look
+    /// at just that moment.
+    ///
+    /// [`loaded_in`]: AgentVerdicts::loaded_in
+    pub fn preloaded_in(&self, pid: Pid) -> bool {
+        let Some(name) = self.file.to_str() else {
+            return false;
+        };
+        std::fs::read(format!("/proc/{}/environ", pid.0)).is_ok_and(|env| {
+            env.split(|&b| b == 0)
+                .filter_map(|v| v.strip_prefix(b"LD_PRELOAD="))
+                .any(|v| {
+                    v.split(|&b| b == b' ' || b == b':')
+                        .any(|lib| lib == name.as_bytes())
+                })
+        })
+    }
+
     /// The agent said whether it samples `pid`.
     pub fn set(&self, pid: Pid, sampling: bool) {
         self.map().insert(pid, sampling);
@@ -769,6 +789,8 @@ impl Reader {
             AgentRecord::Hello(h) => {
                 a.procs.entry(h.pid).or_default();
                 a.verdicts.set(h.pid, h.sampling);
+                // The py-spy sampler may be waiting for this word.
+                self.news.wake_listener();
                 self.sink.send_blocking(Event::PyProcess {
                     t: h.t,
                     pid: h.pid,
