@@ -94,6 +94,19 @@ fn report(dir: &Path) -> Value {
     common::report(dir)
 }
 
+/// What the py-spy sampler did: the `python-stacks` coverage entry.
+fn python_stacks_detail(r: &Value) -> String {
+    r["coverage"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["source"] == "python-stacks")
+        .expect("python-stacks coverage")["detail"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
 /// The recording's events, one JSON object per line.
 fn recorded_events(out: &Path) -> String {
     let mut events = String::new();
@@ -419,16 +432,10 @@ fn py_spy_reads_only_what_the_agent_does_not_sample() {
     };
     let coverage = |out: &Path| -> (String, u64) {
         let r = report(out);
-        let c = r["coverage"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|c| c["source"] == "python-stacks")
-            .expect("python-stacks coverage")["detail"]
-            .as_str()
-            .unwrap()
-            .to_string();
-        (c, r["stacks"]["python_stacks"].as_u64().unwrap())
+        (
+            python_stacks_detail(&r),
+            r["stacks"]["python_stacks"].as_u64().unwrap(),
+        )
     };
     for rank in [false, true] {
         let j = job(rank);
@@ -563,15 +570,7 @@ print("children done", idle.pid, late.pid)
         .collect();
     assert_eq!(pids.len(), 2, "{stdout}");
     let r = report(&out);
-    let detail = r["coverage"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["source"] == "python-stacks")
-        .expect("python-stacks coverage")["detail"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let detail = python_stacks_detail(&r);
     assert!(detail.contains("read 0 Python process(es)"), "{detail}");
     assert!(
         detail.contains("1 more with the agent loaded were idle as long as they ran"),
