@@ -106,6 +106,31 @@ fn isolated<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
 
 /// Analyze the recording in `rec_dir` and write the outputs into `out`.
 pub fn generate(rec_dir: &Path, out: &OutDir, opts: &GenerateOptions) -> Result<Outcome> {
+    generate_releasing(rec_dir, out, opts, None)
+}
+
+/// The session's own final outputs, as [`generate`]. `live` is the lock
+/// that marks the session's recording live for `gpuprof report`: it is
+/// released once the outputs are in, while the folder's lock is still
+/// held. Released after it, a report that began while the session was live
+/// could take the folder's lock in between, still find the session live,
+/// and replace the final outputs with its snapshot (seen in a CI run of
+/// `reports_run_against_a_live_session_never_disturb_it`).
+pub fn generate_final(
+    rec_dir: &Path,
+    out: &OutDir,
+    opts: &GenerateOptions,
+    live: Option<std::os::fd::OwnedFd>,
+) -> Result<Outcome> {
+    generate_releasing(rec_dir, out, opts, live)
+}
+
+fn generate_releasing(
+    rec_dir: &Path,
+    out: &OutDir,
+    opts: &GenerateOptions,
+    release: Option<std::os::fd::OwnedFd>,
+) -> Result<Outcome> {
     let live_at_start = !opts.session && crate::record::session_is_live(rec_dir);
     let mut a = analysis::analyze_dir_with(
         rec_dir,
@@ -129,6 +154,7 @@ pub fn generate(rec_dir: &Path, out: &OutDir, opts: &GenerateOptions) -> Result<
         out,
         &opts.outputs,
         live_at_start.then_some(rec_dir),
+        release,
     )
 }
 
@@ -141,17 +167,20 @@ pub fn generate_from(
     opts: &OutputOptions,
 ) -> Result<Outcome> {
     let (out, _) = OutDir::open(out_dir, true)?;
-    write_outputs(a, recording_bytes, &out, opts, None)
+    write_outputs(a, recording_bytes, &out, opts, None, None)
 }
 
 /// Write every output; `live`: the recording of a session that was live
-/// when the analysis began (if it has finished since, nothing is written).
+/// when the analysis began (if it has finished since, nothing is written);
+/// `release`: a lock to release once the outputs are in, before the
+/// folder's lock (see [`generate_final`]).
 fn write_outputs(
     mut a: Analysis,
     recording_bytes: Option<u64>,
     out: &OutDir,
     opts: &OutputOptions,
     live: Option<&Path>,
+    release: Option<std::os::fd::OwnedFd>,
 ) -> Result<Outcome> {
     let diagnosis = diagnose::diagnose_analysis(&a);
     let trace_name = if opts.trace_gzip {
@@ -191,6 +220,8 @@ fn write_outputs(
     let terminal_summary = export::summary::terminal(&a, &diagnosis);
 
     let _lock = out.lock()?;
+    // Declared after the folder's lock, so dropped before it.
+    let _release_first = release;
     if live.is_some_and(|rec| !crate::record::session_is_live(rec)) {
         return Ok(Outcome {
             complete: a.complete,

@@ -911,7 +911,8 @@ pub(crate) fn finish_recording(
         JobStatus::StillRunning => "the job is still running".into(),
         JobStatus::EndedUnknown => "the job ended".into(),
     };
-    match crate::outputs::generate(dir.path(), &dir, &opts) {
+    // The live lock goes with the outputs: released once they are in.
+    match crate::outputs::generate_final(dir.path(), &dir, &opts, live) {
         Ok(outcome) => {
             if !quiet {
                 eprint!("{}", outcome.terminal_summary);
@@ -936,7 +937,6 @@ pub(crate) fn finish_recording(
             out.display()
         ),
     }
-    drop(live);
 }
 
 /// gpuprof's own CPU time and peak RSS so far, to report its overhead.
