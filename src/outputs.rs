@@ -106,30 +106,21 @@ fn isolated<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
 
 /// Analyze the recording in `rec_dir` and write the outputs into `out`.
 pub fn generate(rec_dir: &Path, out: &OutDir, opts: &GenerateOptions) -> Result<Outcome> {
-    generate_releasing(rec_dir, out, opts, None)
+    generate_final(rec_dir, out, opts, None)
 }
 
-/// The session's own final outputs, as [`generate`]. `live` is the lock
+/// [`generate`] for the session's own final outputs. `live` is the lock
 /// that marks the session's recording live for `gpuprof report`: it is
 /// released once the outputs are in, while the folder's lock is still
 /// held. Released after it, a report that began while the session was live
 /// could take the folder's lock in between, still find the session live,
-/// and replace the final outputs with its snapshot (seen in a CI run of
-/// `reports_run_against_a_live_session_never_disturb_it`).
+/// and replace the final outputs with its snapshot (the one path found to
+/// a CI failure of `reports_run_against_a_live_session_never_disturb_it`).
 pub fn generate_final(
     rec_dir: &Path,
     out: &OutDir,
     opts: &GenerateOptions,
     live: Option<std::os::fd::OwnedFd>,
-) -> Result<Outcome> {
-    generate_releasing(rec_dir, out, opts, live)
-}
-
-fn generate_releasing(
-    rec_dir: &Path,
-    out: &OutDir,
-    opts: &GenerateOptions,
-    release: Option<std::os::fd::OwnedFd>,
 ) -> Result<Outcome> {
     let live_at_start = !opts.session && crate::record::session_is_live(rec_dir);
     let mut a = analysis::analyze_dir_with(
@@ -154,7 +145,7 @@ fn generate_releasing(
         out,
         &opts.outputs,
         live_at_start.then_some(rec_dir),
-        release,
+        live,
     )
 }
 
@@ -243,8 +234,11 @@ fn write_outputs(
     };
 
     // Smallest and most useful first: on a nearly full disk these still fit.
-    let mut trace_section = json!({"path": trace_name, "written": false});
-    let report_bytes = render_report(&build_report(&a, &[], &trace_section))?;
+    let report_bytes = render_report(&build_report(
+        &a,
+        &[],
+        &json!({"path": trace_name, "written": false}),
+    ))?;
     put("report.json", &report_bytes);
     put("summary.md", md.as_bytes());
     let mut by_path = |p: &Path, bytes: &[u8]| -> Result<()> {
@@ -267,32 +261,7 @@ fn write_outputs(
     if let Err(e) = flames {
         missing.push(("flamegraphs".into(), format!("{e:#}")));
     }
-    let traced = isolated(trace_name, || write_trace(&a, out, trace_name, opts));
-    match traced {
-        Ok(t) => {
-            written.push(out.path().join(trace_name));
-            trace_section = t.to_json();
-            if let Some(o) = trace_section.as_object_mut() {
-                o.insert("path".into(), trace_name.into());
-                o.insert("written".into(), true.into());
-                o.insert("gzip".into(), opts.trace_gzip.into());
-            }
-            // An older trace of the other form would contradict this one.
-            let other = if opts.trace_gzip {
-                "trace.json"
-            } else {
-                "trace.json.gz"
-            };
-            if out.exists(other) {
-                let _ = out.remove(other);
-            }
-        }
-        Err(e) => {
-            let e = format!("{e:#}");
-            trace_section["error"] = e.clone().into();
-            missing.push((trace_name.into(), e));
-        }
-    }
+    let trace_section = write_trace_section(&a, out, trace_name, opts, &mut written, &mut missing);
 
     if !missing.is_empty() {
         a.complete = false;
@@ -327,6 +296,44 @@ fn write_outputs(
         terminal_summary,
         superseded: false,
     })
+}
+
+/// Write the trace, and say in report.json's `trace` section what it holds
+/// (or why it is missing); an older trace of the other form is removed.
+fn write_trace_section(
+    a: &Analysis,
+    out: &OutDir,
+    trace_name: &str,
+    opts: &OutputOptions,
+    written: &mut Vec<PathBuf>,
+    missing: &mut Vec<(String, String)>,
+) -> Value {
+    match isolated(trace_name, || write_trace(a, out, trace_name, opts)) {
+        Ok(t) => {
+            written.push(out.path().join(trace_name));
+            let mut section = t.to_json();
+            if let Some(o) = section.as_object_mut() {
+                o.insert("path".into(), trace_name.into());
+                o.insert("written".into(), true.into());
+                o.insert("gzip".into(), opts.trace_gzip.into());
+            }
+            // An older trace of the other form would contradict this one.
+            let other = if opts.trace_gzip {
+                "trace.json"
+            } else {
+                "trace.json.gz"
+            };
+            if out.exists(other) {
+                let _ = out.remove(other);
+            }
+            section
+        }
+        Err(e) => {
+            let e = format!("{e:#}");
+            missing.push((trace_name.into(), e.clone()));
+            json!({"path": trace_name, "written": false, "error": e})
+        }
+    }
 }
 
 /// `trace.json` (or `trace.json.gz`) within the budget.
