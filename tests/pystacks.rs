@@ -573,7 +573,7 @@ print("children done", idle.pid, late.pid)
     let detail = python_stacks_detail(&r);
     assert!(detail.contains("read 0 Python process(es)"), "{detail}");
     assert!(
-        detail.contains("1 more with the agent loaded were idle as long as they ran"),
+        detail.contains("1 more with the agent loaded stayed silent while using under 10 sampling periods of CPU"),
         "{detail}"
     );
     assert_eq!(

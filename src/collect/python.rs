@@ -143,8 +143,9 @@ struct Sampler {
     /// Python processes waiting for the agent's word: their executable,
     /// since when, and their CPU time then (ns).
     waiting: HashMap<Pid, Waiting>,
-    /// Processes found idle past the agent's silence limit, until read or
-    /// left to the agent.
+    /// Processes found idle past the agent's silence limit, until read,
+    /// left to the agent or spoken for: not worth reading the process list
+    /// often for.
     idle_silent: HashSet<Pid>,
     /// Whether a process (running the executable) is the main process of
     /// a rank, which py-spy reads even when the agent samples it.
@@ -156,9 +157,6 @@ struct Waiting {
     exe: String,
     since: Instant,
     cpu_ns: Option<u64>,
-    /// Silent past [`AGENT_SILENT_LIMIT`] but idle: not worth reading the
-    /// process list often for.
-    idle: bool,
 }
 
 /// A process's CPU time (all its threads, user and system), in ns.
@@ -253,7 +251,7 @@ impl Sampler {
             Some(false) => Plan::Read,
             None => {
                 let period_ns = 1_000_000_000 / self.frequency;
-                if let Some(w) = self.waiting.get_mut(&pid).filter(|w| w.exe == exe) {
+                if let Some(w) = self.waiting.get(&pid).filter(|w| w.exe == exe) {
                     if w.since.elapsed() < AGENT_SILENT_LIMIT {
                         return Plan::Wait;
                     }
@@ -262,7 +260,6 @@ impl Sampler {
                         _ => u64::MAX,
                     };
                     if used < AGENT_SILENT_CPU_PERIODS * period_ns {
-                        w.idle = true;
                         self.idle_silent.insert(pid);
                         return Plan::Wait;
                     }
@@ -280,7 +277,6 @@ impl Sampler {
                         exe: exe.to_string(),
                         since: Instant::now(),
                         cpu_ns: process_cpu_ns(pid),
-                        idle: false,
                     },
                 );
                 Plan::Wait
@@ -369,7 +365,7 @@ impl Sampler {
     fn next_discovery(&self, last: Option<Instant>, seen_changes: u64) -> Option<Instant> {
         let last = last?;
         let retry = self.rejected.values().any(|r| r.1 < ATTACH_ATTEMPTS)
-            || self.waiting.values().any(|w| !w.idle);
+            || self.waiting.keys().any(|p| !self.idle_silent.contains(p));
         Some(match self.news.as_ref().map(|n| n.processes()) {
             Some(c) if c != seen_changes || retry => last + DISCOVER_EVERY,
             Some(_) => last + REDISCOVER_EVERY,
@@ -539,7 +535,7 @@ impl Sampler {
                 " and left {} to the in-process agent, which samples them (py-spy reads the Python processes the agent does not sample, and the ranks' main processes for their waits in collectives){}",
                 self.left_total,
                 if idle > 0 {
-                    format!("; {idle} more with the agent loaded were idle as long as they ran (no CPU to sample: the agent never spoke, and py-spy did not read them)")
+                    format!("; {idle} more with the agent loaded stayed silent while using under {AGENT_SILENT_CPU_PERIODS} sampling periods of CPU (idle: py-spy did not read them)")
                 } else {
                     String::new()
                 }
