@@ -520,6 +520,9 @@ pub struct AgentRings {
     last_scan: Option<Instant>,
     /// Scan often until then: a new ring is expected.
     expect_until: Option<Instant>,
+    /// A process whose agent has not spoken was sampled since the last
+    /// scan: see [`SCAN_SOON_EVERY`].
+    soon: bool,
     /// Records that could not be decoded (or a ring whose layout broke).
     pub malformed: u64,
     /// Python function names: id → (qualified name, file).
@@ -533,10 +536,14 @@ pub struct AgentRings {
 /// not yet initialised) ...
 const SCAN_EVERY: Duration = Duration::from_millis(20);
 const EXPECT_FOR: Duration = Duration::from_secs(2);
-/// ... and otherwise (a process that stayed idle since it started makes its
-/// ring at its first sample). Listing the folder 50 times a second was a
-/// tenth of the reader's work.
-const SCAN_IDLE_EVERY: Duration = Duration::from_millis(200);
+/// ... and otherwise, while perf samples a process whose agent has not
+/// spoken (a process that stayed idle since it started makes its ring at
+/// its first sample) ...
+const SCAN_SOON_EVERY: Duration = Duration::from_millis(200);
+/// ... and otherwise as a safety net. Listing the folder 50 times a second
+/// was a tenth of the reader's work; 5 times a second, 5% on a loader job
+/// whose agents had all spoken.
+const SCAN_IDLE_EVERY: Duration = Duration::from_secs(1);
 /// See [`AgentRings::eager`].
 const BUSY_SHARE: f64 = 0.125;
 
@@ -549,6 +556,7 @@ impl AgentRings {
             last_scan: None,
             // The job itself is about to start.
             expect_until: Some(Instant::now() + EXPECT_FOR),
+            soon: false,
             malformed: 0,
             names: Vec::new(),
             name_ids: HashMap::new(),
@@ -563,6 +571,11 @@ impl AgentRings {
     /// A process was created or exec'd: its ring may appear soon.
     pub fn expect(&mut self) {
         self.expect_until = Some(Instant::now() + EXPECT_FOR);
+    }
+
+    /// A process that has not said hello is running: its ring may appear.
+    pub fn look_soon(&mut self) {
+        self.soon = true;
     }
 
     fn scan(&mut self) {
@@ -614,12 +627,15 @@ impl AgentRings {
     pub fn drain(&mut self, out: &mut Vec<(usize, AgentRecord)>, force: bool) {
         let every = if self.expect_until.is_some_and(|u| Instant::now() < u) {
             SCAN_EVERY
+        } else if self.soon {
+            SCAN_SOON_EVERY
         } else {
             SCAN_IDLE_EVERY
         };
         if force || self.last_scan.map_or(true, |l| l.elapsed() >= every) {
             self.scan();
             self.last_scan = Some(Instant::now());
+            self.soon = false;
         }
         for i in 0..self.rings.len() {
             if !self.rings[i].done {
@@ -632,9 +648,11 @@ impl AgentRings {
     /// is expected (a process was just created or exec'd), or a ring was
     /// more than [`BUSY_SHARE`] full at its last drain. A ring holds 50 ms
     /// of 8 threads' samples at their largest ([`ring_bytes_for`]); a job
-    /// with a busy thread or two per process fills a few percent of it in
-    /// 50 ms. (Waking 50 times a second for that, `poll` alone was 12% of
-    /// the reader's samples in a profile of a loader job.)
+    /// with a busy thread or two per process fills about 1% of it in the
+    /// 100 ms of the slow pace, and a ring under an eighth full at one
+    /// drain overflows before the next only if its rate rises eightfold.
+    /// (Waking 50 times a second for that, `poll` alone was 12% of the
+    /// reader's samples in a profile of a loader job.)
     pub fn eager(&self) -> bool {
         self.expect_until.is_some_and(|u| Instant::now() < u)
             || self.rings.iter().any(|r| !r.done && r.used > BUSY_SHARE)

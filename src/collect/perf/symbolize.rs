@@ -24,8 +24,10 @@ use blazesym::symbolize::{Input, Symbolized, Symbolizer};
 use crate::event::Event;
 use crate::record::Sink;
 
-/// New frames are named in batches, at least this often.
-const BATCH_EVERY: Duration = Duration::from_millis(200);
+/// New frames are named in batches, at most this often: on a loader job
+/// a few new frames still turn up in every 200 ms long after start-up, and
+/// each batch wakes this thread and looks at each file named again.
+const BATCH_EVERY: Duration = Duration::from_millis(500);
 /// Names per `symbols` event.
 const CHUNK: usize = 2048;
 
