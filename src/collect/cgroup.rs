@@ -358,15 +358,13 @@ impl CgroupCollector {
             })
     }
 
-    /// The cgroup (directory) holding most of `pids` for `controller`.
-    fn resolve(&self, controller: &str, pids: &[i32]) -> Option<Followed> {
+    /// The cgroup (directory) holding most of the processes whose
+    /// `/proc/PID/cgroup` texts are `texts`, for `controller`.
+    fn resolve(&self, controller: &str, texts: &[String]) -> Option<Followed> {
         let m = self.mount_for(controller)?;
         let mut count: HashMap<String, usize> = HashMap::new();
-        for pid in pids.iter().take(MAX_PIDS) {
-            let Some(t) = read(Path::new(&format!("/proc/{pid}/cgroup"))) else {
-                continue;
-            };
-            if let Some(p) = cgroup_path(&t, (!m.v2).then_some(controller)) {
+        for t in texts {
+            if let Some(p) = cgroup_path(t, (!m.v2).then_some(controller)) {
                 *count.entry(p).or_default() += 1;
             }
         }
@@ -389,14 +387,20 @@ impl CgroupCollector {
             .map_or(true, |t| t.elapsed() >= RESOLVE_PERIOD)
         {
             self.resolved_at = Some(Instant::now());
+            // Each process's file once for both controllers.
+            let texts: Vec<String> = pids
+                .iter()
+                .take(MAX_PIDS)
+                .filter_map(|pid| read(Path::new(&format!("/proc/{pid}/cgroup"))))
+                .collect();
             let cpu = self
-                .resolve("cpu", pids)
+                .resolve("cpu", &texts)
                 .and_then(|f| cpu_limit(&f.mount, &f.dir));
             if cpu.as_ref() != self.cpu.as_ref().map(|c| &c.0) {
                 self.cpu = cpu.map(|l| (l, Kept::default()));
             }
             let memory = self
-                .resolve("memory", pids)
+                .resolve("memory", &texts)
                 .and_then(|f| memory_limit(&f.mount, &f.dir, self.mem_total));
             if memory.as_ref() != self.memory.as_ref().map(|m| &m.0) {
                 self.memory = memory.map(|l| (l, Kept::default()));

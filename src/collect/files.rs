@@ -6,7 +6,8 @@
 //!
 //! Bounded by construction: maps are read when a process is first seen,
 //! then every second for its first ten seconds (frameworks load CUDA
-//! lazily) and every ten seconds after that; open files twice a second.
+//! lazily) and every ten seconds after that; open files twice a second
+//! while new ones turn up, down to every two seconds when none do.
 //! Only what is new is recorded, with caps per process and per device, so
 //! a job opening millions of small files costs a fixed amount.
 
@@ -28,7 +29,13 @@ const MAX_FDS_PER_PASS: usize = 1024;
 /// Mounts recorded at most (container hosts can have thousands).
 const MAX_MOUNTS: usize = 512;
 
+/// Open files are listed this often while passes find new ones; after a
+/// pass that finds none the period doubles, up to `FILES_QUIET_EVERY`. A
+/// listing reads the link of every descriptor (a worker's queues are a
+/// dozen pipes): twice a second for every process, that was an eighth of
+/// the /proc sampler's work on a loader job that opens no files.
 const FILES_EVERY: Duration = Duration::from_millis(500);
+const FILES_QUIET_EVERY: Duration = Duration::from_secs(2);
 const MAPS_EARLY_EVERY: Duration = Duration::from_secs(1);
 const MAPS_EARLY_FOR: Duration = Duration::from_secs(10);
 const MAPS_LATE_EVERY: Duration = Duration::from_secs(10);
@@ -64,6 +71,7 @@ struct ProcFiles {
     /// new mappings then.
     last_maps: NewsMark,
     next_files: Instant,
+    files_every: Duration,
     libs: HashSet<String>,
     files: HashSet<String>,
     per_dev: HashMap<String, u32>,
@@ -107,6 +115,7 @@ impl FilesCollector {
                 next_maps: now,
                 last_maps: NewsMark::default(),
                 next_files: now,
+                files_every: FILES_EVERY,
                 libs: HashSet::new(),
                 files: HashSet::new(),
                 per_dev: HashMap::new(),
@@ -129,8 +138,13 @@ impl FilesCollector {
                 }
             }
             if now >= st.next_files {
-                st.next_files = now + FILES_EVERY;
                 let files = new_open_files(pid, st);
+                st.files_every = if files.is_empty() {
+                    (st.files_every * 2).min(FILES_QUIET_EVERY)
+                } else {
+                    FILES_EVERY
+                };
+                st.next_files = now + st.files_every;
                 if !files.is_empty() {
                     self.sink.send(Event::OpenFiles {
                         t: MonoNs::now(),
