@@ -714,12 +714,18 @@ fn trampolines_unwind(minor: u32) {
         .status()
         .unwrap();
     assert_eq!(st.code(), Some(0));
-    let r = report(&out);
+    check_trampolines(&out, &format!("3.{minor}"));
+}
+
+/// What [`trampolines_unwind`] checks, for a recording of
+/// `mixed_workers.py` with perf trampolines (`label` names it in messages).
+fn check_trampolines(out: &Path, label: &str) {
+    let r = report(out);
     let s = &r["stacks"];
     let n = s["samples"].as_u64().unwrap();
     let cov = s["unwind_coverage"].as_f64().unwrap();
     let from_map = s["python_from_perf_map"].as_u64().unwrap();
-    eprintln!("3.{minor}: {n} samples, unwind coverage {cov}, {from_map} with Python frames from the perf map");
+    eprintln!("{label}: {n} samples, unwind coverage {cov}, {from_map} with Python frames from the perf map");
     assert!(n >= 30, "{s}");
     assert!(
         cov >= 0.97,
@@ -756,7 +762,7 @@ fn trampolines_unwind(minor: u32) {
             wrong += k;
         }
     }
-    eprintln!("3.{minor}: native leaves under the right function {right}, elsewhere {wrong}");
+    eprintln!("{label}: native leaves under the right function {right}, elsewhere {wrong}");
     assert!(
         right > 0 && wrong * 100 <= right + wrong,
         "{right} right, {wrong} wrong"
@@ -777,7 +783,61 @@ fn trampolines_unwind(minor: u32) {
     for p in r["processes"].as_array().unwrap() {
         let _ = std::fs::remove_file(format!("/tmp/perf-{}.map", p["pid"]));
     }
-    let _ = std::fs::remove_dir_all(&out);
+    let _ = std::fs::remove_dir_all(out);
+}
+
+/// Attached to a running job with perf trampolines and two forked workers:
+/// the workers were forked before gpuprof came, so no FORK record tells the
+/// reader whose trampolines they run; those made by the main process before
+/// the fork are named only in its map. Every stack still reaches the
+/// thread's root (before: each worker's stack stopped at the first of them,
+/// unwind coverage 0.32).
+#[test]
+fn perf_trampolines_unwind_in_workers_forked_before_attach() {
+    need_perf!();
+    let Some((minor, py)) = [12, 13]
+        .into_iter()
+        .find_map(|m| common::python_minor(m).map(|p| (m, p)))
+    else {
+        skip!("neither Python 3.12 nor 3.13 is installed");
+    };
+    let script = scripts().join("mixed_workers.py");
+    let _one_at_a_time = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let out = tmp(&format!("trampolines-attach-3{minor}"));
+    let mut job = Command::new(&py)
+        .args([script.to_str().unwrap(), "7", "2"])
+        .env("PYTHONPERFSUPPORT", "1")
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let kids = |pid: u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+            .unwrap_or_default()
+            .split_whitespace()
+            .count()
+    };
+    let t0 = std::time::Instant::now();
+    while kids(job.id()) < 2 && t0.elapsed() < std::time::Duration::from_secs(20) {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(kids(job.id()), 2, "the job did not start its workers");
+    // Let the workers run their loop (and make their own trampolines).
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let st = Command::new(BIN)
+        .args([
+            "attach",
+            &job.id().to_string(),
+            "-q",
+            "--duration",
+            "3s",
+            "-o",
+        ])
+        .arg(&out)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    assert!(job.wait().unwrap().success());
+    check_trampolines(&out, &format!("3.{minor} attached"));
 }
 
 #[test]

@@ -349,6 +349,55 @@ impl PerfSampler {
 }
 
 /// A process's own perf map, for a process started at `t` (None: unknown).
+/// Ancestors whose perf maps a process first seen by a sample takes (a
+/// DataLoader worker's parent is the job's main process; deeper chains are
+/// workers of workers).
+const MAX_ANCESTOR_MAPS: usize = 8;
+
+/// The parent of `pid` and the parent's start (wall clock, for its perf
+/// map's staleness check), from `/proc`; None for init, pid 0 or a
+/// process gone.
+fn parent_of(pid: Pid) -> Option<(Pid, Option<std::time::SystemTime>)> {
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid.0)).ok()?;
+    let ppid: i32 = stat
+        .rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    if ppid <= 1 {
+        return None;
+    }
+    Some((Pid(ppid), process_start(Pid(ppid))))
+}
+
+/// When `pid` started, on the wall clock: its `starttime` (clock ticks
+/// after boot) against `/proc/uptime`.
+fn process_start(pid: Pid) -> Option<std::time::SystemTime> {
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid.0)).ok()?;
+    let ticks: f64 = stat
+        .rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(19)?
+        .parse()
+        .ok()?;
+    let uptime: f64 = std::fs::read_to_string("/proc/uptime")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if hz <= 0 {
+        return None;
+    }
+    let ago = (uptime - ticks / hz as f64).max(0.0);
+    std::time::SystemTime::now().checked_sub(Duration::from_secs_f64(ago))
+}
+
 fn own_perf_map(pid: Pid, t: Option<MonoNs>) -> perfmap::SharedMap {
     perfmap::PerfMap::shared(perfmap::map_path(pid), t.map(perfmap::wall_time_of))
 }
@@ -785,6 +834,59 @@ impl Reader {
         }
     }
 
+    /// The maps of `pid`, before one of its samples is unwound. A process
+    /// the records have not introduced (forked before the events were on,
+    /// as under `gpuprof attach`, or its FORK record lost) is read from
+    /// /proc: its mappings, its own perf map, and those of the processes it
+    /// was forked from. A forked child runs JIT code that its parent made
+    /// before the fork (CPython's perf trampolines), named only in the
+    /// parent's map: without it, the child's every stack stopped at the
+    /// first trampoline (unwind coverage 0.34 attached to a job with two
+    /// forked workers).
+    fn prepare_maps(&mut self, pid: Pid) {
+        let pm = self.procs.entry(pid).or_default();
+        if pm.is_empty() && !pm.seeded {
+            pm.seeded = true;
+            for m in unwind::proc_maps(pid) {
+                pm.add(&mut self.files, &m);
+            }
+        }
+        if !pm.jit.is_empty() {
+            return;
+        }
+        pm.jit.push(own_perf_map(pid, None));
+        let inherited = self.ancestors_maps(pid);
+        if let Some(pm) = self.procs.get_mut(&pid) {
+            pm.jit.extend(inherited);
+        }
+    }
+
+    /// The perf maps of the processes `pid` was forked from, nearest first:
+    /// a parent the reader knows brings its own list (itself and its
+    /// ancestors); otherwise each ancestor's map file, while there is one.
+    /// Its own entries come first, so an address it named itself is never
+    /// named from a parent's map.
+    fn ancestors_maps(&self, pid: Pid) -> Vec<perfmap::SharedMap> {
+        let mut out = Vec::new();
+        let mut cur = pid;
+        for _ in 0..MAX_ANCESTOR_MAPS {
+            let Some((ppid, started)) = parent_of(cur) else {
+                break;
+            };
+            if let Some(p) = self.procs.get(&ppid).filter(|p| !p.jit.is_empty()) {
+                out.extend(p.jit.iter().cloned());
+                break;
+            }
+            let path = perfmap::map_path(ppid);
+            if !std::path::Path::new(&path).exists() {
+                break;
+            }
+            out.push(perfmap::PerfMap::shared(path, started));
+            cur = ppid;
+        }
+        out
+    }
+
     fn agent_record(&mut self, ring: usize, rec: AgentRecord) {
         let Some(a) = self.agent.as_mut() else {
             return;
@@ -876,16 +978,8 @@ impl Reader {
                 marker = Some(MARKER_UNREADABLE);
             }
         }
-        let pm = self.procs.entry(pid).or_default();
-        if pm.is_empty() && !pm.seeded {
-            pm.seeded = true;
-            for m in unwind::proc_maps(pid) {
-                pm.add(&mut self.files, &m);
-            }
-        }
-        if pm.jit.is_empty() {
-            pm.jit.push(own_perf_map(pid, None));
-        }
+        self.prepare_maps(pid);
+        let pm = self.procs.get_mut(&pid).expect("prepared");
         self.sample_gen += 1;
         let files = &mut self.files;
         let Some(u) = unwind::unwind(
@@ -974,19 +1068,8 @@ impl Reader {
             }
         }
         self.sample_gen += 1;
-        let pm = self.procs.entry(s.pid).or_default();
-        if pm.is_empty() && !pm.seeded {
-            // Mappings made before the events were enabled (or records
-            // lost): read them from /proc while the process lives.
-            pm.seeded = true;
-            for m in unwind::proc_maps(s.pid) {
-                pm.add(&mut self.files, &m);
-            }
-        }
-        if pm.jit.is_empty() {
-            // Started before we saw it: any map it wrote is its own.
-            pm.jit.push(own_perf_map(s.pid, None));
-        }
+        self.prepare_maps(s.pid);
+        let pm = self.procs.get_mut(&s.pid).expect("prepared");
         let files = &mut self.files;
         let Some(u) = unwind::unwind(
             pm,
