@@ -348,24 +348,29 @@ impl PerfSampler {
     }
 }
 
-/// A process's own perf map, for a process started at `t` (None: unknown).
 /// Ancestors whose perf maps a process first seen by a sample takes (a
 /// DataLoader worker's parent is the job's main process; deeper chains are
 /// workers of workers).
 const MAX_ANCESTOR_MAPS: usize = 8;
 
+/// Field `i` of `/proc/PID/stat` after the command name (0 is the state,
+/// 1 the parent, 19 the start time).
+fn stat_field(pid: Pid, i: usize) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid.0)).ok()?;
+    Some(
+        stat.rsplit_once(')')?
+            .1
+            .split_whitespace()
+            .nth(i)?
+            .to_string(),
+    )
+}
+
 /// The parent of `pid` and the parent's start (wall clock, for its perf
 /// map's staleness check), from `/proc`; None for init, pid 0 or a
 /// process gone.
 fn parent_of(pid: Pid) -> Option<(Pid, Option<std::time::SystemTime>)> {
-    let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid.0)).ok()?;
-    let ppid: i32 = stat
-        .rsplit_once(')')?
-        .1
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()?;
+    let ppid: i32 = stat_field(pid, 1)?.parse().ok()?;
     if ppid <= 1 {
         return None;
     }
@@ -375,14 +380,7 @@ fn parent_of(pid: Pid) -> Option<(Pid, Option<std::time::SystemTime>)> {
 /// When `pid` started, on the wall clock: its `starttime` (clock ticks
 /// after boot) against `/proc/uptime`.
 fn process_start(pid: Pid) -> Option<std::time::SystemTime> {
-    let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid.0)).ok()?;
-    let ticks: f64 = stat
-        .rsplit_once(')')?
-        .1
-        .split_whitespace()
-        .nth(19)?
-        .parse()
-        .ok()?;
+    let ticks: f64 = stat_field(pid, 19)?.parse().ok()?;
     let uptime: f64 = std::fs::read_to_string("/proc/uptime")
         .ok()?
         .split_whitespace()
@@ -398,6 +396,7 @@ fn process_start(pid: Pid) -> Option<std::time::SystemTime> {
     std::time::SystemTime::now().checked_sub(Duration::from_secs_f64(ago))
 }
 
+/// A process's own perf map, for a process started at `t` (None: unknown).
 fn own_perf_map(pid: Pid, t: Option<MonoNs>) -> perfmap::SharedMap {
     perfmap::PerfMap::shared(perfmap::map_path(pid), t.map(perfmap::wall_time_of))
 }
