@@ -115,9 +115,7 @@ fn check_target(pid: Pid) -> Result<Target> {
             threads += s.num_threads.max(0) as u32;
         }
     }
-    let tps = procfs::ticks_per_second().max(1);
-    let boot_ns = stat.starttime * (1_000_000_000 / tps);
-    let process_start = MonoNs(boot_ns.saturating_sub(MonoNs::boottime_offset()));
+    let process_start = crate::collect::procfs::start_mono(stat.starttime);
     Ok(Target {
         pid,
         start_ticks: stat.starttime,

@@ -621,6 +621,13 @@ fn children_of(pid: i32) -> Vec<i32> {
     out
 }
 
+/// When a task with this `starttime` (clock ticks since boot, on
+/// CLOCK_BOOTTIME) started, on CLOCK_MONOTONIC.
+pub(crate) fn start_mono(starttime: u64) -> MonoNs {
+    let tps = procfs::ticks_per_second().max(1);
+    MonoNs((starttime * (1_000_000_000 / tps)).saturating_sub(MonoNs::boottime_offset()))
+}
+
 /// The fields of a `/proc/PID/stat` or `/proc/PID/task/TID/stat` line that
 /// the sampler uses. Parsed here rather than with procfs's `Stat`, which
 /// reads all 52 fields into a struct: at 10 Hz for each of the job's
@@ -642,6 +649,11 @@ pub(crate) struct TaskStat {
 }
 
 impl TaskStat {
+    /// The stat of `pid`, read afresh.
+    pub(crate) fn read(pid: i32) -> Option<TaskStat> {
+        TaskStat::parse(&std::fs::read(format!("/proc/{pid}/stat")).ok()?)
+    }
+
     pub(crate) fn parse(buf: &[u8]) -> Option<TaskStat> {
         // The name lies between the first '(' and the last ')': it may hold
         // either, and spaces.

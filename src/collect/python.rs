@@ -161,8 +161,7 @@ struct Waiting {
 
 /// A process's CPU time (all its threads, user and system), in ns.
 fn process_cpu_ns(pid: Pid) -> Option<u64> {
-    let buf = std::fs::read(format!("/proc/{}/stat", pid.0)).ok()?;
-    let st = crate::collect::procfs::TaskStat::parse(&buf)?;
+    let st = crate::collect::procfs::TaskStat::read(pid.0)?;
     let tps = procfs::ticks_per_second().max(1);
     Some((st.utime + st.stime).saturating_mul(1_000_000_000) / tps)
 }

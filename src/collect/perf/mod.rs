@@ -353,49 +353,6 @@ impl PerfSampler {
 /// workers of workers).
 const MAX_ANCESTOR_MAPS: usize = 8;
 
-/// Field `i` of `/proc/PID/stat` after the command name (0 is the state,
-/// 1 the parent, 19 the start time).
-fn stat_field(pid: Pid, i: usize) -> Option<String> {
-    let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid.0)).ok()?;
-    Some(
-        stat.rsplit_once(')')?
-            .1
-            .split_whitespace()
-            .nth(i)?
-            .to_string(),
-    )
-}
-
-/// The parent of `pid` and the parent's start (wall clock, for its perf
-/// map's staleness check), from `/proc`; None for init, pid 0 or a
-/// process gone.
-fn parent_of(pid: Pid) -> Option<(Pid, Option<std::time::SystemTime>)> {
-    let ppid: i32 = stat_field(pid, 1)?.parse().ok()?;
-    if ppid <= 1 {
-        return None;
-    }
-    Some((Pid(ppid), process_start(Pid(ppid))))
-}
-
-/// When `pid` started, on the wall clock: its `starttime` (clock ticks
-/// after boot) against `/proc/uptime`.
-fn process_start(pid: Pid) -> Option<std::time::SystemTime> {
-    let ticks: f64 = stat_field(pid, 19)?.parse().ok()?;
-    let uptime: f64 = std::fs::read_to_string("/proc/uptime")
-        .ok()?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()?;
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if hz <= 0 {
-        return None;
-    }
-    let ago = (uptime - ticks / hz as f64).max(0.0);
-    std::time::SystemTime::now().checked_sub(Duration::from_secs_f64(ago))
-}
-
 /// A process's own perf map, for a process started at `t` (None: unknown).
 fn own_perf_map(pid: Pid, t: Option<MonoNs>) -> perfmap::SharedMap {
     perfmap::PerfMap::shared(perfmap::map_path(pid), t.map(perfmap::wall_time_of))
@@ -866,22 +823,27 @@ impl Reader {
     /// Its own entries come first, so an address it named itself is never
     /// named from a parent's map.
     fn ancestors_maps(&self, pid: Pid) -> Vec<perfmap::SharedMap> {
+        use crate::collect::procfs::{start_mono, TaskStat};
         let mut out = Vec::new();
-        let mut cur = pid;
+        let mut st = TaskStat::read(pid.0);
         for _ in 0..MAX_ANCESTOR_MAPS {
-            let Some((ppid, started)) = parent_of(cur) else {
+            let Some(ppid) = st.as_ref().map(|s| s.ppid).filter(|p| *p > 1).map(Pid) else {
                 break;
             };
             if let Some(p) = self.procs.get(&ppid).filter(|p| !p.jit.is_empty()) {
                 out.extend(p.jit.iter().cloned());
                 break;
             }
-            let path = perfmap::map_path(ppid);
-            if !std::path::Path::new(&path).exists() {
+            if !std::path::Path::new(&perfmap::map_path(ppid)).exists() {
                 break;
             }
-            out.push(perfmap::PerfMap::shared(path, started));
-            cur = ppid;
+            // Its start tells its map from one left by an earlier process
+            // with its pid; its parent is the next step up.
+            st = TaskStat::read(ppid.0);
+            out.push(own_perf_map(
+                ppid,
+                st.as_ref().map(|s| start_mono(s.starttime)),
+            ));
         }
         out
     }
