@@ -481,9 +481,17 @@ fn without_nvtx_steps_come_from_the_gpus_idle_gaps() {
     let count = s["count"].as_u64().unwrap();
     assert!((9..=12).contains(&count), "{count} steps found of 12");
     let rate = s["steps_per_s"].as_f64().unwrap();
+    // The truth is the period of the job's own GPU steps, from its activity
+    // log: steps from one idle gap to the next are periods too. The job's
+    // printed rate also counts its start-up (the worker's first batch):
+    // on a loaded CI host the job printed 1.65 steps/s against 2.185
+    // estimated, where the steady period is ~2.2 a second.
+    let logged = activity_steps(&log);
+    let (first, last) = (logged[0].0, logged[logged.len() - 1].0);
+    let log_rate = (logged.len() - 1) as f64 / ((last - first) as f64 / 1e9);
     assert!(
-        (rate / job_rate - 1.0).abs() < 0.2,
-        "estimated {rate} steps/s, the job measured {job_rate}"
+        (rate / log_rate - 1.0).abs() < 0.2,
+        "estimated {rate} steps/s, the job's activity log {log_rate:.3} (it printed {job_rate})"
     );
     assert!(
         s["notes"]
