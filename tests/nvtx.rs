@@ -338,25 +338,44 @@ fn torch_steps_with_a_slow_checkpoint_step_and_forked_worker_ranges() {
     assert!(sps > 0.5 && sps < 10.0, "{sps} steps/s");
     let p50 = s["time"]["p50_s"].as_f64().unwrap();
     assert!((0.1..0.3).contains(&p50), "median step {p50} s");
-    let mut slow: Vec<u64> = s["slow"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x["index"].as_u64().unwrap())
-        .collect();
-    slow.sort();
-    assert_eq!(slow, vec![4, 9, 14, 19], "{s}");
-    assert_eq!(s["slow_pattern"], "every 5th step (steps 4, 9, …)");
+    // Every checkpoint step is slow and names the checkpoint. A loaded host
+    // can make one more step slow (seen in CI: step 1's first backward
+    // paging in libtorch, 0.10 s in D state); such a step is reported, but
+    // must not be blamed on a checkpoint it did not have.
+    let ckpt_steps = [4u64, 9, 14, 19];
+    let mut slow: Vec<u64> = Vec::new();
     for x in s["slow"].as_array().unwrap() {
+        let i = x["index"].as_u64().unwrap();
+        slow.push(i);
         let causes = x["causes"].as_array().unwrap();
         let has = |kind: &str, text: &str| {
             causes
                 .iter()
                 .any(|c| c["kind"] == kind && c["text"].as_str().unwrap().contains(text))
         };
-        assert!(has("nvtx-range", "`save_checkpoint`"), "{x}");
-        assert!(has("io", "wrote"), "{x}");
+        if ckpt_steps.contains(&i) {
+            assert!(has("nvtx-range", "`save_checkpoint`"), "{x}");
+            assert!(has("io", "wrote"), "{x}");
+        } else {
+            assert!(!has("nvtx-range", "`save_checkpoint`"), "{x}");
+        }
     }
+    slow.sort();
+    let extra: Vec<u64> = slow
+        .iter()
+        .copied()
+        .filter(|i| !ckpt_steps.contains(i))
+        .collect();
+    assert!(
+        ckpt_steps.iter().all(|i| slow.contains(i)) && extra.len() <= 1,
+        "slow steps {slow:?}: {s}"
+    );
+    let pattern = if extra.is_empty() {
+        "every 5th step (steps 4, 9, …)"
+    } else {
+        "mostly every 5th step"
+    };
+    assert_eq!(s["slow_pattern"], pattern, "{s}");
     let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
     assert!(summary.contains("## Steps"), "{summary}");
     assert!(summary.contains("every 5th step"), "{summary}");
