@@ -1703,6 +1703,13 @@ impl<'a> Merger<'a> {
             nat.iter()
                 .any(|f| f.1 == Kind::Native && r.frames[f.0 as usize].class == FrameClass::Python)
         };
+        // Trampoline frames are of the sampled instant, but a stack the
+        // unwinder cut lacks the outer ones: partial, as for the agent.
+        let perf_map_how = if s.complete() {
+            Attribution::SameInstant
+        } else {
+            Attribution::SameInstantPartial
+        };
         let (m, how, perf_map) = if s.agent() && has_python(r) {
             // The job runs with CPython's perf trampolines too: their
             // frames are this instant's Python frames already.
@@ -1711,7 +1718,7 @@ impl<'a> Merger<'a> {
                     .filter(|f| matches!(f.1, Kind::Native))
                     .map(|f| f.0)
                     .collect(),
-                Attribution::SameInstant,
+                perf_map_how,
                 true,
             )
         } else if s.agent() {
@@ -1722,11 +1729,7 @@ impl<'a> Merger<'a> {
         } else if has_python(r) {
             // CPython's perf trampolines: the native stack carries its
             // own Python frames, of the same instant.
-            (
-                nat.iter().map(|f| f.0).collect(),
-                Attribution::SameInstant,
-                true,
-            )
+            (nat.iter().map(|f| f.0).collect(), perf_map_how, true)
         } else {
             let runs_python = nat.iter().any(|f| r.frames[f.0 as usize].eval);
             let how = if runs_python {
@@ -3038,22 +3041,25 @@ mod tests {
             node(StackKind::Native, 10, Some(1), 5),
             node(StackKind::Native, 11, Some(10), 2),
             node(StackKind::Native, 12, Some(11), 3),
+            // The second sample's unwind was cut (the same frames; its
+            // outer ones unknown): its Python frames are partial.
             Event::Samples(SampleBatch {
                 kind: StackKind::Native,
                 pid: Pid(10),
                 tid: Tid(10),
                 t0: MonoNs(1_005_000_000),
-                dt_us: vec![0],
-                stacks: vec![12],
-                incomplete: vec![],
+                dt_us: vec![0, 10_000],
+                stacks: vec![12, 12],
+                incomplete: vec![1],
                 source: SampleSource::Perf,
             }),
         ] {
             d.add(&e);
         }
         let st = analyze_all(&mut d);
-        assert_eq!(st.report.python_from_perf_map, 1);
-        assert_eq!(st.report.python.counts.same_instant, 1);
+        assert_eq!(st.report.python_from_perf_map, 2);
+        let c = &st.report.python.counts;
+        assert_eq!((c.same_instant, c.same_instant_partial), (1, 1));
         let native = st.folded_role(
             Some(Role::Main),
             FoldOptions {
@@ -3063,13 +3069,13 @@ mod tests {
         );
         assert!(
             native.contains(
-                "python3 (10);_start;main;Loader.augment (job.py);_PyEval_EvalFrameDefault;zlib_compress 1"
+                "python3 (10);_start;main;Loader.augment (job.py);_PyEval_EvalFrameDefault;zlib_compress 2"
             ),
             "{native}"
         );
         let py = st.folded_role(Some(Role::Main), FoldOptions::default());
         assert!(
-            py.contains("python3 (10);Loader.augment (job.py) 1"),
+            py.contains("python3 (10);Loader.augment (job.py) 2"),
             "{py}"
         );
     }
