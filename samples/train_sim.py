@@ -66,8 +66,22 @@ def read_chunk(path, mb, offset_mb):
     return got
 
 
+def augment_fixed(sample, iters):
+    """The same arithmetic a fixed number of times: a real decoder's fixed
+    work, which any CPU taken from the worker (a profiler's signal handler,
+    the kernel's sampling) makes take longer, where `augment` would absorb
+    it in its CPU-time budget."""
+    acc = sample
+    for _ in range(iters):
+        for i in range(200):
+            acc = (acc * 1103515245 + 12345 + i) & 0x7FFFFFFF
+    return acc
+
+
 def make_batch(index, args):
     read_chunk(args.data, args.read_mb, index * args.read_mb)
+    if args.augment_iters > 0:
+        return augment_fixed(index, args.augment_iters)
     return augment(index, args.augment_ms)
 
 
@@ -165,6 +179,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workers", type=int, default=2, help="input worker processes (0 = build batches in the main process)")
     ap.add_argument("--augment-ms", type=float, default=10.0, help="CPU ms of augmentation per batch")
+    ap.add_argument("--augment-iters", type=int, default=0, help="fixed augmentation work per batch instead of --augment-ms (iterations of 200 operations; ~0.02 ms each on a 2026 VM core with Python 3.11)")
     ap.add_argument("--gpu-ms", type=float, default=20.0, help="simulated GPU ms per step")
     ap.add_argument("--steps", type=int, default=100, help="training steps")
     ap.add_argument("--read-mb", type=float, default=0.0, help="MiB each batch reads from --data")
@@ -267,6 +282,12 @@ def main():
             stop_workers(tasks, procs)
     elapsed = time.monotonic() - start
     print(f"{done} steps in {elapsed:.2f} s: {done / elapsed if elapsed > 0 else 0:.2f} steps/s", flush=True)
+    if args.augment_iters > 0:
+        # Fixed work: its CPU time says what else ran in the job's threads
+        # (the workers were joined, so their CPU is in the children's).
+        t = os.times()
+        cpu = t.user + t.system + t.children_user + t.children_system
+        print(f"cpu {cpu:.3f} s (this process and its workers)", flush=True)
     if interrupted:
         print("interrupted: stopped cleanly", flush=True)
         sys.exit(130)

@@ -7,8 +7,9 @@
 #   pyspy-native    py-spy record --subprocesses --native (stops the process
 #                   per sample)
 #   pyspy-nonblock  py-spy record --subprocesses --nonblocking
-# on two jobs: a loader job (samples/train_sim.py: 4 workers) and a
-# call-heavy one (scripts/fib_job.py: recursive fib). Reports the median of
+# on two jobs: a loader job (samples/train_sim.py: 4 workers, each batch a
+# CPU-time budget) and a call-heavy one (scripts/fib_job.py: recursive
+# fib); JOBS=loader-work adds the loader with fixed work per batch. Reports the median of
 # the job's own elapsed time (as the job measures it) as a ratio to bare,
 # and gpuprof's own CPU (report.json profiler.cpu_pct_of_one_core); and
 # the same ratio for the fastest run of each (the least disturbed by a
@@ -51,12 +52,29 @@ if [ -z "${PYSPY:-}" ]; then
 fi
 
 LOADER=("$PY" "$ROOT/samples/train_sim.py" --workers 4 --augment-ms 8 --gpu-ms 2 --steps "${STEPS:-150}")
+# The same loader with fixed work per batch: `--augment-ms` spends a CPU
+# time budget, which absorbs whatever is charged to the worker's thread
+# (the agent's signal handler, the kernel's sampling), so only CPU taken
+# from other threads shows in the loader job's time; a decoder's fixed work
+# takes longer by all of it. ~8 ms per batch at ~0.02 ms per iteration.
+LOADER_WORK=("$PY" "$ROOT/samples/train_sim.py" --workers 4 --augment-iters "${AUGMENT_ITERS:-360}" --gpu-ms 2 --steps "${STEPS:-150}")
 CALLS=("$PY" "$ROOT/scripts/fib_job.py" 27 "${FIB_ROUNDS:-12}")
+job_cmd() {
+    case $1 in
+    loader) echo "${LOADER[*]}" ;;
+    loader-work) echo "${LOADER_WORK[*]}" ;;
+    *) echo "${CALLS[*]}" ;;
+    esac
+}
 
 # run JOB CONFIG I: one run; appends the job's own seconds to $WORK/JOB.CONFIG
 run() {
     local job=$1 cfg=$2 i=$3 cmd out
-    if [ "$job" = loader ]; then cmd=("${LOADER[@]}"); else cmd=("${CALLS[@]}"); fi
+    case $job in
+    loader) cmd=("${LOADER[@]}") ;;
+    loader-work) cmd=("${LOADER_WORK[@]}") ;;
+    *) cmd=("${CALLS[@]}") ;;
+    esac
     out="$WORK/$job.$cfg.$i.out"
     case $cfg in
     bare) "${cmd[@]}" > "$out" 2>&1 ;;
@@ -140,7 +158,7 @@ for i in $(seq "$RUNS"); do
 done
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg); runs per configuration: $RUNS, interleaved, order alternating (median; fastest run; median of paired ratios [90% bootstrap interval])"
 for job in "${jobs[@]}"; do
-    if [ "$job" = loader ]; then echo "job: ${LOADER[*]}"; else echo "job: ${CALLS[*]}"; fi
+    echo "job: $(job_cmd "$job")"
     b=$(median < "$WORK/$job.bare")
     bf=$(fastest < "$WORK/$job.bare")
     bc_=$( [ -s "$WORK/$job.bare.cpu" ] && median < "$WORK/$job.bare.cpu" || echo 0)
