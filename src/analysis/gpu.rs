@@ -675,6 +675,11 @@ struct DevAcc {
     d: GpuDeviceAnalysis,
     throttle: BTreeMap<u64, ThrottleAcc>,
     procs: BTreeMap<Pid, GpuProcUse>,
+    /// The latest utilization sample of a PID not listed on the GPU yet:
+    /// the collector reads utilization before the process list in a tick,
+    /// and records a value only when it changes, so a process at a steady
+    /// SM% would otherwise never get one.
+    pending_sm: BTreeMap<Pid, (MonoNs, u32)>,
 }
 
 /// Collects the GPU events of a recording in one pass; `finish` analyses.
@@ -822,6 +827,7 @@ impl GpuBuilder {
             }
             Event::GpuProcesses { t, gpu, procs } => {
                 let acc = self.devs.entry(*gpu).or_default();
+                let pending = &mut acc.pending_sm;
                 for p in procs {
                     let u = acc.procs.entry(p.pid).or_insert_with(|| GpuProcUse {
                         pid: p.pid,
@@ -838,7 +844,7 @@ impl GpuBuilder {
                         ci: p.ci,
                         present: true,
                         last_mem: None,
-                        last_sm: None,
+                        last_sm: pending.remove(&p.pid),
                         sm_sum: 0.0,
                         sm_ns: 0.0,
                     });
@@ -867,6 +873,12 @@ impl GpuBuilder {
                 let acc = self.devs.entry(*gpu).or_default();
                 for (pid, t, sm) in mapped {
                     let Some(u) = acc.procs.get_mut(&pid) else {
+                        if t >= start && acc.pending_sm.get(&pid).map_or(true, |l| t > l.0) {
+                            if acc.pending_sm.len() >= 4096 {
+                                acc.pending_sm.clear();
+                            }
+                            acc.pending_sm.insert(pid, (t, sm));
+                        }
                         continue;
                     };
                     if t < start || u.last_sm.is_some_and(|l| t <= l.0) {
@@ -1574,6 +1586,39 @@ mod tests {
         let p = &d.processes[0];
         assert!((p.sm_mean.unwrap() - 20.0).abs() < 1e-9, "{:?}", p.sm_mean);
         assert_eq!(p.mem_max, Some(1 << 30));
+
+        // A steady SM% read in the tick before the process was listed (the
+        // collector records each value once, at its first change): it
+        // still counts from when it was read.
+        let mut b = GpuBuilder::new(&h);
+        b.push(&Event::GpuProcUtil {
+            t: MonoNs(1_100_000_000),
+            gpu: 0,
+            samples: vec![GpuProcSample {
+                pid: Pid(42),
+                ts_us: wall(1050),
+                sm: 85,
+                mem: 0,
+            }],
+        });
+        b.push(&Event::GpuProcesses {
+            t: MonoNs(1_100_000_000),
+            gpu: 0,
+            procs: vec![GpuProc {
+                pid: Pid(42),
+                ctx: GpuContext::Compute,
+                mem: Some(1 << 30),
+                gi: None,
+                ci: None,
+            }],
+        });
+        let a = b.finish(&GpuInputs {
+            job_pids: &job,
+            end: MonoNs(2_000_000_000),
+        });
+        let p = &a.devices[0].processes[0];
+        assert_eq!(p.sm_mean, Some(85.0));
+        assert!((p.sm_s - 0.95).abs() < 1e-6, "{}", p.sm_s);
 
         let nobody: BTreeSet<Pid> = [Pid(7)].into();
         let mut b = GpuBuilder::new(&h);
