@@ -350,18 +350,24 @@ pub struct CpuTimes {
 }
 
 impl CpuTimes {
+    /// Saturating: the figures come from a recording, which may be
+    /// damaged; a sum past u64 is no time a CPU spent.
     pub fn total(&self) -> u64 {
-        self.user
-            + self.nice
-            + self.system
-            + self.idle
-            + self.iowait
-            + self.irq
-            + self.softirq
-            + self.steal
+        self.busy()
+            .saturating_add(self.idle)
+            .saturating_add(self.iowait)
     }
     pub fn busy(&self) -> u64 {
-        self.user + self.nice + self.system + self.irq + self.softirq + self.steal
+        [
+            self.user,
+            self.nice,
+            self.system,
+            self.irq,
+            self.softirq,
+            self.steal,
+        ]
+        .iter()
+        .fold(0u64, |a, &b| a.saturating_add(b))
     }
 }
 
@@ -1108,5 +1114,33 @@ impl Event {
             | OpenFiles { t, .. }
             | NvtxInstance { t, .. } => Some(*t),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::CpuTimes;
+
+    /// A damaged recording's `/proc/stat` figures (the fuzz test found
+    /// u64::MAX in one) saturate instead of overflowing.
+    #[test]
+    fn cpu_times_saturate() {
+        let c = CpuTimes {
+            user: u64::MAX,
+            idle: 5,
+            ..Default::default()
+        };
+        assert_eq!((c.busy(), c.total()), (u64::MAX, u64::MAX));
+        let c = CpuTimes {
+            user: 1,
+            nice: 2,
+            system: 3,
+            idle: 4,
+            iowait: 5,
+            irq: 6,
+            softirq: 7,
+            steal: 8,
+        };
+        assert_eq!((c.busy(), c.total()), (27, 36));
     }
 }
