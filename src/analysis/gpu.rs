@@ -31,7 +31,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::series::Series;
-use crate::event::{Event, GpuContext, GpuIndex, GpuState, Header, MonoNs, Pid};
+use crate::event::{Event, GpuContext, GpuIndex, GpuProc, GpuState, Header, MonoNs, Pid};
 
 /// Default idle threshold: a sample at or below this utilization is idle.
 pub const DEFAULT_IDLE_THRESHOLD_PCT: f64 = 5.0;
@@ -826,72 +826,16 @@ impl GpuBuilder {
                 acc.last_pcie = Some((*t, *tx_kbps, *rx_kbps));
             }
             Event::GpuProcesses { t, gpu, procs } => {
-                let acc = self.devs.entry(*gpu).or_default();
-                let pending = &mut acc.pending_sm;
-                for p in procs {
-                    let u = acc.procs.entry(p.pid).or_insert_with(|| GpuProcUse {
-                        pid: p.pid,
-                        in_job: false,
-                        ctx: p.ctx,
-                        first_seen: *t,
-                        last_seen: *t,
-                        mem_max: None,
-                        mem: Series::default(),
-                        sm: Series::default(),
-                        sm_mean: None,
-                        sm_s: 0.0,
-                        gi: p.gi,
-                        ci: p.ci,
-                        present: true,
-                        last_mem: None,
-                        last_sm: pending.remove(&p.pid),
-                        sm_sum: 0.0,
-                        sm_ns: 0.0,
-                    });
-                    u.present = true;
-                    u.last_seen = *t;
-                    if let Some(m) = p.mem {
-                        u.mem_max = Some(u.mem_max.unwrap_or(0).max(m));
-                        set_mem(u, *t, m);
-                    }
-                }
-                // A process missing from this list has left the GPU.
-                for u in acc.procs.values_mut() {
-                    if u.present && !procs.iter().any(|p| p.pid == u.pid) {
-                        u.present = false;
-                        u.last_seen = *t;
-                        set_mem(u, *t, 0);
-                    }
-                }
+                self.devs.entry(*gpu).or_default().processes(*t, procs);
             }
             Event::GpuProcUtil { gpu, samples, .. } => {
                 let start = self.start;
                 let mapped: Vec<(Pid, MonoNs, u32)> = samples
                     .iter()
                     .map(|s| (s.pid, self.map(s.ts_us), s.sm))
+                    .filter(|s| s.1 >= start)
                     .collect();
-                let acc = self.devs.entry(*gpu).or_default();
-                for (pid, t, sm) in mapped {
-                    let Some(u) = acc.procs.get_mut(&pid) else {
-                        if t >= start && acc.pending_sm.get(&pid).map_or(true, |l| t > l.0) {
-                            if acc.pending_sm.len() >= 4096 {
-                                acc.pending_sm.clear();
-                            }
-                            acc.pending_sm.insert(pid, (t, sm));
-                        }
-                        continue;
-                    };
-                    if t < start || u.last_sm.is_some_and(|l| t <= l.0) {
-                        continue;
-                    }
-                    if let Some((pt, pv)) = u.last_sm {
-                        u.sm.push(pt, t, pv as f64);
-                        let dt = (t.0 - pt.0) as f64;
-                        u.sm_sum += pv as f64 * dt;
-                        u.sm_ns += dt;
-                    }
-                    u.last_sm = Some((t, sm));
-                }
+                self.devs.entry(*gpu).or_default().proc_util(mapped);
             }
             _ => {}
         }
@@ -983,6 +927,73 @@ fn set_mem(u: &mut GpuProcUse, t: MonoNs, m: u64) {
 }
 
 impl DevAcc {
+    /// The driver's list of the processes on this GPU at `t`; one missing
+    /// from it has left the GPU.
+    fn processes(&mut self, t: MonoNs, procs: &[GpuProc]) {
+        let pending = &mut self.pending_sm;
+        for p in procs {
+            let u = self.procs.entry(p.pid).or_insert_with(|| GpuProcUse {
+                pid: p.pid,
+                in_job: false,
+                ctx: p.ctx,
+                first_seen: t,
+                last_seen: t,
+                mem_max: None,
+                mem: Series::default(),
+                sm: Series::default(),
+                sm_mean: None,
+                sm_s: 0.0,
+                gi: p.gi,
+                ci: p.ci,
+                present: true,
+                last_mem: None,
+                last_sm: pending.remove(&p.pid),
+                sm_sum: 0.0,
+                sm_ns: 0.0,
+            });
+            u.present = true;
+            u.last_seen = t;
+            if let Some(m) = p.mem {
+                u.mem_max = Some(u.mem_max.unwrap_or(0).max(m));
+                set_mem(u, t, m);
+            }
+        }
+        for u in self.procs.values_mut() {
+            if u.present && !procs.iter().any(|p| p.pid == u.pid) {
+                u.present = false;
+                u.last_seen = t;
+                set_mem(u, t, 0);
+            }
+        }
+    }
+
+    /// Per-process SM% samples (PID, time, %) in the window: each value
+    /// holds until the next. A PID not listed on the GPU yet keeps its
+    /// latest for when it is.
+    fn proc_util(&mut self, samples: Vec<(Pid, MonoNs, u32)>) {
+        for (pid, t, sm) in samples {
+            let Some(u) = self.procs.get_mut(&pid) else {
+                if self.pending_sm.get(&pid).map_or(true, |l| t > l.0) {
+                    if self.pending_sm.len() >= 4096 {
+                        self.pending_sm.clear();
+                    }
+                    self.pending_sm.insert(pid, (t, sm));
+                }
+                continue;
+            };
+            if u.last_sm.is_some_and(|l| t <= l.0) {
+                continue;
+            }
+            if let Some((pt, pv)) = u.last_sm {
+                u.sm.push(pt, t, pv as f64);
+                let dt = (t.0 - pt.0) as f64;
+                u.sm_sum += pv as f64 * dt;
+                u.sm_ns += dt;
+            }
+            u.last_sm = Some((t, sm));
+        }
+    }
+
     /// Fix the period from the buffered samples (median spacing).
     fn start_util(&mut self, threshold: f64) {
         let mut diffs: Vec<u64> = self
@@ -1208,7 +1219,7 @@ impl DevAcc {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::{GpuProc, GpuProcSample};
+    use crate::event::GpuProcSample;
 
     fn w(start_ms: u64, pct: u32) -> UtilWindow {
         let pct = pct as f64;
