@@ -945,12 +945,13 @@ fn ordinal(k: usize) -> String {
     format!("{k}{suffix}")
 }
 
-/// "every 5th step" when the slow steps (sorted indices) recur at a fixed
-/// stride; "mostly every 5th step" when at least three quarters of them do
-/// and the rest are strays (a noisy host makes one more step slow, anywhere
-/// in the run). A stride's steps must all be slow but for at most one in
-/// five missing.
-fn pattern(idx: &[usize]) -> Option<String> {
+/// "every 5th step" when the slow steps (sorted indices among the steps
+/// `range` examined) recur at a fixed stride; "mostly every 5th step" when
+/// at least three quarters of them do and the rest are strays (a noisy host
+/// makes one more step slow, anywhere in the run). The stride's steps over
+/// the whole range must all be slow but for at most one in five: three
+/// slow steps 5 apart in a run of a thousand are no pattern.
+fn pattern(idx: &[usize], range: std::ops::Range<usize>) -> Option<String> {
     if idx.len() < 3 {
         return None;
     }
@@ -976,9 +977,11 @@ fn pattern(idx: &[usize]) -> Option<String> {
         for &i in idx {
             classes.entry(i % k).or_default().push(i);
         }
-        for m in classes.values() {
-            let slots = (m[m.len() - 1] - m[0]) / k + 1;
-            let missing = slots - m.len();
+        for (&r, m) in &classes {
+            // Steps of this residue class in the range.
+            let upto = |x: usize| if x > r { (x - r - 1) / k + 1 } else { 0 };
+            let slots = upto(range.end) - upto(range.start);
+            let missing = slots.saturating_sub(m.len());
             if m.len() < 3 || missing * 4 > m.len() {
                 continue;
             }
@@ -1185,7 +1188,7 @@ pub fn analyze(a: &Analysis, step_range: Option<&str>) -> Steps {
             .filter(|&i| durs[i] >= thr && durs[i] - med >= 0.001)
             .collect();
         steps.slow_count = slow.len();
-        steps.slow_pattern = pattern(&slow);
+        steps.slow_pattern = pattern(&slow, first..iv.len());
         if !slow.is_empty() {
             (steps.slow, steps.slow_causes) =
                 examine_slow(a, &iv, &durs, med, &slow, (pid, tid), step_group);
@@ -1233,13 +1236,13 @@ mod tests {
     #[test]
     fn slow_step_patterns() {
         assert_eq!(
-            pattern(&[4, 9, 14, 19]).as_deref(),
+            pattern(&[4, 9, 14, 19], 1..20).as_deref(),
             Some("every 5th step (steps 4, 9, …)")
         );
-        assert_eq!(pattern(&[1, 2, 3]), None);
-        assert_eq!(pattern(&[0, 10]), None);
+        assert_eq!(pattern(&[1, 2, 3], 0..10), None);
+        assert_eq!(pattern(&[0, 10], 0..20), None);
         assert_eq!(
-            pattern(&[2, 4, 6, 8, 11]).as_deref(),
+            pattern(&[2, 4, 6, 8, 11], 1..12).as_deref(),
             Some("mostly every 2nd step")
         );
         // One stray slow step, at the start or between two periodic ones.
@@ -1249,23 +1252,30 @@ mod tests {
             &[4, 9, 14, 19, 20],
         ] {
             assert_eq!(
-                pattern(idx).as_deref(),
+                pattern(idx, 1..21).as_deref(),
                 Some("mostly every 5th step"),
                 "{idx:?}"
             );
         }
         // A periodic step that was not slow once still makes the pattern.
         assert_eq!(
-            pattern(&[4, 9, 19, 24]).as_deref(),
+            pattern(&[4, 9, 19, 24], 1..25).as_deref(),
             Some("mostly every 5th step")
         );
         // Every 10th is not "every 5th with holes".
         assert_eq!(
-            pattern(&[4, 14, 24, 34]).as_deref(),
+            pattern(&[4, 14, 24, 34], 1..35).as_deref(),
             Some("every 10th step (steps 4, 14, …)")
         );
         // Scattered slow steps make no pattern.
-        assert_eq!(pattern(&[3, 7, 8, 20, 21, 33]), None);
+        assert_eq!(pattern(&[3, 7, 8, 20, 21, 33], 1..40), None);
+        // Three slow steps 5 apart are every 5th step of a 15-step run,
+        // not of a run of a thousand, where the stride went on fast.
+        assert_eq!(
+            pattern(&[4, 9, 14], 1..15).as_deref(),
+            Some("every 5th step (steps 4, 9, …)")
+        );
+        assert_eq!(pattern(&[4, 9, 14], 1..1000), None);
         assert_eq!(ordinal(21), "21st");
         assert_eq!(ordinal(12), "12th");
     }
