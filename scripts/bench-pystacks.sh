@@ -59,22 +59,19 @@ LOADER=("$PY" "$ROOT/samples/train_sim.py" --workers 4 --augment-ms 8 --gpu-ms 2
 # takes longer by all of it. ~8 ms per batch at ~0.02 ms per iteration.
 LOADER_WORK=("$PY" "$ROOT/samples/train_sim.py" --workers 4 --augment-iters "${AUGMENT_ITERS:-360}" --gpu-ms 2 --steps "${STEPS:-150}")
 CALLS=("$PY" "$ROOT/scripts/fib_job.py" 27 "${FIB_ROUNDS:-12}")
+# job_cmd JOB: sets cmd to the job's command line.
 job_cmd() {
     case $1 in
-    loader) echo "${LOADER[*]}" ;;
-    loader-work) echo "${LOADER_WORK[*]}" ;;
-    *) echo "${CALLS[*]}" ;;
+    loader) cmd=("${LOADER[@]}") ;;
+    loader-work) cmd=("${LOADER_WORK[@]}") ;;
+    *) cmd=("${CALLS[@]}") ;;
     esac
 }
 
 # run JOB CONFIG I: one run; appends the job's own seconds to $WORK/JOB.CONFIG
 run() {
     local job=$1 cfg=$2 i=$3 cmd out
-    case $job in
-    loader) cmd=("${LOADER[@]}") ;;
-    loader-work) cmd=("${LOADER_WORK[@]}") ;;
-    *) cmd=("${CALLS[@]}") ;;
-    esac
+    job_cmd "$job"
     out="$WORK/$job.$cfg.$i.out"
     case $cfg in
     bare) "${cmd[@]}" > "$out" 2>&1 ;;
@@ -158,7 +155,8 @@ for i in $(seq "$RUNS"); do
 done
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg); runs per configuration: $RUNS, interleaved, order alternating (median; fastest run; median of paired ratios [90% bootstrap interval])"
 for job in "${jobs[@]}"; do
-    echo "job: $(job_cmd "$job")"
+    job_cmd "$job"
+    echo "job: ${cmd[*]}"
     b=$(median < "$WORK/$job.bare")
     bf=$(fastest < "$WORK/$job.bare")
     bc_=$( [ -s "$WORK/$job.bare.cpu" ] && median < "$WORK/$job.bare.cpu" || echo 0)
