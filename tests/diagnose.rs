@@ -179,6 +179,127 @@ fn preprocessing_in_the_main_process() {
     assert_eq!(findings(&r2), findings(&report));
 }
 
+/// Record `tests/scripts/slow_imports.py IMPORT_S WORK_S` into `out`.
+fn record_slow_imports(out: &Path, import_s: &str, work_s: &str) -> Value {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scripts/slow_imports.py");
+    let o = Command::new(gpuprof())
+        .arg("-o")
+        .arg(out)
+        .arg("--")
+        .arg("python3")
+        .arg(script)
+        .args([import_s, work_s])
+        .env_remove("GPUPROF_NVML_LIB")
+        .output()
+        .expect("gpuprof runs");
+    check_recorded(&o, out)
+}
+
+/// Without steps or a GPU, a start that is all imports (as `import torch`
+/// from a cold page cache is: seconds of CPU and storage reads) is start-up,
+/// told apart by the stacks (the import machinery's frames), and said so
+/// — not batches prepared in the main process. Work after the imports is
+/// still diagnosed, counted from where the imports end.
+#[test]
+fn slow_imports_are_start_up_not_batches() {
+    let _g = serial();
+    if let Some(why) = common::perf_refused() {
+        skip!("start-up is read from stack samples: {why}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let note = |r: &Value| -> String {
+        r["diagnosis"]["notes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|n| n.as_str())
+            .find(|n| n.starts_with("Start-up (the main process importing modules) took"))
+            .unwrap_or_else(|| panic!("a start-up note: {}", r["diagnosis"]))
+            .to_string()
+    };
+    let secs = |note: &str| -> f64 {
+        note.split(" took ")
+            .nth(1)
+            .and_then(|x| x.split(' ').next())
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+
+    // Imports only: nothing to diagnose but the start-up.
+    let report = record_slow_imports(&dir.path().join("imports"), "2.0", "0");
+    well_formed(&report);
+    no_alarm(&report);
+    let n = note(&report);
+    assert!((1.8..4.0).contains(&secs(&n)), "{n}");
+
+    // Imports, then 2 s of batches in the main thread.
+    let report = record_slow_imports(&dir.path().join("work"), "2.0", "2.0");
+    well_formed(&report);
+    let f = report["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["id"] == "main-process-preprocessing")
+        .unwrap_or_else(|| panic!("the batches are diagnosed: {}", report["findings"]));
+    let method = f["gpu_time_method"].as_str().unwrap();
+    assert!(method.contains("s of start-up (imports)"), "{method}");
+    let gpu_s = f["gpu_time_s"].as_f64().unwrap();
+    // The 2 s of batches, not the 4 s of computing in all.
+    assert!((1.2..3.0).contains(&gpu_s), "{gpu_s} s: {f}");
+    assert!(
+        (1.8..4.0).contains(&secs(&note(&report))),
+        "{}",
+        note(&report)
+    );
+    let stacks = f["evidence"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e.as_str())
+        .find(|e| e.starts_with("Stack samples"))
+        .unwrap_or_else(|| panic!("stack evidence: {f}"));
+    assert!(stacks.contains("make_batch (slow_imports.py)"), "{stacks}");
+}
+
+/// `import torch` and a forward pass on the CPU, without a GPU: the
+/// run is start-up and shutdown (PyTorch's static destructors), and no
+/// finding blames batches or storage for it.
+#[test]
+fn importing_torch_is_start_up_and_shutdown() {
+    let _g = serial();
+    if let Some(why) = common::perf_refused() {
+        skip!("start-up is read from stack samples: {why}");
+    }
+    let Some(py) = common::torch_python() else {
+        skip!("no Python with PyTorch (GPUPROF_TEST_TORCH_PYTHON)");
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("torch");
+    let o = Command::new(gpuprof())
+        .arg("-o")
+        .arg(&out)
+        .arg("--")
+        .arg(py)
+        .args([
+            "-c",
+            "import torch, torch.nn as nn; print(nn.Linear(8, 8)(torch.zeros(1, 8)).shape)",
+        ])
+        .env_remove("GPUPROF_NVML_LIB")
+        .output()
+        .expect("gpuprof runs");
+    let report = check_recorded(&o, &out);
+    well_formed(&report);
+    for (id, _) in findings(&report) {
+        assert_eq!(id, "low-sample-coverage", "{}", report["findings"]);
+    }
+    let notes = report["diagnosis"]["notes"].to_string();
+    assert!(
+        notes.contains("Start-up (the main process importing modules) took"),
+        "{notes}"
+    );
+}
+
 #[test]
 fn one_saturated_worker_is_input_bound_and_compare_shows_the_fix() {
     let _g = serial();

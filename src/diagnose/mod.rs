@@ -17,6 +17,7 @@
 
 mod accounting;
 mod causes;
+mod edges;
 mod evidence;
 pub mod ranks;
 mod rules;
@@ -409,6 +410,7 @@ pub fn diagnose(
              (see each finding's method)."
                 .to_string(),
         );
+        notes.extend(tl.edges_note());
     } else if let Some(g) = gpu {
         notes.extend(rules::edge_gap_notes(a, g));
     }

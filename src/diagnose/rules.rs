@@ -191,12 +191,7 @@ pub(super) fn gpu_time(
     let dur = a.duration_s().max(1e-9);
     let devs = measured_devices(gpu);
     if devs.is_empty() {
-        let before = tl.before_loop_s();
-        let method = if before > 0.0 {
-            format!("{method}; the {before:.1} s before the first step (start-up) left out")
-        } else {
-            method.to_string()
-        };
+        let method = format!("{method}{}", tl.edges_left_out());
         return GpuTime {
             seconds: estimate,
             share: (estimate / dur).min(1.0),

@@ -132,3 +132,7 @@ pub const DISK_BUSY_PCT: f64 = 50.0;
 pub const OTHER_PROGRAMS_CORES: f64 = 0.5;
 /// Start-up and shutdown idle time worth a note (below it, rounding).
 pub const EDGE_IDLE_NOTE_S: f64 = 0.05;
+/// Without a measured GPU, start-up and shutdown told apart by the stacks
+/// are noted when together at least this share of the run (below it they
+/// change no finding much; their seconds are in each estimate's method).
+pub const EDGE_NOTE_SHARE: f64 = 0.1;

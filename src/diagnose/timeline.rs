@@ -165,6 +165,26 @@ pub struct Timeline {
     /// GPU has nothing to run yet (a measured GPU's idle time before its
     /// first work is left out the same way).
     pub loop_from: usize,
+    /// What `loop_from` is: the first step, the end of the imports, or
+    /// neither (0).
+    pub loop_from_by: LoopFrom,
+    /// First bin of the main threads' shutdown (the interpreter running no
+    /// Python code any more, see [`super::edges`]), else `n`. Bins from
+    /// here on, like those before an import-found `loop_from`, have no
+    /// cause: no finding counts them.
+    pub shutdown_from: usize,
+}
+
+/// Where the training loop was taken to begin.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LoopFrom {
+    /// The recording's start: no step found, no start-up told apart (or the
+    /// recording did not see the job start).
+    Start,
+    /// The first step.
+    FirstStep,
+    /// The end of the main threads' imports (no step found).
+    Imports,
 }
 
 /// A per-bin share at or above `t` (a bin without data never is).
@@ -540,16 +560,42 @@ impl Timeline {
             psi_cpu,
             cause: vec![None; n],
             loop_from: 0,
+            loop_from_by: LoopFrom::Start,
+            shutdown_from: n,
         };
         tl.cause = (0..n).map(|i| tl.classify(i)).collect();
-        tl.loop_from = a
+        tl.set_edges(a);
+        tl
+    }
+
+    /// Where the loop begins and the shutdown starts: the first step when
+    /// steps were found and the recording saw the job start (else what
+    /// comes before the first step is not start-up), else the end of the
+    /// main threads' imports; bins of imports and of shutdown get no cause.
+    fn set_edges(&mut self, a: &Analysis) {
+        let edges = super::edges::find(a, self);
+        let first_step = a
             .steps
             .intervals
             .first()
             .filter(|_| a.saw_job_start())
-            .and_then(|s| tl.bin_of(s.0))
-            .unwrap_or(0);
-        tl
+            .and_then(|s| self.bin_of(s.0));
+        if let Some(b) = first_step {
+            self.loop_from = b;
+            self.loop_from_by = LoopFrom::FirstStep;
+        } else if let Some(b) = edges.startup_end.filter(|_| a.saw_job_start()) {
+            self.loop_from = b.min(self.n);
+            self.loop_from_by = LoopFrom::Imports;
+            for c in &mut self.cause[..self.loop_from] {
+                *c = None;
+            }
+        }
+        if let Some(b) = edges.shutdown_from {
+            self.shutdown_from = b.max(self.loop_from).min(self.n);
+            for c in &mut self.cause[self.shutdown_from..] {
+                *c = None;
+            }
+        }
     }
 
     fn classify(&self, i: usize) -> Option<Cause> {
@@ -627,6 +673,79 @@ impl Timeline {
     /// Seconds before the training loop's first bin.
     pub fn before_loop_s(&self) -> f64 {
         (0..self.loop_from).map(|i| self.bin_s(i)).sum()
+    }
+
+    /// Seconds of the main threads' shutdown ([`Timeline::shutdown_from`]).
+    pub fn shutdown_s(&self) -> f64 {
+        (self.shutdown_from..self.n).map(|i| self.bin_s(i)).sum()
+    }
+
+    /// The start-up told apart by imports and the shutdown, in words, for
+    /// the diagnosis's notes: None when neither was found.
+    pub fn edges_note(&self) -> Option<String> {
+        let dur = self.end.secs_since(self.start).max(1e-9);
+        let before = self.before_loop_s();
+        let after = self.shutdown_s();
+        let before = if self.loop_from_by == LoopFrom::Imports {
+            before
+        } else {
+            0.0
+        };
+        let share = |s: f64| format!("{:.0}%", 100.0 * s / dur);
+        let mut parts = Vec::new();
+        if before > 0.0 {
+            parts.push(format!(
+                "start-up (the main process importing modules) took {before:.1} s ({} of the run)",
+                share(before)
+            ));
+        }
+        if after > 0.0 {
+            parts.push(format!(
+                "shutdown (the interpreter exiting) {after:.1} s ({})",
+                share(after)
+            ));
+        }
+        if parts.is_empty() || before + after < th::EDGE_NOTE_SHARE * dur {
+            return None;
+        }
+        let mut text = parts.join(" and ");
+        if let Some(c) = text.get(..1) {
+            text = c.to_uppercase() + &text[1..];
+        }
+        let nothing_between = self.loop_from >= self.shutdown_from;
+        Some(format!(
+            "{text}; the findings leave {}{}.",
+            if parts.len() > 1 { "both" } else { "it" },
+            if nothing_between {
+                " out, and nothing ran between them to diagnose"
+            } else {
+                " out"
+            }
+        ))
+    }
+
+    /// What the CPU-side estimates leave out at the run's edges, as a
+    /// method's tail ("; the 4.0 s before the first step (start-up) left
+    /// out"), empty when nothing.
+    pub fn edges_left_out(&self) -> String {
+        let before = self.before_loop_s();
+        let startup = match self.loop_from_by {
+            LoopFrom::FirstStep if before > 0.0 => Some(format!(
+                "the {before:.1} s before the first step (start-up)"
+            )),
+            LoopFrom::Imports if before > 0.0 => {
+                Some(format!("the {before:.1} s of start-up (imports)"))
+            }
+            _ => None,
+        };
+        let after = self.shutdown_s();
+        let shutdown = (after > 0.0)
+            .then(|| format!("the {after:.1} s of shutdown (the interpreter exiting)"));
+        match (startup, shutdown) {
+            (Some(s), Some(e)) => format!("; {s} and {e} left out"),
+            (Some(x), None) | (None, Some(x)) => format!("; {x} left out"),
+            (None, None) => String::new(),
+        }
     }
 
     pub fn bin_s(&self, i: usize) -> f64 {

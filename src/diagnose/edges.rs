@@ -1,0 +1,168 @@
+//! Start-up and shutdown of the job's main processes, read from their main
+//! threads' stack samples.
+//!
+//! Without measured steps and without a measured GPU, nothing else tells
+//! where a run's training loop begins: a job that spends seconds importing
+//! PyTorch from a cold page cache looks, from /proc alone, like a main
+//! thread busy preparing batches and blocked on storage reads. The stacks
+//! tell: while a Python program imports, its frames run inside
+//! `importlib._bootstrap` (`_find_and_load`); before its first Python code
+//! and after its last (finalizing modules, C++ static destructors at
+//! `exit`) the interpreter runs no Python frame at all. Only these two
+//! signs count — never a function name of the program — so a program whose
+//! start is its own code (listing a dataset, building a model) gets no
+//! start-up here, and a stack that cannot be read either way is left out.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::analysis::fold::FrameClass;
+use crate::analysis::stacks::Stacks;
+use crate::analysis::Analysis;
+use crate::event::{Pid, Tid};
+
+use super::timeline::Timeline;
+
+/// What a main thread was doing in one sample.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    /// Inside an import (a frame of `importlib._bootstrap`).
+    Import,
+    /// The interpreter running no Python code (no Python or interpreter
+    /// loop frame): before the program's first line or after its last.
+    NoPython,
+    /// Running Python code.
+    Running,
+}
+
+/// Start-up and shutdown bins of a timeline.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Edges {
+    /// First bin after start-up: the main threads imported (or had not
+    /// begun Python code) in most of their samples of every sampled bin
+    /// before it, and imported in at least one.
+    pub startup_end: Option<usize>,
+    /// First bin of shutdown: in every sampled bin from it on, the main
+    /// threads ran no Python code in most of their samples.
+    pub shutdown_from: Option<usize>,
+}
+
+/// Is this the file of the import machinery (`<frozen
+/// importlib._bootstrap>`, or its source when not frozen)?
+fn is_import_file(file: &str) -> bool {
+    let f = file.trim_start_matches("<frozen ").trim_end_matches('>');
+    f == "importlib._bootstrap"
+        || f == "importlib._bootstrap_external"
+        || f.ends_with("importlib/_bootstrap.py")
+        || f.ends_with("importlib/_bootstrap_external.py")
+}
+
+/// The phase of a merged stack; None when it cannot be told (a stack made
+/// up by the analysis, such as a perf sample left for the agent).
+fn phase_of(st: &Stacks, stack: u32) -> Option<Phase> {
+    let (mut python, mut eval, mut import, mut marker) = (false, false, false, false);
+    for f in st.stack_frames(stack) {
+        match f.class {
+            FrameClass::Python => {
+                python = true;
+                import |= is_import_file(&f.file);
+            }
+            FrameClass::Marker => marker = true,
+            _ => {}
+        }
+        eval |= f.eval;
+    }
+    if import {
+        Some(Phase::Import)
+    } else if python || eval {
+        Some(Phase::Running)
+    } else if marker {
+        None
+    } else {
+        Some(Phase::NoPython)
+    }
+}
+
+/// Sample weight per bin and phase: [import, no Python, running].
+type Weights = Vec<[f64; 3]>;
+/// A sample's bin, phase and weight.
+type Tagged = (usize, Phase, f64);
+
+fn weights(a: &Analysis, tl: &Timeline) -> Weights {
+    let threads: BTreeSet<(Pid, Tid)> = tl.mains.iter().map(|t| (t.pid, t.tid)).collect();
+    let st = &a.stacks;
+    let mut per: BTreeMap<(Pid, Tid), Vec<Tagged>> = BTreeMap::new();
+    for s in st
+        .samples
+        .iter()
+        .filter(|s| threads.contains(&(s.pid, s.tid)))
+    {
+        if let (Some(i), Some(p)) = (tl.bin_of(s.t), phase_of(st, s.stack)) {
+            per.entry((s.pid, s.tid))
+                .or_default()
+                .push((i, p, s.weight as f64));
+        }
+    }
+    let mut w = vec![[0.0; 3]; tl.n];
+    for samples in per.values() {
+        // A process that never ran Python code (a shell, a launcher in
+        // C) has no interpreter to start or stop.
+        if samples.iter().all(|(_, p, _)| *p == Phase::NoPython) {
+            continue;
+        }
+        for (i, p, x) in samples {
+            w[*i][*p as usize] += x;
+        }
+    }
+    w
+}
+
+/// The start-up and shutdown of the timeline's main threads.
+pub fn find(a: &Analysis, tl: &Timeline) -> Edges {
+    if tl.mains.is_empty() || a.stacks.samples.is_empty() {
+        return Edges::default();
+    }
+    let w = weights(a, tl);
+    let sampled = |b: &[f64; 3]| b.iter().sum::<f64>() > 0.0;
+    // Shutdown first: the interpreter running no Python code at the end is
+    // shutdown even when the run was all start-up before it.
+    let mut shutdown_from = None;
+    for (i, b) in w.iter().enumerate().rev().filter(|(_, b)| sampled(b)) {
+        if b[1] <= b[0] + b[2] {
+            break;
+        }
+        shutdown_from = Some(i);
+    }
+    let (mut last_startup, mut imported) = (None, false);
+    for (i, b) in w
+        .iter()
+        .enumerate()
+        .take(shutdown_from.unwrap_or(w.len()))
+        .filter(|(_, b)| sampled(b))
+    {
+        if b[0] + b[1] <= b[2] {
+            break;
+        }
+        imported |= b[0] > 0.0;
+        last_startup = Some(i);
+    }
+    let startup_end = last_startup.filter(|_| imported).map(|i| i + 1);
+    Edges {
+        startup_end,
+        shutdown_from,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn import_files_are_the_import_machinery_only() {
+        assert!(is_import_file("<frozen importlib._bootstrap>"));
+        assert!(is_import_file("<frozen importlib._bootstrap_external>"));
+        assert!(is_import_file("/usr/lib/python3.9/importlib/_bootstrap.py"));
+        assert!(!is_import_file("/usr/lib/python3.11/importlib/__init__.py"));
+        assert!(!is_import_file("torch/__init__.py"));
+        assert!(!is_import_file("my_bootstrap.py"));
+    }
+}
