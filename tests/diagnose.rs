@@ -213,7 +213,7 @@ fn slow_imports_are_start_up_not_batches() {
             .unwrap()
             .iter()
             .filter_map(|n| n.as_str())
-            .find(|n| n.starts_with("Start-up (the main process importing modules) took"))
+            .find(|n| n.starts_with("Start-up (the job importing modules) took"))
             .unwrap_or_else(|| panic!("a start-up note: {}", r["diagnosis"]))
             .to_string()
     };
@@ -295,8 +295,64 @@ fn importing_torch_is_start_up_and_shutdown() {
     }
     let notes = report["diagnosis"]["notes"].to_string();
     assert!(
-        notes.contains("Start-up (the main process importing modules) took"),
+        notes.contains("Start-up (the job importing modules) took"),
         "{notes}"
+    );
+}
+
+/// DataLoader workers started with `spawn` import PyTorch again before
+/// their first batch: that is start-up too (it ends when the first batch
+/// arrives), not an input pipeline that cannot keep up.
+#[test]
+fn spawned_workers_importing_is_start_up() {
+    let _g = serial();
+    if let Some(why) = common::perf_refused() {
+        skip!("start-up is read from stack samples: {why}");
+    }
+    let Some(py) = common::torch_python() else {
+        skip!("no Python with PyTorch (GPUPROF_TEST_TORCH_PYTHON)");
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("spawn");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scripts/spawn_loader.py");
+    let o = Command::new(gpuprof())
+        .arg("-o")
+        .arg(&out)
+        .arg("--")
+        .arg(py)
+        .arg(script)
+        .env_remove("GPUPROF_NVML_LIB")
+        .output()
+        .expect("gpuprof runs");
+    let report = check_recorded(&o, &out);
+    well_formed(&report);
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let first_batch: f64 = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("first batch after "))
+        .and_then(|x| x.split(' ').next())
+        .and_then(|x| x.parse().ok())
+        .unwrap_or_else(|| panic!("the job prints its first batch: {stdout}"));
+    for (id, sev) in findings(&report) {
+        assert!(
+            sev == "info"
+                || !["input-pipeline-bound", "too-few-workers", "io-bound"].contains(&id.as_str()),
+            "{}",
+            report["findings"]
+        );
+    }
+    let notes = report["diagnosis"]["notes"].to_string();
+    let startup: f64 = notes
+        .split("Start-up (the job importing modules) took ")
+        .nth(1)
+        .and_then(|x| x.split(' ').next())
+        .and_then(|x| x.parse().ok())
+        .unwrap_or_else(|| panic!("a start-up note: {notes}"));
+    // Up to the first batch, the workers' imports included (the recording
+    // starts a little before the interpreter runs the file).
+    assert!(
+        startup >= 0.85 * first_batch && startup <= first_batch + 1.5,
+        "start-up {startup} s, first batch after {first_batch} s: {notes}"
     );
 }
 

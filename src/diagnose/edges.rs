@@ -1,5 +1,7 @@
-//! Start-up and shutdown of the job's main processes, read from their main
-//! threads' stack samples.
+//! Start-up and shutdown of the job, read from the stack samples of its
+//! input side: the main processes' main threads and the workers' input
+//! threads (a worker started with `spawn` imports the program again, and
+//! PyTorch with it, before its first batch).
 //!
 //! Without measured steps and without a measured GPU, nothing else tells
 //! where a run's training loop begins: a job that spends seconds importing
@@ -37,12 +39,12 @@ enum Phase {
 /// Start-up and shutdown bins of a timeline.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Edges {
-    /// First bin after start-up: the main threads imported (or had not
-    /// begun Python code) in most of their samples of every sampled bin
-    /// before it, and imported in at least one.
+    /// First bin after start-up: the main and input threads imported (or
+    /// had not begun Python code) in most of their samples of every
+    /// sampled bin before it, and imported in at least one.
     pub startup_end: Option<usize>,
     /// First bin of shutdown: in every sampled bin from it on, the main
-    /// threads ran no Python code in most of their samples.
+    /// and input threads ran no Python code in most of their samples.
     pub shutdown_from: Option<usize>,
 }
 
@@ -88,7 +90,12 @@ type Weights = Vec<[f64; 3]>;
 type Tagged = (usize, Phase, f64);
 
 fn weights(a: &Analysis, tl: &Timeline) -> Weights {
-    let threads: BTreeSet<(Pid, Tid)> = tl.mains.iter().map(|t| (t.pid, t.tid)).collect();
+    let threads: BTreeSet<(Pid, Tid)> = tl
+        .mains
+        .iter()
+        .chain(&tl.workers)
+        .map(|t| (t.pid, t.tid))
+        .collect();
     let st = &a.stacks;
     let mut per: BTreeMap<(Pid, Tid), Vec<Tagged>> = BTreeMap::new();
     for s in st
@@ -116,7 +123,7 @@ fn weights(a: &Analysis, tl: &Timeline) -> Weights {
     w
 }
 
-/// The start-up and shutdown of the timeline's main threads.
+/// The start-up and shutdown of the timeline's main and input threads.
 pub fn find(a: &Analysis, tl: &Timeline) -> Edges {
     if tl.mains.is_empty() || a.stacks.samples.is_empty() {
         return Edges::default();

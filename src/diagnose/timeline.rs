@@ -168,7 +168,7 @@ pub struct Timeline {
     /// What `loop_from` is: the first step, the end of the imports, or
     /// neither (0).
     pub loop_from_by: LoopFrom,
-    /// First bin of the main threads' shutdown (the interpreter running no
+    /// First bin of the job's shutdown (the interpreter running no
     /// Python code any more, see [`super::edges`]), else `n`. Bins from
     /// here on, like those before an import-found `loop_from`, have no
     /// cause: no finding counts them.
@@ -183,7 +183,7 @@ pub enum LoopFrom {
     Start,
     /// The first step.
     FirstStep,
-    /// The end of the main threads' imports (no step found).
+    /// The end of the job's imports (main and input threads) (no step found).
     Imports,
 }
 
@@ -571,7 +571,7 @@ impl Timeline {
     /// Where the loop begins and the shutdown starts: the first step when
     /// steps were found and the recording saw the job start (else what
     /// comes before the first step is not start-up), else the end of the
-    /// main threads' imports; bins of imports and of shutdown get no cause.
+    /// imports of the main and input threads; bins of imports and of shutdown get no cause.
     fn set_edges(&mut self, a: &Analysis) {
         let edges = super::edges::find(a, self);
         let first_step = a
@@ -695,7 +695,7 @@ impl Timeline {
         let mut parts = Vec::new();
         if before > 0.0 {
             parts.push(format!(
-                "start-up (the main process importing modules) took {before:.1} s ({} of the run)",
+                "start-up (the job importing modules) took {before:.1} s ({} of the run)",
                 share(before)
             ));
         }
