@@ -15,7 +15,7 @@
 //! start is its own code (listing a dataset, building a model) gets no
 //! start-up here, and a stack that cannot be read either way is left out.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeSet, HashMap};
 
 use crate::analysis::fold::FrameClass;
 use crate::analysis::stacks::Stacks;
@@ -86,8 +86,6 @@ fn phase_of(st: &Stacks, stack: u32) -> Option<Phase> {
 
 /// Sample weight per bin and phase: [import, no Python, running].
 type Weights = Vec<[f64; 3]>;
-/// A sample's bin, phase and weight.
-type Tagged = (usize, Phase, f64);
 
 fn weights(a: &Analysis, tl: &Timeline) -> Weights {
     let threads: BTreeSet<(Pid, Tid)> = tl
@@ -97,27 +95,27 @@ fn weights(a: &Analysis, tl: &Timeline) -> Weights {
         .map(|t| (t.pid, t.tid))
         .collect();
     let st = &a.stacks;
-    let mut per: BTreeMap<(Pid, Tid), Vec<Tagged>> = BTreeMap::new();
-    for s in st
-        .samples
-        .iter()
-        .filter(|s| threads.contains(&(s.pid, s.tid)))
-    {
-        if let (Some(i), Some(p)) = (tl.bin_of(s.t), phase_of(st, s.stack)) {
-            per.entry((s.pid, s.tid))
-                .or_default()
-                .push((i, p, s.weight as f64));
-        }
-    }
+    // One look at each distinct stack, however many samples share it.
+    let mut phases: HashMap<u32, Option<Phase>> = HashMap::new();
+    let mut phase = |id: u32| *phases.entry(id).or_insert_with(|| phase_of(st, id));
     let mut w = vec![[0.0; 3]; tl.n];
-    for samples in per.values() {
-        // A process that never ran Python code (a shell, a launcher in
-        // C) has no interpreter to start or stop.
-        if samples.iter().all(|(_, p, _)| *p == Phase::NoPython) {
+    // Samples are sorted by (pid, tid, t): one run per thread.
+    for run in st.samples.chunk_by(|x, y| (x.pid, x.tid) == (y.pid, y.tid)) {
+        if !threads.contains(&(run[0].pid, run[0].tid)) {
             continue;
         }
-        for (i, p, x) in samples {
-            w[*i][*p as usize] += x;
+        // A process that never ran Python code (a shell, a launcher in
+        // C) has no interpreter to start or stop.
+        if run
+            .iter()
+            .all(|s| matches!(phase(s.stack), None | Some(Phase::NoPython)))
+        {
+            continue;
+        }
+        for s in run {
+            if let (Some(i), Some(p)) = (tl.bin_of(s.t), phase(s.stack)) {
+                w[i][p as usize] += s.weight as f64;
+            }
         }
     }
     w
