@@ -288,7 +288,8 @@ pub struct RecordArgs {
     /// Early warnings: print a warning (with the finding it points at) when
     /// a condition has held this long: GPU busy under 30%, thermal
     /// throttling, a saturated disk while the job waits on IO, no process
-    /// on any GPU. `0` turns them off.
+    /// on any GPU, host memory pressure, the cgroup's CPU limit throttling
+    /// the job. `0` turns them off.
     #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_duration)]
     pub warn_after: Duration,
 

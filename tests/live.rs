@@ -2,6 +2,7 @@
 //! endpoint (`--metrics-addr`), the progress line on a terminal and the
 //! early warnings. Every test runs the real binary on real processes.
 
+#[macro_use]
 mod common;
 
 use std::collections::BTreeMap;
@@ -502,4 +503,43 @@ fn early_warnings_name_the_finding() {
     assert_eq!(warnings.len(), 4, "{err}");
     let quiet = run(true, "b");
     assert!(!quiet.contains("warning"), "{quiet}");
+}
+
+/// A real cgroup-v1 CPU quota of 0.3 CPU on a job that wants a whole
+/// core: the early warning names the limit and the finding, while the job
+/// runs.
+#[test]
+fn a_binding_cpu_limit_is_warned_about_early() {
+    let cg = match TestCgroup::v1(
+        "cpu",
+        "warn",
+        &[
+            ("cpu.cfs_period_us", "100000".into()),
+            ("cpu.cfs_quota_us", "30000".into()),
+        ],
+    ) {
+        Ok(c) => c,
+        Err(why) => skip!("cgroup CPU quota: {why}"),
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let busy = "import time\nend = time.time() + 7\nwhile time.time() < end: pass";
+    let o = gpuprof()
+        .env_remove("GPUPROF_NVML_LIB")
+        .args(["--no-stacks", "--warn-after", "3s", "-o"])
+        .arg(tmp.path().join("out"))
+        .arg("--")
+        .args(cg.wrap(&["python3", "-c", busy]))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    check_outputs(&tmp.path().join("out"));
+    let warning = err
+        .lines()
+        .find(|l| l.starts_with("gpuprof: warning:") && l.contains("[cpu-limit"))
+        .unwrap_or_else(|| panic!("a cpu-limit warning: {err}"));
+    assert!(
+        warning.contains("CPU limit (0.3 cores) throttled it in"),
+        "{warning}"
+    );
 }

@@ -266,6 +266,13 @@ pub struct LiveState {
     pub gpu_driver: bool,
     pub gpus: BTreeMap<GpuIndex, LiveGpu>,
     pub disks: BTreeMap<String, LiveDisk>,
+    /// (t, PSI memory "some" stall µs, cumulative), from each Pressure
+    /// event.
+    psi_mem: VecDeque<(MonoNs, u64)>,
+    /// The job's cgroup CPU limit: (t, periods, throttled periods,
+    /// cumulative; the limit in cores), from each Cgroup event (sent
+    /// when a figure changed, so the last one before a time holds then).
+    cg_cpu: VecDeque<(MonoNs, u64, u64, f64)>,
     pub events: u64,
     nvtx_names: HashMap<u32, String>,
     /// Completed NVTX ranges recorded in detail, per name: (count, seconds).
@@ -300,6 +307,8 @@ impl LiveState {
             gpu_driver: false,
             gpus: BTreeMap::new(),
             disks: BTreeMap::new(),
+            psi_mem: VecDeque::new(),
+            cg_cpu: VecDeque::new(),
             events: 0,
             nvtx_names: HashMap::new(),
             nvtx_kept: BTreeMap::new(),
@@ -526,6 +535,16 @@ impl LiveState {
                 d.hist.pop_front();
             }
         }
+        while self.psi_mem.len() > MAX_HISTORY
+            || self.psi_mem.len() > 2 && self.psi_mem[1].0 < keep_from
+        {
+            self.psi_mem.pop_front();
+        }
+        while self.cg_cpu.len() > MAX_HISTORY
+            || self.cg_cpu.len() > 2 && self.cg_cpu[1].0 < keep_from
+        {
+            self.cg_cpu.pop_front();
+        }
     }
 
     /// Take one event of the recording into account.
@@ -614,6 +633,17 @@ impl LiveState {
                     e.hist.push_back((*t, e.io_ms));
                 }
             }
+            Event::Pressure {
+                t, memory: Some(m), ..
+            } => self.psi_mem.push_back((*t, m.some_us)),
+            Event::Cgroup {
+                t, cpu: Some(c), ..
+            } if c.period_us > 0 => self.cg_cpu.push_back((
+                *t,
+                c.nr_periods,
+                c.nr_throttled,
+                c.quota_us as f64 / c.period_us as f64,
+            )),
             Event::NvtxName { id, name } if self.nvtx_names.len() < MAX_NVTX_NAMES => {
                 self.nvtx_names.insert(*id, name.clone());
             }
@@ -1054,7 +1084,58 @@ impl LiveState {
         self.unused_alert(w, &mins, &mut out);
         self.idle_alerts(w, from, &mins, &mut out);
         self.disk_alerts(w, &mins, &mut out);
+        self.host_alerts(w, &mins, &mut out);
         out
+    }
+
+    /// Tasks stalled on host memory, and the job held back by its
+    /// cgroup's CPU limit, over the window (the diagnosis' thresholds).
+    fn host_alerts(&self, w: f64, mins: &str, out: &mut Vec<Alert>) {
+        use crate::diagnose::thresholds as th;
+        if self.elapsed_s() < w {
+            return;
+        }
+        let from = MonoNs(self.now.0.saturating_sub((w * 1e9) as u64));
+        // PSI is read every interval: the first reading in the window and
+        // the last, covering most of it.
+        if let (Some(a), Some(b)) = (
+            self.psi_mem.iter().find(|x| x.0 >= from),
+            self.psi_mem.back(),
+        ) {
+            let span = b.0.secs_since(a.0);
+            if span >= 0.8 * w {
+                let share = b.1.saturating_sub(a.1) as f64 / 1e6 / span;
+                if share >= th::MEMORY_PSI_SHARE {
+                    out.push(Alert {
+                        key: "host-memory".into(),
+                        finding: Some("host-memory-pressure"),
+                        message: format!(
+                            "tasks stalled on host memory {:.0}% of the last {mins} (PSI memory \"some\": reclaim, swapping, a page cache too small for the data)",
+                            share * 100.0
+                        ),
+                    });
+                }
+            }
+        }
+        // The limit's counters as they stood when the window opened: the
+        // last event before it (events come only when a figure changes).
+        let before = self.cg_cpu.iter().rev().find(|x| x.0 <= from);
+        if let (Some(a), Some(b)) = (before, self.cg_cpu.back()) {
+            let periods = b.1.saturating_sub(a.1);
+            let throttled = b.2.saturating_sub(a.2);
+            // At least a second's worth of 100 ms periods.
+            if periods >= 10 && throttled as f64 >= th::CPU_THROTTLED_SHARE * periods as f64 {
+                out.push(Alert {
+                    key: "cpu-limit".into(),
+                    finding: Some("cpu-limit"),
+                    message: format!(
+                        "the job's cgroup CPU limit ({:.1} cores) throttled it in {:.0}% of its scheduling periods over the last {mins}",
+                        b.3,
+                        throttled as f64 / periods as f64 * 100.0
+                    ),
+                });
+            }
+        }
     }
 
     /// Thermal throttling and power capping held over most of the window.

@@ -299,3 +299,82 @@ fn ranks_and_launchers_as_the_analysis_sees_them() {
     assert_eq!(cpu[&(1, Role::Main)], S);
     assert_eq!(cpu[&(1, Role::Worker)], 2 * S);
 }
+
+/// Host memory pressure and a binding cgroup CPU limit are warned about
+/// once they have held for the window, not before; a window in which
+/// they eased is quiet.
+#[test]
+fn memory_pressure_and_cpu_limit_warn_over_a_full_window() {
+    use crate::event::{CgroupCpu, Psi};
+    let live = Live::new(std::time::Duration::from_secs(60));
+    let mut tap = live.tap();
+    tap(&header());
+    let window = std::time::Duration::from_secs(30);
+    let cgroup = |t: u64, periods: u64, throttled: u64| Event::Cgroup {
+        t: MonoNs(t),
+        cpu: Some(CgroupCpu {
+            path: "/job".into(),
+            v2: true,
+            quota_us: 50_000,
+            period_us: 100_000,
+            nr_periods: periods,
+            nr_throttled: throttled,
+            throttled_ns: 0,
+        }),
+        memory: None,
+    };
+    // From t = 10 s, every 100 ms: 20% of the time stalled on memory
+    // (20 ms of each 100 ms), and the limit throttling 4 periods in 10
+    // until t = 60 s, none after.
+    let (mut stall_us, mut periods, mut throttled) = (0u64, 0u64, 0u64);
+    for k in 0..1000u64 {
+        let t = 10 * S + k * S / 10;
+        let pressed = t < 60 * S;
+        if pressed {
+            stall_us += 20_000;
+        }
+        periods += 1;
+        if pressed && k % 10 < 4 {
+            throttled += 1;
+        }
+        tap(&sys(t));
+        tap(&Event::Pressure {
+            t: MonoNs(t),
+            cpu: None,
+            io: None,
+            memory: Some(Psi {
+                some_us: stall_us,
+                full_us: None,
+            }),
+        });
+        tap(&cgroup(t, periods, throttled));
+        let keys = || -> Vec<String> {
+            let mut k: Vec<String> = state(&live)
+                .alerts(window)
+                .into_iter()
+                .map(|a| a.key)
+                .collect();
+            k.sort();
+            k
+        };
+        if t == 30 * S {
+            assert!(keys().is_empty(), "20 s of data is not a 30 s window");
+        }
+        if t == 55 * S {
+            assert_eq!(keys(), ["cpu-limit", "host-memory"]);
+            let alerts = state(&live).alerts(window);
+            let text: Vec<&str> = alerts.iter().map(|a| a.message.as_str()).collect();
+            assert!(
+                text.iter().any(|m| m.contains("host memory 20%")),
+                "{text:?}"
+            );
+            assert!(
+                text.iter()
+                    .any(|m| m.contains("(0.5 cores) throttled it in 40%")),
+                "{text:?}"
+            );
+        }
+    }
+    // The last 30 s had neither.
+    assert!(state(&live).alerts(window).is_empty());
+}
