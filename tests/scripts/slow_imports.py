@@ -6,6 +6,7 @@ workers) and exits.
 Usage: slow_imports.py IMPORT_S WORK_S
 """
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -42,4 +43,4 @@ while time.thread_time() < end:
     make_batch()
     steps += 1
 print(f"{steps} batches", flush=True)
-os.remove(os.path.join(pkg, "heavy_module.py"))
+shutil.rmtree(pkg, ignore_errors=True)
