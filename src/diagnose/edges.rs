@@ -4,7 +4,9 @@
 //! PyTorch with it, before its first batch).
 //!
 //! Without measured steps and without a measured GPU, nothing else tells
-//! where a run's training loop begins: a job that spends seconds importing
+//! where a run's training loop begins (the shutdown is taken from here
+//! with steps too: after its last step a job can still spend a second
+//! exiting): a job that spends seconds importing
 //! PyTorch from a cold page cache looks, from /proc alone, like a main
 //! thread busy preparing batches and blocked on storage reads. The stacks
 //! tell: while a Python program imports, its frames run inside
@@ -24,7 +26,7 @@ use crate::event::{Pid, Tid};
 
 use super::timeline::Timeline;
 
-/// What a main thread was doing in one sample.
+/// What a main or input thread was doing in one sample.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phase {
     /// Inside an import (a frame of `importlib._bootstrap`).
@@ -104,7 +106,7 @@ fn weights(a: &Analysis, tl: &Timeline) -> Weights {
         if !threads.contains(&(run[0].pid, run[0].tid)) {
             continue;
         }
-        // A process that never ran Python code (a shell, a launcher in
+        // A thread that never ran Python code (a shell's, a launcher's in
         // C) has no interpreter to start or stop.
         if run
             .iter()

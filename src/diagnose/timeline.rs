@@ -158,7 +158,8 @@ pub struct Timeline {
     pub cause: Vec<Option<Cause>>,
     /// The first bin of the training loop: that of the first step's start
     /// when steps were found and the recording saw the job start (else
-    /// what comes before the first step is not start-up), else 0. The
+    /// what comes before the first step is not start-up), else the end of
+    /// the imports told by the stacks ([`super::edges`]), else 0. The
     /// estimates of GPU time from the
     /// CPU side ([`Timeline::weighted_s`]) start there: before its first
     /// step a job imports, builds its model and starts its workers, and a
@@ -190,6 +191,34 @@ pub enum LoopFrom {
 /// A per-bin share at or above `t` (a bin without data never is).
 fn ge(v: f32, t: f64) -> bool {
     !v.is_nan() && v as f64 >= t
+}
+
+/// Per bin: whether it lies mostly inside one of the workers' restarts.
+fn restarting_bins(restarts: &[Restart], start: MonoNs, bin_ns: u64, n: usize) -> Vec<bool> {
+    let mut restarting = vec![false; n];
+    for r in restarts {
+        let mut w = vec![0.0f32; n];
+        spread(&mut w, start, bin_ns, r.down, r.ready, 1.0);
+        for (slot, v) in restarting.iter_mut().zip(&w) {
+            if *v >= 0.5 {
+                *slot = true;
+            }
+        }
+    }
+    restarting
+}
+
+/// Per bin: the job's threads in R (running or waiting for a CPU), summed.
+fn job_runnable(a: &Analysis, start: MonoNs, bin_ns: u64, n: usize) -> Vec<f32> {
+    let mut out = vec![0.0f32; n];
+    for p in a.processes.values() {
+        for t in p.threads.values() {
+            for run in t.state_runs.iter().filter(|r| r.r_ns > 0) {
+                spread(&mut out, start, bin_ns, run.from, run.to, run.share('R'));
+            }
+        }
+    }
+    out
 }
 
 fn bin_span(start: MonoNs, bin_ns: u64, i: usize) -> (MonoNs, MonoNs) {
@@ -500,35 +529,10 @@ impl Timeline {
             .collect();
         let window_ns = (th::RESTART_WINDOW_S * 1e9) as u64;
         let restarts = restarts(&worker_procs, end, |t| a.gpu.busy_again_after(t, window_ns));
-        let mut restarting = vec![false; n];
-        for r in &restarts {
-            let mut w = vec![0.0f32; n];
-            spread(&mut w, start, bin_ns, r.down, r.ready, 1.0);
-            for (slot, v) in restarting.iter_mut().zip(&w) {
-                // Bins mostly inside the restart.
-                if *v >= 0.5 {
-                    *slot = true;
-                }
-            }
-        }
+        let restarting = restarting_bins(&restarts, start, bin_ns, n);
         let workers_r = wsum.mean(&wsum.r);
         let workers_alive = wsum.alive;
-
-        let mut job_runnable = vec![0.0f32; n];
-        for p in a.processes.values() {
-            for t in p.threads.values() {
-                for run in t.state_runs.iter().filter(|r| r.r_ns > 0) {
-                    spread(
-                        &mut job_runnable,
-                        start,
-                        bin_ns,
-                        run.from,
-                        run.to,
-                        run.share('R'),
-                    );
-                }
-            }
-        }
+        let job_runnable = job_runnable(a, start, bin_ns, n);
         let sys_busy = series_bins(&a.system.busy, start, bin_ns, n, 0.01);
         let psi_cpu = mean_bins(&a.system.psi_cpu.some, start, bin_ns, n, 0.01);
 
@@ -571,7 +575,8 @@ impl Timeline {
     /// Where the loop begins and the shutdown starts: the first step when
     /// steps were found and the recording saw the job start (else what
     /// comes before the first step is not start-up), else the end of the
-    /// imports of the main and input threads; bins of imports and of shutdown get no cause.
+    /// imports of the main and input threads. Bins of those imports and of
+    /// the shutdown (found with or without steps) get no cause.
     fn set_edges(&mut self, a: &Analysis) {
         let edges = super::edges::find(a, self);
         let first_step = a
@@ -675,7 +680,7 @@ impl Timeline {
         (0..self.loop_from).map(|i| self.bin_s(i)).sum()
     }
 
-    /// Seconds of the main threads' shutdown ([`Timeline::shutdown_from`]).
+    /// Seconds of the job's shutdown ([`Timeline::shutdown_from`]).
     pub fn shutdown_s(&self) -> f64 {
         (self.shutdown_from..self.n).map(|i| self.bin_s(i)).sum()
     }
@@ -684,13 +689,13 @@ impl Timeline {
     /// the diagnosis's notes: None when neither was found.
     pub fn edges_note(&self) -> Option<String> {
         let dur = self.end.secs_since(self.start).max(1e-9);
-        let before = self.before_loop_s();
-        let after = self.shutdown_s();
+        // A start-up ending at the first step is the steps' to tell.
         let before = if self.loop_from_by == LoopFrom::Imports {
-            before
+            self.before_loop_s()
         } else {
             0.0
         };
+        let after = self.shutdown_s();
         let share = |s: f64| format!("{:.0}%", 100.0 * s / dur);
         let mut parts = Vec::new();
         if before > 0.0 {
