@@ -9,6 +9,7 @@
 #[macro_use]
 mod common;
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::Mutex;
@@ -30,19 +31,48 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Record `train_sim.py ARGS` into `out`; returns the report.
-fn record(out: &Path, args: &[&str]) -> Value {
+/// Record the job `cmd` into `out` (no GPU library); returns gpuprof's
+/// output and the report.
+fn record_cmd<S: AsRef<OsStr>>(out: &Path, cmd: &[S]) -> (Output, Value) {
     let o = Command::new(gpuprof())
         .arg("-o")
         .arg(out)
         .arg("--")
-        .arg("python3")
-        .arg(sim())
-        .args(args)
+        .args(cmd)
         .env_remove("GPUPROF_NVML_LIB")
         .output()
         .expect("gpuprof runs");
-    check_recorded(&o, out)
+    let report = check_recorded(&o, out);
+    (o, report)
+}
+
+/// Record `train_sim.py ARGS` into `out`; returns the report.
+fn record(out: &Path, args: &[&str]) -> Value {
+    let sim = sim();
+    let mut cmd: Vec<&OsStr> = vec![OsStr::new("python3"), sim.as_os_str()];
+    cmd.extend(args.iter().map(OsStr::new));
+    record_cmd(out, &cmd).1
+}
+
+/// A job script of the tests (`tests/scripts/NAME`).
+fn test_script(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/scripts")
+        .join(name)
+}
+
+/// The seconds of the diagnosis' start-up note ("Start-up (the job
+/// importing modules) took 2.2 s …"); panics without one.
+fn startup_note_s(report: &Value) -> f64 {
+    report["diagnosis"]["notes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|n| n.as_str())
+        .find_map(|n| n.strip_prefix("Start-up (the job importing modules) took "))
+        .and_then(|x| x.split(' ').next())
+        .and_then(|x| x.parse().ok())
+        .unwrap_or_else(|| panic!("a start-up note: {}", report["diagnosis"]))
 }
 
 fn check_recorded(o: &Output, out: &Path) -> Value {
@@ -181,18 +211,14 @@ fn preprocessing_in_the_main_process() {
 
 /// Record `tests/scripts/slow_imports.py IMPORT_S WORK_S` into `out`.
 fn record_slow_imports(out: &Path, import_s: &str, work_s: &str) -> Value {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scripts/slow_imports.py");
-    let o = Command::new(gpuprof())
-        .arg("-o")
-        .arg(out)
-        .arg("--")
-        .arg("python3")
-        .arg(script)
-        .args([import_s, work_s])
-        .env_remove("GPUPROF_NVML_LIB")
-        .output()
-        .expect("gpuprof runs");
-    check_recorded(&o, out)
+    let script = test_script("slow_imports.py");
+    let cmd = [
+        OsStr::new("python3"),
+        script.as_os_str(),
+        OsStr::new(import_s),
+        OsStr::new(work_s),
+    ];
+    record_cmd(out, &cmd).1
 }
 
 /// Without steps or a GPU, a start that is all imports (as `import torch`
@@ -207,31 +233,13 @@ fn slow_imports_are_start_up_not_batches() {
         skip!("start-up is read from stack samples: {why}");
     }
     let dir = tempfile::tempdir().unwrap();
-    let note = |r: &Value| -> String {
-        r["diagnosis"]["notes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter_map(|n| n.as_str())
-            .find(|n| n.starts_with("Start-up (the job importing modules) took"))
-            .unwrap_or_else(|| panic!("a start-up note: {}", r["diagnosis"]))
-            .to_string()
-    };
-    let secs = |note: &str| -> f64 {
-        note.split(" took ")
-            .nth(1)
-            .and_then(|x| x.split(' ').next())
-            .unwrap()
-            .parse()
-            .unwrap()
-    };
 
     // Imports only: nothing to diagnose but the start-up.
     let report = record_slow_imports(&dir.path().join("imports"), "2.0", "0");
     well_formed(&report);
     no_alarm(&report);
-    let n = note(&report);
-    assert!((1.8..4.0).contains(&secs(&n)), "{n}");
+    let startup = startup_note_s(&report);
+    assert!((1.8..4.0).contains(&startup), "{}", report["diagnosis"]);
 
     // Imports, then 2 s of batches in the main thread.
     let report = record_slow_imports(&dir.path().join("work"), "2.0", "2.0");
@@ -247,11 +255,8 @@ fn slow_imports_are_start_up_not_batches() {
     let gpu_s = f["gpu_time_s"].as_f64().unwrap();
     // The 2 s of batches, not the 4 s of computing in all.
     assert!((1.2..3.0).contains(&gpu_s), "{gpu_s} s: {f}");
-    assert!(
-        (1.8..4.0).contains(&secs(&note(&report))),
-        "{}",
-        note(&report)
-    );
+    let startup = startup_note_s(&report);
+    assert!((1.8..4.0).contains(&startup), "{}", report["diagnosis"]);
     let stacks = f["evidence"]
         .as_array()
         .unwrap()
@@ -275,29 +280,14 @@ fn importing_torch_is_start_up_and_shutdown() {
         skip!("no Python with PyTorch (GPUPROF_TEST_TORCH_PYTHON)");
     };
     let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("torch");
-    let o = Command::new(gpuprof())
-        .arg("-o")
-        .arg(&out)
-        .arg("--")
-        .arg(py)
-        .args([
-            "-c",
-            "import torch, torch.nn as nn; print(nn.Linear(8, 8)(torch.zeros(1, 8)).shape)",
-        ])
-        .env_remove("GPUPROF_NVML_LIB")
-        .output()
-        .expect("gpuprof runs");
-    let report = check_recorded(&o, &out);
+    let code = "import torch, torch.nn as nn; print(nn.Linear(8, 8)(torch.zeros(1, 8)).shape)";
+    let cmd = [py.as_os_str(), OsStr::new("-c"), OsStr::new(code)];
+    let (_, report) = record_cmd(&dir.path().join("torch"), &cmd);
     well_formed(&report);
     for (id, _) in findings(&report) {
         assert_eq!(id, "low-sample-coverage", "{}", report["findings"]);
     }
-    let notes = report["diagnosis"]["notes"].to_string();
-    assert!(
-        notes.contains("Start-up (the job importing modules) took"),
-        "{notes}"
-    );
+    assert!(startup_note_s(&report) > 0.0, "{}", report["diagnosis"]);
 }
 
 /// DataLoader workers started with `spawn` import PyTorch again before
@@ -313,18 +303,8 @@ fn spawned_workers_importing_is_start_up() {
         skip!("no Python with PyTorch (GPUPROF_TEST_TORCH_PYTHON)");
     };
     let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("spawn");
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scripts/spawn_loader.py");
-    let o = Command::new(gpuprof())
-        .arg("-o")
-        .arg(&out)
-        .arg("--")
-        .arg(py)
-        .arg(script)
-        .env_remove("GPUPROF_NVML_LIB")
-        .output()
-        .expect("gpuprof runs");
-    let report = check_recorded(&o, &out);
+    let script = test_script("spawn_loader.py");
+    let (o, report) = record_cmd(&dir.path().join("spawn"), &[&py, &script]);
     well_formed(&report);
     let stdout = String::from_utf8_lossy(&o.stdout);
     let first_batch: f64 = stdout
@@ -341,18 +321,13 @@ fn spawned_workers_importing_is_start_up() {
             report["findings"]
         );
     }
-    let notes = report["diagnosis"]["notes"].to_string();
-    let startup: f64 = notes
-        .split("Start-up (the job importing modules) took ")
-        .nth(1)
-        .and_then(|x| x.split(' ').next())
-        .and_then(|x| x.parse().ok())
-        .unwrap_or_else(|| panic!("a start-up note: {notes}"));
+    let startup = startup_note_s(&report);
     // Up to the first batch, the workers' imports included (the recording
     // starts a little before the interpreter runs the file).
     assert!(
         startup >= 0.85 * first_batch && startup <= first_batch + 1.5,
-        "start-up {startup} s, first batch after {first_batch} s: {notes}"
+        "start-up {startup} s, first batch after {first_batch} s: {}",
+        report["diagnosis"]
     );
 }
 
