@@ -299,7 +299,8 @@ pub struct RecordArgs {
     /// native sample carries the Python frames of that very instant; CPython
     /// 3.9–3.13. Measured on a 2-vCPU VM: the agent's handler is 0.2–0.7%
     /// of the job's CPU, and the whole profiler slowed a loader job that
-    /// keeps every core busy ×1.01–1.04 (see docs/stacks.md). `py-spy`: no agent;
+    /// keeps every core busy ×1.006–1.015 (median of paired runs, depending on
+    /// the host's load; see docs/stacks.md). `py-spy`: no agent;
     /// Python stacks are read from outside (non-blocking, within 1% of a
     /// core) into a separate Python-only view, and native samples of Python
     /// code stay under `[python: not sampled]`. Exact alternatives that
