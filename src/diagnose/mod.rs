@@ -405,11 +405,16 @@ pub fn diagnose(
     let mut notes = Vec::new();
     let gpu_measured = gpu.is_some_and(|g| !g.devices.is_empty());
     if !gpu_measured {
-        notes.push(
+        notes.push(if no_gpu_use_seen(a) {
+            "The GPU side was not measured, and nothing shows that this job uses a GPU: no \
+             process of it loaded a GPU framework (PyTorch, TensorFlow, JAX, PaddlePaddle) or a \
+             CUDA library. The findings say where its time went on the CPU; their GPU time is \
+             an estimate of what that would cost a job feeding a GPU (see each finding's method)."
+        } else {
             "The GPU side was not measured: GPU time figures are estimates from what the CPU did \
              (see each finding's method)."
-                .to_string(),
-        );
+        }
+        .to_string());
         notes.extend(tl.edges_note());
     } else if let Some(g) = gpu {
         notes.extend(rules::edge_gap_notes(a, g));
@@ -422,6 +427,14 @@ pub fn diagnose(
         environment: EnvironmentSummary::build(a, &tl),
         ranks: rank_figures,
     }
+}
+
+/// Whether the job's libraries were recorded and none of them is a GPU
+/// framework or a CUDA library: without a measured GPU, the CPU-side
+/// estimates of GPU time then describe a GPU the job may never use (`dd`,
+/// a CPU-only script), and the diagnosis says so instead of implying one.
+fn no_gpu_use_seen(a: &Analysis) -> bool {
+    a.env.cuda_mapped() == Some(false) && a.env.frameworks().is_empty()
 }
 
 /// Diagnose from the analysis alone, with whatever GPU and stack data it

@@ -197,6 +197,51 @@ fn saturated_worker_with_idle_cores_is_too_few_workers() {
     assert!(d.notes[0].contains("not measured"));
 }
 
+/// Without a measured GPU, the note says whether anything shows the job
+/// uses one: a GPU framework or CUDA library among its libraries.
+#[test]
+fn unmeasured_gpu_note_says_when_nothing_shows_gpu_use() {
+    let libs = |a: &mut crate::analysis::Analysis, lib: &str| {
+        a.env.event(&Event::Libraries {
+            t: t(0),
+            pid: Pid(10),
+            added: vec!["/usr/lib/x86_64-linux-gnu/libc.so.6".into(), lib.into()],
+        })
+    };
+    let base = || analysis(4, &[sleeping_main(), saturated_worker(20)], &[20], |_| 0.27);
+    // No libraries recorded: nothing is known either way.
+    let d = diagnose(&base(), None, None);
+    assert!(!d.notes[0].contains("nothing shows"), "{:?}", d.notes);
+    let mut a = base();
+    libs(&mut a, "/usr/lib/x86_64-linux-gnu/libz.so.1");
+    let d = diagnose(&a, None, None);
+    assert!(d.notes[0].contains("not measured"), "{:?}", d.notes);
+    assert!(d.notes[0].contains("nothing shows"), "{:?}", d.notes);
+    for lib in [
+        "/venv/lib/torch/lib/libtorch_cpu.so",
+        "/usr/local/cuda/lib64/libcudart.so.12",
+    ] {
+        let mut a = base();
+        libs(&mut a, lib);
+        let d = diagnose(&a, None, None);
+        assert!(d.notes[0].contains("not measured"), "{lib}: {:?}", d.notes);
+        assert!(
+            !d.notes[0].contains("nothing shows"),
+            "{lib}: {:?}",
+            d.notes
+        );
+    }
+    // With a measured GPU the note is not given at all.
+    let mut a = base();
+    libs(&mut a, "/usr/lib/x86_64-linux-gnu/libz.so.1");
+    let d = diagnose(&a, Some(&gpu_with_gaps()), None);
+    assert!(
+        d.notes.iter().all(|n| !n.contains("nothing shows")),
+        "{:?}",
+        d.notes
+    );
+}
+
 #[test]
 fn saturated_workers_on_a_busy_machine_are_input_bound() {
     let a = analysis(2, &[sleeping_main(), saturated_worker(20)], &[20], |_| 0.97);
