@@ -664,7 +664,10 @@ struct Metrics {
     workers_started: usize,
     workers_exited: usize,
     ranges: HashMap<String, f64>,
+    /// Sampled CPU time of the loop thread under each frame (once per
+    /// sample), and in all.
     frames: HashMap<String, f64>,
+    sampled_s: f64,
 }
 
 fn overlap(iv: &[(MonoNs, MonoNs)], s: MonoNs, e: MonoNs) -> f64 {
@@ -744,11 +747,16 @@ impl Context<'_> {
         let period = a.stacks.period_ns as f64 / 1e9;
         if period > 0.0 {
             let j = self.samples.partition_point(|x| x.t < s);
+            // The Python view, as the flamegraphs show it: the program's
+            // functions and the libraries' native frames, without the
+            // interpreter's.
             for x in self.samples[j..].iter().take_while(|x| x.t < e) {
+                let w = period * x.weight as f64;
+                m.sampled_s += w;
                 let mut seen = BTreeSet::new();
-                for f in a.stacks.stack(x.stack) {
+                for f in a.stacks.stack(x.py_stack) {
                     if seen.insert(f) {
-                        *m.frames.entry(f.to_string()).or_default() += period;
+                        *m.frames.entry(f.to_string()).or_default() += w;
                     }
                 }
             }
@@ -766,165 +774,56 @@ fn med_of(v: impl Iterator<Item = f64>) -> f64 {
     median(&mut v)
 }
 
-/// What differed during one slow step, compared with the typical step.
+/// A slow step's figures against the typical steps': the typical value of
+/// a figure (the median over the typical steps) and whether a difference
+/// is big enough to count (a quarter of the step's excess time).
+struct Against<'a> {
+    typical: &'a [Metrics],
+    excess: f64,
+}
+
+impl Against<'_> {
+    fn typical(&self, f: impl Fn(&Metrics) -> f64) -> f64 {
+        med_of(self.typical.iter().map(f))
+    }
+
+    fn big(&self, x: f64) -> bool {
+        x >= 0.25 * self.excess && x > 0.0
+    }
+
+    /// Per key of a per-name figure (NVTX ranges, frames): (slow minus
+    /// typical, key, slow, typical).
+    fn by_key<'m>(
+        &self,
+        slow: &'m HashMap<String, f64>,
+        of: impl Fn(&Metrics) -> &HashMap<String, f64>,
+    ) -> Vec<(f64, &'m String, f64, f64)> {
+        slow.iter()
+            .map(|(k, v)| {
+                let tv = self.typical(|x| of(x).get(k).copied().unwrap_or(0.0));
+                (v - tv, k, *v, tv)
+            })
+            .collect()
+    }
+}
+
+/// What differed during one slow step (from `s` to `e`), compared with
+/// the typical step.
 fn causes(
     ctx: &Context,
     m: &Metrics,
     typical: &[Metrics],
     excess: f64,
-    _index: usize,
+    (s, e): (MonoNs, MonoNs),
 ) -> Vec<Cause> {
+    let vs = Against { typical, excess };
     let mut out: Vec<Cause> = Vec::new();
-    let t = |f: &dyn Fn(&Metrics) -> f64| med_of(typical.iter().map(f));
-    let big = |x: f64| x >= 0.25 * excess && x > 0.0;
-    if let Some(idle) = m.gpu_idle_s {
-        let ti = t(&|x| x.gpu_idle_s.unwrap_or(0.0));
-        if big(idle - ti) {
-            out.push(Cause {
-                kind: "gpu-idle",
-                text: format!("the GPU was idle {idle:.2} s (typical step {ti:.2} s)"),
-                excess_s: Some(idle - ti),
-            });
-        }
-    }
-    let started = m.workers_started;
-    if started > 0 && t(&|x| x.workers_started as f64) < 0.5 {
-        out.push(Cause {
-            kind: "workers",
-            text: format!(
-                "{started} input worker process(es) started during this step (none in a typical step): workers were (re)created — with PyTorch, `persistent_workers=True` keeps DataLoader workers between epochs"
-            ),
-            excess_s: None,
-        });
-    } else if m.workers_exited > 0 && t(&|x| x.workers_exited as f64) < 0.5 {
-        out.push(Cause {
-            kind: "workers",
-            text: format!(
-                "{} input worker process(es) exited during this step",
-                m.workers_exited
-            ),
-            excess_s: None,
-        });
-    }
-    let (tr, tw, td) = (t(&|x| x.read_b), t(&|x| x.write_b), t(&|x| x.io_wait_s));
-    let io_wait = m.io_wait_s - td;
-    let read_more = m.read_b - tr >= 1e6 && m.read_b > 2.0 * tr;
-    let write_more = m.write_b - tw >= 1e6 && m.write_b > 2.0 * tw;
-    if read_more || write_more || big(io_wait) {
-        let mut parts = Vec::new();
-        if read_more {
-            parts.push(format!("read {} (typical step {})", mb(m.read_b), mb(tr)));
-        }
-        if write_more {
-            parts.push(format!("wrote {} (typical step {})", mb(m.write_b), mb(tw)));
-        }
-        if big(io_wait) {
-            parts.push(format!(
-                "threads waited on IO (D state) {:.2} s (typical {td:.2} s)",
-                m.io_wait_s
-            ));
-        }
-        out.push(Cause {
-            kind: "io",
-            text: format!("IO: the job {}", parts.join(", ")),
-            excess_s: big(io_wait).then_some(io_wait),
-        });
-    }
-    let tc = t(&|x| x.main_cpu_s);
-    if big(m.main_cpu_s - tc) {
-        out.push(Cause {
-            kind: "cpu",
-            text: format!(
-                "CPU: the step's process used {:.2} CPU-s (typical step {tc:.2})",
-                m.main_cpu_s
-            ),
-            excess_s: Some(m.main_cpu_s - tc),
-        });
-    }
-    let twc = t(&|x| x.worker_cpu_s);
-    if big(m.worker_cpu_s - twc) {
-        out.push(Cause {
-            kind: "cpu",
-            text: format!(
-                "CPU: input workers used {:.2} CPU-s (typical step {twc:.2})",
-                m.worker_cpu_s
-            ),
-            excess_s: Some(m.worker_cpu_s - twc),
-        });
-    }
-    // NVTX ranges inside the step that took longer than usual.
-    let mut rs: Vec<(f64, &String, f64, f64)> = m
-        .ranges
-        .iter()
-        .map(|(k, v)| {
-            let tv = med_of(
-                typical
-                    .iter()
-                    .map(|x| x.ranges.get(k).copied().unwrap_or(0.0)),
-            );
-            (v - tv, k, *v, tv)
-        })
-        .filter(|x| big(x.0))
-        .collect();
-    rs.sort_by(|x, y| y.0.total_cmp(&x.0).then(x.1.cmp(y.1)));
-    for (ex, k, v, tv) in rs.into_iter().take(2) {
-        out.push(Cause {
-            kind: "nvtx-range",
-            text: if tv > 0.0 {
-                format!("range `{k}` took {v:.2} s (typical step {tv:.2} s)")
-            } else {
-                format!("range `{k}` took {v:.2} s (not in a typical step)")
-            },
-            excess_s: Some(ex),
-        });
-    }
-    // Functions on the loop thread specific to the slow step: the outermost
-    // and the innermost frames that account for most of the extra time.
-    let mut fs: Vec<(f64, &String, f64, f64)> = m
-        .frames
-        .iter()
-        .map(|(k, v)| {
-            let tv = med_of(
-                typical
-                    .iter()
-                    .map(|x| x.frames.get(k).copied().unwrap_or(0.0)),
-            );
-            (v - tv, k, *v, tv)
-        })
-        .collect();
-    let max_ex = fs.iter().map(|x| x.0).fold(0.0, f64::max);
-    if big(max_ex) {
-        fs.retain(|x| x.0 >= 0.6 * max_ex && x.3 <= 0.25 * x.2);
-        if !fs.is_empty() {
-            // Depth order: a frame's position in the stacks of the step.
-            let depth = |f: &str| -> usize {
-                let j = ctx.samples.partition_point(|x| x.t < MonoNs(0));
-                ctx.samples[j..]
-                    .iter()
-                    .find_map(|x| ctx.a.stacks.stack(x.stack).position(|n| n == f))
-                    .unwrap_or(usize::MAX)
-            };
-            fs.sort_by_key(|x| (depth(x.1), x.1.clone()));
-            let outer = fs.first().unwrap();
-            let inner = fs.last().unwrap();
-            let text = if outer.1 == inner.1 {
-                format!(
-                    "the loop thread was in `{}` for ~{:.2} s (typical step {:.2} s)",
-                    outer.1, outer.2, outer.3
-                )
-            } else {
-                format!(
-                    "the loop thread was in `{}` → … → `{}` for ~{:.2} s (typical step {:.2} s)",
-                    outer.1, inner.1, outer.2, outer.3
-                )
-            };
-            out.push(Cause {
-                kind: "stack",
-                text,
-                excess_s: Some(outer.0),
-            });
-        }
-    }
+    out.extend(gpu_idle_cause(m, &vs));
+    out.extend(worker_cause(m, &vs));
+    out.extend(io_cause(m, &vs));
+    out.extend(cpu_causes(m, &vs));
+    out.extend(range_causes(m, &vs));
+    out.extend(stack_cause(ctx, m, &vs, s, e));
     if out.is_empty() {
         out.push(Cause {
             kind: "unknown",
@@ -933,6 +832,172 @@ fn causes(
         });
     }
     out
+}
+
+fn gpu_idle_cause(m: &Metrics, vs: &Against) -> Option<Cause> {
+    let idle = m.gpu_idle_s?;
+    let ti = vs.typical(|x| x.gpu_idle_s.unwrap_or(0.0));
+    vs.big(idle - ti).then(|| Cause {
+        kind: "gpu-idle",
+        text: format!("the GPU was idle {idle:.2} s (typical step {ti:.2} s)"),
+        excess_s: Some(idle - ti),
+    })
+}
+
+fn worker_cause(m: &Metrics, vs: &Against) -> Option<Cause> {
+    let started = m.workers_started;
+    if started > 0 && vs.typical(|x| x.workers_started as f64) < 0.5 {
+        Some(Cause {
+            kind: "workers",
+            text: format!(
+                "{started} input worker process(es) started during this step (none in a typical step): workers were (re)created — with PyTorch, `persistent_workers=True` keeps DataLoader workers between epochs"
+            ),
+            excess_s: None,
+        })
+    } else if m.workers_exited > 0 && vs.typical(|x| x.workers_exited as f64) < 0.5 {
+        Some(Cause {
+            kind: "workers",
+            text: format!(
+                "{} input worker process(es) exited during this step",
+                m.workers_exited
+            ),
+            excess_s: None,
+        })
+    } else {
+        None
+    }
+}
+
+fn io_cause(m: &Metrics, vs: &Against) -> Option<Cause> {
+    let (tr, tw, td) = (
+        vs.typical(|x| x.read_b),
+        vs.typical(|x| x.write_b),
+        vs.typical(|x| x.io_wait_s),
+    );
+    let io_wait = m.io_wait_s - td;
+    let read_more = m.read_b - tr >= 1e6 && m.read_b > 2.0 * tr;
+    let write_more = m.write_b - tw >= 1e6 && m.write_b > 2.0 * tw;
+    if !(read_more || write_more || vs.big(io_wait)) {
+        return None;
+    }
+    let mut parts = Vec::new();
+    if read_more {
+        parts.push(format!("read {} (typical step {})", mb(m.read_b), mb(tr)));
+    }
+    if write_more {
+        parts.push(format!("wrote {} (typical step {})", mb(m.write_b), mb(tw)));
+    }
+    if vs.big(io_wait) {
+        parts.push(format!(
+            "threads waited on IO (D state) {:.2} s (typical {td:.2} s)",
+            m.io_wait_s
+        ));
+    }
+    Some(Cause {
+        kind: "io",
+        text: format!("IO: the job {}", parts.join(", ")),
+        excess_s: vs.big(io_wait).then_some(io_wait),
+    })
+}
+
+/// The CPU of the step's process and of the input workers, each when it
+/// was well above a typical step's.
+fn cpu_causes(m: &Metrics, vs: &Against) -> Vec<Cause> {
+    let tc = vs.typical(|x| x.main_cpu_s);
+    let twc = vs.typical(|x| x.worker_cpu_s);
+    [
+        (m.main_cpu_s, tc, "the step's process"),
+        (m.worker_cpu_s, twc, "input workers"),
+    ]
+    .into_iter()
+    .filter(|(v, t, _)| vs.big(v - t))
+    .map(|(v, t, who)| Cause {
+        kind: "cpu",
+        text: format!("CPU: {who} used {v:.2} CPU-s (typical step {t:.2})"),
+        excess_s: Some(v - t),
+    })
+    .collect()
+}
+
+/// NVTX ranges inside the step that took longer than usual (the two that
+/// took the most extra time).
+fn range_causes(m: &Metrics, vs: &Against) -> Vec<Cause> {
+    let mut rs = vs.by_key(&m.ranges, |x| &x.ranges);
+    rs.retain(|x| vs.big(x.0));
+    rs.sort_by(|x, y| y.0.total_cmp(&x.0).then(x.1.cmp(y.1)));
+    rs.into_iter()
+        .take(2)
+        .map(|(ex, k, v, tv)| Cause {
+            kind: "nvtx-range",
+            text: if tv > 0.0 {
+                format!("range `{k}` took {v:.2} s (typical step {tv:.2} s)")
+            } else {
+                format!("range `{k}` took {v:.2} s (not in a typical step)")
+            },
+            excess_s: Some(ex),
+        })
+        .collect()
+}
+
+/// Functions on the loop thread specific to the slow step: the outermost
+/// and the innermost frames that account for most of the extra time.
+fn stack_cause(ctx: &Context, m: &Metrics, vs: &Against, s: MonoNs, e: MonoNs) -> Option<Cause> {
+    let mut fs = specific_frames(m, vs);
+    // Depth order: a frame's position in the step's first stack that holds it.
+    let j = ctx.samples.partition_point(|x| x.t < s);
+    let step = &ctx.samples[j..ctx.samples.partition_point(|x| x.t < e).max(j)];
+    let depth = |f: &str| -> usize {
+        step.iter()
+            .find_map(|x| ctx.a.stacks.stack(x.py_stack).position(|n| n == f))
+            .unwrap_or(usize::MAX)
+    };
+    fs.sort_by_key(|x| (depth(x.1), x.1.clone()));
+    let (outer, inner) = (fs.first()?, fs.last()?);
+    let text = if outer.1 == inner.1 {
+        format!(
+            "the loop thread was in `{}` for ~{:.2} s (typical step {:.2} s)",
+            outer.1, outer.2, outer.3
+        )
+    } else {
+        format!(
+            "the loop thread was in `{}` → … → `{}` for ~{:.2} s (typical step {:.2} s)",
+            outer.1, inner.1, outer.2, outer.3
+        )
+    };
+    Some(Cause {
+        kind: "stack",
+        text,
+        excess_s: Some(outer.0),
+    })
+}
+
+/// The frames of the slow step's loop thread that account for most of its
+/// extra time and are rare in a typical step, as [`Against::by_key`] gives
+/// them; none when no frame took a big share of the extra time.
+fn specific_frames<'m>(m: &'m Metrics, vs: &Against) -> Vec<(f64, &'m String, f64, f64)> {
+    let mut fs = vs.by_key(&m.frames, |x| &x.frames);
+    let max_ex = fs.iter().map(|x| x.0).fold(0.0, f64::max);
+    if !vs.big(max_ex) {
+        return Vec::new();
+    }
+    // The loop's trunk (`main`, the training loop's function) is under
+    // nearly every sample of the slow step and of the typical steps alike:
+    // when the typical steps barely compute, its median there is ~0 and it
+    // would pass for the slow step's own. Steps without samples tell
+    // nothing about it.
+    let typical_sampled: f64 = vs.typical.iter().map(|x| x.sampled_s).sum();
+    let trunk = |k: &String| {
+        let typical: f64 = vs
+            .typical
+            .iter()
+            .map(|x| x.frames.get(k).copied().unwrap_or(0.0))
+            .sum();
+        typical_sampled > 0.0
+            && m.frames.get(k).copied().unwrap_or(0.0) >= 0.9 * m.sampled_s
+            && typical >= 0.9 * typical_sampled
+    };
+    fs.retain(|x| x.0 >= 0.6 * max_ex && x.3 <= 0.25 * x.2 && !trunk(x.1));
+    fs
 }
 
 fn ordinal(k: usize) -> String {
@@ -1064,7 +1129,7 @@ fn examine_slow(
     let mut kinds: BTreeMap<&'static str, (usize, String)> = BTreeMap::new();
     for &i in order.iter().take(MAX_SLOW_LISTED.max(50)) {
         let m = ctx.metrics(iv[i].0, iv[i].1);
-        let cs = causes(&ctx, &m, &typical, durs[i] - med, i);
+        let cs = causes(&ctx, &m, &typical, durs[i] - med, iv[i]);
         // A step counts once per kind: it may have two of one kind
         // (the CPU of the main process and of the workers).
         let mut counted = BTreeSet::new();
@@ -1231,6 +1296,63 @@ mod tests {
         let split: Vec<f64> = iv.iter().map(|w| w.1.secs_since(w.0)).collect();
         assert!(regularity(&split) >= MIN_REGULARITY);
         assert!(regularity(&starts) < regularity(&split));
+    }
+
+    /// The loop thread's frames in one step: (frame, sampled seconds under
+    /// it), and the step's sampled seconds.
+    fn frames(sampled_s: f64, fs: &[(&str, f64)]) -> Metrics {
+        Metrics {
+            frames: fs.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+            sampled_s,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_slow_steps_own_frames_leave_out_the_loops_trunk() {
+        // Typical steps barely compute: one sample in three steps, under
+        // the loop's trunk. The slow step saves a checkpoint.
+        let mut typical = vec![frames(0.0, &[]); 20];
+        for t in typical.iter_mut().step_by(3) {
+            *t = frames(
+                0.01,
+                &[("main (train.py)", 0.01), ("forward (model.py)", 0.01)],
+            );
+        }
+        let slow = frames(
+            0.30,
+            &[
+                ("main (train.py)", 0.30),
+                ("save_checkpoint (train.py)", 0.28),
+                ("crc32_16bytes", 0.20),
+                ("forward (model.py)", 0.02),
+            ],
+        );
+        let vs = Against {
+            typical: &typical,
+            excess: 0.4,
+        };
+        let mut names: Vec<&str> = specific_frames(&slow, &vs)
+            .into_iter()
+            .map(|x| x.1.as_str())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["crc32_16bytes", "save_checkpoint (train.py)"]);
+        // Typical steps that were never sampled cannot tell the trunk.
+        let unsampled = vec![frames(0.0, &[]); 20];
+        let vs = Against {
+            typical: &unsampled,
+            ..vs
+        };
+        assert!(specific_frames(&slow, &vs)
+            .iter()
+            .any(|x| x.1 == "main (train.py)"));
+        // Nothing when no frame took a big share of the extra time.
+        let vs = Against {
+            typical: &typical,
+            excess: 4.0,
+        };
+        assert!(specific_frames(&slow, &vs).is_empty());
     }
 
     #[test]
