@@ -687,6 +687,18 @@ fn steps_of_a_pytorch_loop_from_its_backward_passes() {
         (printed - sps).abs() <= 0.0051,
         "{printed} vs {sps}: {line}"
     );
+    // The job never touches CUDA, so no process loads the driver's
+    // libcuda.so, and the model ran on the CPU: the diagnosis says so, and
+    // does not send the user after "host work" in the loop.
+    let notes = r["diagnosis"]["notes"].to_string();
+    assert!(notes.contains("nothing ran on a GPU"), "{notes}");
+    for f in r["findings"].as_array().unwrap() {
+        let fix = f["fix"].as_str().unwrap();
+        assert!(!fix.starts_with("Take host work off"), "{f}");
+        if f["id"] == "training-loop" {
+            assert!(fix.starts_with("Run the model on a GPU"), "{f}");
+        }
+    }
     let _ = std::fs::remove_dir_all(&out);
 }
 

@@ -217,6 +217,21 @@ impl Environment {
         }))
     }
 
+    /// Whether any process of the job mapped the NVIDIA driver's CUDA
+    /// library (`libcuda.so`), which every use of a GPU through CUDA loads
+    /// (frameworks load it lazily, at their first CUDA call); None when no
+    /// libraries were recorded.
+    pub fn cuda_driver_mapped(&self) -> Option<bool> {
+        if !self.maps_recorded {
+            return None;
+        }
+        Some(
+            self.libraries
+                .values()
+                .any(|libs| libs.iter().any(|l| file_name(l).starts_with("libcuda.so"))),
+        )
+    }
+
     /// Frameworks mapped, and whether the same process mapped any CUDA
     /// library.
     pub fn frameworks(&self) -> Vec<(Framework, bool)> {

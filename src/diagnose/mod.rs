@@ -405,14 +405,24 @@ pub fn diagnose(
     let mut notes = Vec::new();
     let gpu_measured = gpu.is_some_and(|g| !g.devices.is_empty());
     if !gpu_measured {
-        notes.push(if no_gpu_use_seen(a) {
-            "The GPU side was not measured, and nothing shows that this job uses a GPU: no \
-             process of it loaded a GPU framework (PyTorch, TensorFlow, JAX, PaddlePaddle) or a \
-             CUDA library. The findings say where its time went on the CPU; their GPU time is \
-             an estimate of what that would cost a job feeding a GPU (see each finding's method)."
-        } else {
-            "The GPU side was not measured: GPU time figures are estimates from what the CPU did \
-             (see each finding's method)."
+        notes.push(match gpu_use(a) {
+            GpuUse::NoneSeen => {
+                "The GPU side was not measured, and nothing shows that this job uses a GPU: no \
+                 process of it loaded a GPU framework (PyTorch, TensorFlow, JAX, PaddlePaddle) or \
+                 a CUDA library. The findings say where its time went on the CPU; their GPU time \
+                 is an estimate of what that would cost a job feeding a GPU (see each finding's \
+                 method)."
+            }
+            GpuUse::NoDriver => {
+                "The GPU side was not measured, and no process of the job loaded the NVIDIA \
+                 driver's CUDA library (libcuda.so): nothing ran on a GPU, so the framework's \
+                 work, the model's forward and backward passes included, ran on the CPU. GPU time \
+                 figures are estimates from what the CPU did (see each finding's method)."
+            }
+            GpuUse::Unknown | GpuUse::Possible => {
+                "The GPU side was not measured: GPU time figures are estimates from what the CPU \
+                 did (see each finding's method)."
+            }
         }
         .to_string());
         notes.extend(tl.edges_note());
@@ -429,12 +439,30 @@ pub fn diagnose(
     }
 }
 
-/// Whether the job's libraries were recorded and none of them is a GPU
-/// framework or a CUDA library: without a measured GPU, the CPU-side
-/// estimates of GPU time then describe a GPU the job may never use (`dd`,
-/// a CPU-only script), and the diagnosis says so instead of implying one.
-fn no_gpu_use_seen(a: &Analysis) -> bool {
-    a.env.cuda_mapped() == Some(false) && a.env.frameworks().is_empty()
+/// What the job's libraries say about its use of a GPU. Without a measured
+/// GPU, the CPU-side estimates of GPU time may describe a GPU the job never
+/// used (`dd`, a CPU-only script, a framework that found no GPU), and the
+/// diagnosis says so instead of implying one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum GpuUse {
+    /// No libraries were recorded.
+    Unknown,
+    /// No GPU framework and no CUDA library.
+    NoneSeen,
+    /// A framework or CUDA library, but never the driver's `libcuda.so`:
+    /// whatever the framework computed, it computed on the CPU.
+    NoDriver,
+    /// The driver's CUDA library was loaded: a GPU may have been used.
+    Possible,
+}
+
+pub(crate) fn gpu_use(a: &Analysis) -> GpuUse {
+    match (a.env.cuda_mapped(), a.env.cuda_driver_mapped()) {
+        (None, _) | (_, None) => GpuUse::Unknown,
+        (Some(false), _) if a.env.frameworks().is_empty() => GpuUse::NoneSeen,
+        (_, Some(false)) => GpuUse::NoDriver,
+        (_, Some(true)) => GpuUse::Possible,
+    }
 }
 
 /// Diagnose from the analysis alone, with whatever GPU and stack data it

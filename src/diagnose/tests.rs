@@ -221,8 +221,11 @@ fn unmeasured_gpu_note_says_when_nothing_shows_gpu_use() {
         "/venv/lib/torch/lib/libtorch_cpu.so",
         "/usr/local/cuda/lib64/libcudart.so.12",
     ] {
+        // A framework or a CUDA runtime without the driver's library:
+        // nothing ran on a GPU.
         let mut a = base();
         libs(&mut a, lib);
+        assert_eq!(gpu_use(&a), GpuUse::NoDriver, "{lib}");
         let d = diagnose(&a, None, None);
         assert!(d.notes[0].contains("not measured"), "{lib}: {:?}", d.notes);
         assert!(
@@ -230,6 +233,16 @@ fn unmeasured_gpu_note_says_when_nothing_shows_gpu_use() {
             "{lib}: {:?}",
             d.notes
         );
+        assert!(
+            d.notes[0].contains("nothing ran on a GPU"),
+            "{lib}: {:?}",
+            d.notes
+        );
+        // With the driver's library, a GPU may have been used.
+        libs(&mut a, "/usr/lib/x86_64-linux-gnu/libcuda.so.1");
+        assert_eq!(gpu_use(&a), GpuUse::Possible, "{lib}");
+        let d = diagnose(&a, None, None);
+        assert!(!d.notes[0].contains("nothing"), "{lib}: {:?}", d.notes);
     }
     // With a measured GPU the note is not given at all.
     let mut a = base();
@@ -295,7 +308,7 @@ fn main_thread_computing_without_workers() {
         state: |k| if k % 5 == 0 { 'S' } else { 'R' },
         busy: |k| if k % 5 == 0 { 0.0 } else { 1.0 },
     };
-    let a = analysis(4, &[main], &[], |_| 0.25);
+    let a = analysis(4, std::slice::from_ref(&main), &[], |_| 0.25);
     let d = diagnose(&a, None, None);
     let top = d.top().unwrap();
     assert_eq!(
@@ -305,6 +318,24 @@ fn main_thread_computing_without_workers() {
         ids(&d)
     );
     assert!(top.fix.contains("num_workers=3"), "{}", top.fix);
+    assert!(!top.fix.contains("Nothing ran on a GPU"), "{}", top.fix);
+    // PyTorch loaded, the driver's CUDA library never: the main thread's
+    // computing time includes the model, and the fix says so.
+    let mut a = analysis(4, &[main], &[], |_| 0.25);
+    a.env.event(&Event::Libraries {
+        t: t(0),
+        pid: Pid(10),
+        added: vec!["/venv/lib/torch/lib/libtorch_cpu.so".into()],
+    });
+    let d = diagnose(&a, None, None);
+    let top = d.top().unwrap();
+    assert_eq!(top.kind, FindingKind::MainProcessPreprocessing);
+    assert!(top.fix.contains("Nothing ran on a GPU"), "{}", top.fix);
+    assert!(
+        top.evidence.iter().any(|e| e.contains("libcuda.so")),
+        "{:?}",
+        top.evidence
+    );
 }
 
 /// Without a measured GPU, what the CPU side cost the GPU counts from the
