@@ -72,7 +72,14 @@ fn startup_note_s(report: &Value) -> f64 {
         .find_map(|n| n.strip_prefix("Start-up (the job importing modules) took "))
         .and_then(|x| x.split(' ').next())
         .and_then(|x| x.parse().ok())
-        .unwrap_or_else(|| panic!("a start-up note: {}", report["diagnosis"]))
+        // How the samples got their Python frames tells whether the edges
+        // could be read at all, should this fail.
+        .unwrap_or_else(|| {
+            panic!(
+                "a start-up note: {}; Python frames: {}",
+                report["diagnosis"], report["stacks"]["python"]
+            )
+        })
 }
 
 fn check_recorded(o: &Output, out: &Path) -> Value {

@@ -20,7 +20,7 @@
 use std::collections::{BTreeSet, HashMap};
 
 use crate::analysis::fold::FrameClass;
-use crate::analysis::stacks::Stacks;
+use crate::analysis::stacks::{FrameInfo, Stacks};
 use crate::analysis::Analysis;
 use crate::event::{Pid, Tid};
 
@@ -63,23 +63,36 @@ fn is_import_file(file: &str) -> bool {
 /// The phase of a merged stack; None when it cannot be told (a stack made
 /// up by the analysis, such as a perf sample left for the agent).
 fn phase_of(st: &Stacks, stack: u32) -> Option<Phase> {
-    let (mut python, mut eval, mut import, mut marker) = (false, false, false, false);
-    for f in st.stack_frames(stack) {
+    phase_of_frames(st.stack_frames(stack))
+}
+
+/// The phase of a stack's frames. Python frames that are not known for the
+/// instant (`[python: not sampled]` over an interpreter frame, or the outer
+/// frames cut off, `[python: truncated]`) could be an import's as well as
+/// the program's: such a sample tells neither, unless the frames that are
+/// known show an import.
+fn phase_of_frames<'a>(frames: impl Iterator<Item = &'a FrameInfo>) -> Option<Phase> {
+    let (mut python, mut eval, mut import, mut marker, mut truncated) =
+        (false, false, false, false, false);
+    for f in frames {
         match f.class {
             FrameClass::Python => {
                 python = true;
                 import |= is_import_file(&f.file);
             }
-            FrameClass::Marker => marker = true,
+            FrameClass::Marker => {
+                marker = true;
+                truncated |= f.label == crate::collect::perf::MARKER_TRUNCATED;
+            }
             _ => {}
         }
         eval |= f.eval;
     }
     if import {
         Some(Phase::Import)
-    } else if python || eval {
+    } else if (python && !truncated) || (eval && !python && !marker) {
         Some(Phase::Running)
-    } else if marker {
+    } else if marker || python {
         None
     } else {
         Some(Phase::NoPython)
@@ -171,5 +184,47 @@ mod tests {
         assert!(!is_import_file("/usr/lib/python3.11/importlib/__init__.py"));
         assert!(!is_import_file("torch/__init__.py"));
         assert!(!is_import_file("my_bootstrap.py"));
+    }
+
+    fn frame(class: FrameClass, label: &str, file: &str, eval: bool) -> FrameInfo {
+        FrameInfo {
+            label: label.into(),
+            class,
+            name: label.into(),
+            file: file.into(),
+            eval,
+        }
+    }
+
+    #[test]
+    fn unknown_python_frames_tell_no_phase() {
+        use crate::analysis::fold::NOT_SAMPLED;
+        use crate::collect::perf::MARKER_TRUNCATED;
+        let start = frame(FrameClass::Runtime, "_start", "python3", false);
+        let eval = frame(
+            FrameClass::Interpreter,
+            "_PyEval_EvalFrameDefault",
+            "libpython3.11.so",
+            true,
+        );
+        let main = frame(FrameClass::Python, "main (train.py)", "train.py", false);
+        let load = frame(
+            FrameClass::Python,
+            "_find_and_load (<frozen importlib._bootstrap>)",
+            "<frozen importlib._bootstrap>",
+            false,
+        );
+        let cut = frame(FrameClass::Marker, MARKER_TRUNCATED, "", false);
+        let unknown = frame(FrameClass::Marker, NOT_SAMPLED, "", false);
+        let phase = |fs: &[&FrameInfo]| phase_of_frames(fs.iter().copied());
+        assert_eq!(phase(&[&start]), Some(Phase::NoPython));
+        assert_eq!(phase(&[&start, &eval, &main]), Some(Phase::Running));
+        assert_eq!(phase(&[&start, &eval, &main, &load]), Some(Phase::Import));
+        // Frames not known for the instant: an import as likely as not.
+        assert_eq!(phase(&[&start, &eval, &unknown]), None);
+        assert_eq!(phase(&[&start, &cut, &eval, &main]), None);
+        // Known frames inside the import machinery still tell.
+        assert_eq!(phase(&[&start, &cut, &eval, &load]), Some(Phase::Import));
+        assert_eq!(phase(&[&unknown]), None);
     }
 }
