@@ -966,7 +966,7 @@ fn stack_cause(ctx: &Context, m: &Metrics, vs: &Against, s: MonoNs, e: MonoNs) -
             .find_map(|x| ctx.a.stacks.stack(x.py_stack).position(|n| n == f))
             .unwrap_or(usize::MAX)
     };
-    fs.sort_by_key(|x| (depth(x.1), x.1.clone()));
+    fs.sort_by_cached_key(|x| (depth(x.1), x.1.clone()));
     let (outer, inner) = (fs.first()?, fs.last()?);
     let text = if outer.1 == inner.1 {
         format!(

@@ -278,47 +278,50 @@ pub(super) fn training_loop(
     if gt.share < th::MIN_SHARE {
         return None;
     }
+    let named = |pre: &str, post: &str| {
+        named
+            .as_ref()
+            .map(|f| format!("{pre}`{f}`{post}"))
+            .unwrap_or_default()
+    };
     // Without the driver's CUDA library nothing ran on a GPU: the loop's
     // "host work" is the model itself, computed on the CPU, and taking
     // logging off the critical path is not the fix.
-    let on_cpu =
-        gpu.map_or(true, |g| g.devices.is_empty()) && super::gpu_use(a) == super::GpuUse::NoDriver;
-    if on_cpu {
-        ev.push("No process of the job loaded the NVIDIA driver's CUDA library (libcuda.so), so none of this ran on a GPU: the framework computed the model on the CPU, in the main thread.".into());
-        return Some(Finding {
-            kind: FindingKind::TrainingLoop,
-            rank: None,
-            severity: Severity::from_share(gt.share),
-            title: format!(
+    let (title, fix) = if super::ran_on_cpu(a, gpu) {
+        ev.push(format!(
+            "{}: the framework computed the model on the CPU, in the main thread.",
+            super::NO_DRIVER_EVIDENCE
+        ));
+        (
+            format!(
                 "The training loop computes the model on the CPU: the main thread computes between steps {} of the run while the input is ready, and nothing ran on a GPU",
                 pct(loop_s / dur)
             ),
-            gpu_time: Some(gt),
-            evidence: ev,
-            fix: format!(
+            format!(
                 "Run the model on a GPU{}. On a machine with one, check that `python -c 'import torch; print(torch.cuda.is_available())'` prints True (a CUDA build of the framework and a driver that supports it), and move the model and each batch to it (`model.to(\"cuda\")`, `batch.to(\"cuda\", non_blocking=True)`). Then record again: host work left between steps is what this finding is about.",
-                named
-                    .map(|f| format!(" (the main thread's time went to `{f}` above all)"))
-                    .unwrap_or_default()
+                named(" (the main thread's time went to ", " above all)")
             ),
-        });
-    }
+        )
+    } else {
+        (
+            format!(
+                "The training loop's own host work keeps the GPU waiting: the main thread computes between steps {} of the run while the input is ready",
+                pct(loop_s / dur)
+            ),
+            format!(
+                "Take host work off the loop's critical path{}: compute metrics and log every N steps instead of every step; keep running sums on the GPU and read them rarely (each `.item()`, `.cpu()`, `float(loss)` or `print(tensor)` waits for the GPU); move logging, metrics and checkpoint preparation to a background thread; cut per-step Python overhead (fewer small operations, `torch.compile`, CUDA graphs).",
+                named(" — it is ", " above all")
+            ),
+        )
+    };
     Some(Finding {
         kind: FindingKind::TrainingLoop,
         rank: None,
         severity: Severity::from_share(gt.share),
-        title: format!(
-            "The training loop's own host work keeps the GPU waiting: the main thread computes between steps {} of the run while the input is ready",
-            pct(loop_s / dur)
-        ),
+        title,
         gpu_time: Some(gt),
         evidence: ev,
-        fix: format!(
-            "Take host work off the loop's critical path{}: compute metrics and log every N steps instead of every step; keep running sums on the GPU and read them rarely (each `.item()`, `.cpu()`, `float(loss)` or `print(tensor)` waits for the GPU); move logging, metrics and checkpoint preparation to a background thread; cut per-step Python overhead (fewer small operations, `torch.compile`, CUDA graphs).",
-            named
-                .map(|f| format!(" — it is `{f}` above all"))
-                .unwrap_or_default()
-        ),
+        fix,
     })
 }
 

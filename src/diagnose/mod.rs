@@ -465,6 +465,17 @@ pub(crate) fn gpu_use(a: &Analysis) -> GpuUse {
     }
 }
 
+/// No GPU was measured and the job never loaded the driver's CUDA library
+/// ([`GpuUse::NoDriver`]): what its framework computed, it computed on the
+/// CPU. The rules that read a busy main thread as host work say so.
+pub(super) fn ran_on_cpu(a: &Analysis, gpu: Option<&GpuEvidence>) -> bool {
+    gpu.map_or(true, |g| g.devices.is_empty()) && gpu_use(a) == GpuUse::NoDriver
+}
+
+/// The start of their evidence line when [`ran_on_cpu`].
+pub(super) const NO_DRIVER_EVIDENCE: &str =
+    "No process of the job loaded the NVIDIA driver's CUDA library (libcuda.so), so nothing ran on a GPU";
+
 /// Diagnose from the analysis alone, with whatever GPU and stack data it
 /// holds (the entry point of `gpuprof report` and of every recording).
 pub fn diagnose_analysis(a: &Analysis) -> Diagnosis {

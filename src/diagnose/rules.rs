@@ -531,13 +531,11 @@ fn main_preprocessing(a: &Analysis, tl: &Timeline, gpu: Option<&GpuEvidence>) ->
     let n = (cores.saturating_sub(1)).clamp(1, 8);
     // A framework that never loaded the driver computed the model on the
     // CPU, in this same thread: its computing time is not all batches.
-    let on_cpu =
-        gpu.map_or(true, |g| g.devices.is_empty()) && super::gpu_use(a) == super::GpuUse::NoDriver;
     let mut fix = format!(
         "Move batch preparation into DataLoader worker processes: `DataLoader(..., num_workers={n}, pin_memory=True)` ({cores} cores here, one left for the main process), so the main process only launches GPU work."
     );
-    if on_cpu {
-        ev.push("No process of the job loaded the NVIDIA driver's CUDA library (libcuda.so), so nothing ran on a GPU: the framework computed the model on the CPU as well, and the main thread's computing time includes it (the stack samples above tell the two apart).".into());
+    if super::ran_on_cpu(a, gpu) {
+        ev.push(format!("{}: the framework computed the model on the CPU as well, and the main thread's computing time includes it (the stack samples above tell the two apart).", super::NO_DRIVER_EVIDENCE));
         fix.push_str(" Nothing ran on a GPU in this run: on a machine with one, check that `torch.cuda.is_available()` is True and move the model and batches to it (`model.to(\"cuda\")`).");
     }
     Some(Finding {
