@@ -159,13 +159,24 @@ pub fn spawn_suspended(
 
     let (gate_r, gate_w) = pipe2(OFlag::O_CLOEXEC).map_err(LaunchError::Fork)?;
     let (err_r, err_w) = pipe2(OFlag::O_CLOEXEC).map_err(LaunchError::Fork)?;
+    let (gate_w_raw, err_r_raw) = (gate_w.as_raw_fd(), err_r.as_raw_fd());
 
     // SAFETY: the child only calls async-signal-safe functions (read,
     // execv/execve, write, _exit) on memory prepared before the fork.
     match unsafe { fork() }.map_err(LaunchError::Fork)? {
         ForkResult::Child => unsafe {
+            // The parent's ends: while the child held the gate's write end
+            // itself, the parent closing its copy (giving up on the job)
+            // never reached this read, and both waited for each other.
+            libc::close(gate_w_raw);
+            libc::close(err_r_raw);
             let mut b = [0u8; 1];
-            let n = libc::read(gate_r.as_raw_fd(), b.as_mut_ptr().cast(), 1);
+            let n = loop {
+                let n = libc::read(gate_r.as_raw_fd(), b.as_mut_ptr().cast(), 1);
+                if n >= 0 || *libc::__errno_location() != libc::EINTR {
+                    break n;
+                }
+            };
             if n != 1 {
                 // The profiler gave up before releasing the job.
                 libc::_exit(127);
@@ -231,11 +242,14 @@ impl Suspended {
         })
     }
 
-    /// Give up on the job before it ran: the child exits without exec.
+    /// Give up on the job before it ran: the child exits without exec. It
+    /// is killed as well, so that no path can leave it (or this wait)
+    /// blocked: it has not exec'd, so nothing of the job is lost.
     pub fn abort(self) {
-        let pid = self.pid;
+        let pid = nix::unistd::Pid::from_raw(self.pid.0);
         drop(self);
-        let _ = waitpid(nix::unistd::Pid::from_raw(pid.0), None);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+        let _ = waitpid(pid, None);
     }
 }
 

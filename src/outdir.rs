@@ -210,6 +210,11 @@ impl OutDir {
         })
     }
 
+    /// Remove the sub-folder `name` if it is empty.
+    pub fn remove_empty_subdir(&self, name: &str) -> io::Result<()> {
+        unlinkat(&self.fd, name, UnlinkatFlags::RemoveDir).map_err(errno_io)
+    }
+
     /// Remove the entry `name` (a file or a symlink, never what it points at).
     pub fn remove(&self, name: &str) -> io::Result<()> {
         unlinkat(&self.fd, name, UnlinkatFlags::NoRemoveDir).map_err(errno_io)

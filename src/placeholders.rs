@@ -123,7 +123,7 @@ pub fn expand(template: &str, values: &Values) -> Result<String, String> {
 
 /// A value becomes one path component: separators and control characters
 /// are replaced, so `{host}` cannot climb out of the folder.
-fn sanitize(v: &str) -> String {
+pub(crate) fn sanitize(v: &str) -> String {
     let s: String = v
         .chars()
         .map(|c| {

@@ -113,13 +113,16 @@ pub struct WriterStats {
 /// written (the live figures: `crate::live`). Must be cheap.
 pub type Tap = Box<dyn FnMut(&Event) + Send>;
 
-/// Start the writer in `out/recording/` (which must not exist), with a tap
-/// that sees every event. Returns the sink for collectors and the writer
-/// handle; the writer ends when every `Sink` is dropped.
+/// Start the writer in `out/recording/` (made here, or already made by the
+/// caller's claim of the folder; a recording in it is never written over),
+/// with a tap that sees every event. Returns the sink for collectors and the
+/// writer handle; the writer ends when every `Sink` is dropped.
 pub fn start_writer(out: &OutDir, tap: Option<Tap>) -> Result<(Sink, Writer)> {
-    let rec = out
-        .create_subdir(RECORDING_DIR)
-        .with_context(|| format!("cannot create {}", out.display(RECORDING_DIR)))?;
+    let rec = match out.create_subdir(RECORDING_DIR) {
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => out.open_subdir(RECORDING_DIR),
+        r => r,
+    }
+    .with_context(|| format!("cannot create {}", out.display(RECORDING_DIR)))?;
     let file = rec
         .create_new(EVENTS_FILE)
         .with_context(|| format!("cannot create {}", rec.display(EVENTS_FILE)))?;

@@ -150,13 +150,26 @@ impl SamplerThread {
 }
 
 /// Whether `name` is one of the files gpuprof writes into an output
-/// folder (an existing one would be replaced, so such a folder is refused).
+/// folder (an existing one would be replaced, so such a folder is refused),
+/// or the marker of a merge writing into it.
 fn is_output_name(name: &str) -> bool {
     matches!(
         name,
         "report.json" | "summary.md" | "trace.json" | "trace.json.gz"
     ) || (name.starts_with("flame-") && name.ends_with(".svg"))
         || (name.starts_with("stacks-") && name.ends_with(".folded"))
+        || name == crate::merge::CLAIM_DIR
+}
+
+/// The first file in `out` that a run would replace (see
+/// [`is_output_name`]) and that `keep` takes.
+pub(crate) fn earlier_output(out: &OutDir, keep: impl Fn(&str) -> bool) -> Option<String> {
+    std::fs::read_dir(out.path())
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .find(|n| is_output_name(n) && keep(n))
 }
 
 /// Choose, create and open the output folder, and prove it is writable,
@@ -178,25 +191,48 @@ pub(crate) fn open_output(requested: Option<&Path>) -> Result<(OutDir, bool, Opt
         None => default_output_name(),
     };
     let (out, created) = OutDir::open(&path, true)?;
-    if out.exists(record::RECORDING_DIR) {
-        anyhow::bail!(
-            "output folder {} already holds a recording: choose another with -o DIR, or remove it",
+    let held = || {
+        anyhow::anyhow!(
+            "output folder {} already holds a recording (another gpuprof may be writing it): choose another with -o DIR, or remove it",
             path.display()
-        );
+        )
+    };
+    if out.exists(record::RECORDING_DIR) {
+        return Err(held());
     }
-    let earlier = std::fs::read_dir(out.path())
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| e.file_name().into_string().ok())
-        .find(|n| is_output_name(n));
-    if let Some(name) = earlier {
+    if let Some(name) = earlier_output(&out, |_| true) {
         anyhow::bail!(
             "output folder {} already holds {name} (from an earlier run?), which gpuprof would replace: choose another folder with -o DIR, or remove it",
             path.display()
         );
     }
+    // The claim: creating `recording/` is atomic, so of two gpuprofs given
+    // one folder exactly one goes on; the other stops here, before its job
+    // starts, and touches nothing of the first's.
+    match out.create_subdir(record::RECORDING_DIR) {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Err(held()),
+        Err(e) => {
+            if created {
+                let _ = std::fs::remove_dir(&path);
+            }
+            anyhow::bail!(
+                "output folder {} is not writable ({e}): choose another with -o DIR",
+                path.display()
+            );
+        }
+    }
+    // A merge claims its folder the other way round (its marker, then a
+    // look for a recording): whichever came second sees the other.
+    if let Some(name) = earlier_output(&out, |_| true) {
+        let _ = out.remove_empty_subdir(record::RECORDING_DIR);
+        anyhow::bail!(
+            "output folder {} is being written by another gpuprof ({name}): choose another folder with -o DIR",
+            path.display()
+        );
+    }
     let fail = |e: std::io::Error| {
+        let _ = out.remove_empty_subdir(record::RECORDING_DIR);
         if created {
             let _ = std::fs::remove_dir(&path);
         }
@@ -248,7 +284,12 @@ pub(crate) fn prepare_output(requested: Option<&Path>) -> Result<(PathBuf, bool)
 fn default_output_name() -> PathBuf {
     let host = hostname();
     let stamp = chrono::Local::now().format("%Y%m%d-%H%M%S");
-    let rank = rank_id().map(|r| format!("-rank{r}")).unwrap_or_default();
+    // The rank and host come from the environment: one component each, so
+    // that `RANK=../../x` cannot put the folder elsewhere.
+    let rank = rank_id()
+        .map(|r| format!("-rank{}", crate::placeholders::sanitize(&r)))
+        .unwrap_or_default();
+    let host = crate::placeholders::sanitize(&host);
     let base = format!("gpuprof-{host}-{stamp}{rank}");
     let mut p = PathBuf::from(&base);
     let mut n = 2;
@@ -374,6 +415,9 @@ pub fn record(cfg: RecordConfig) -> Result<i32> {
             return Ok(e.exit_code());
         }
     };
+    // gpuprof's own descriptors (rings, /proc files kept open, metrics
+    // connections) up to the hard limit: the job was forked with its own.
+    crate::attach::raise_open_file_limit();
     // Descendants whose parent exits are reparented to us instead of init,
     // so the whole tree stays visible and their exit is observed.
     unsafe {
@@ -584,7 +628,16 @@ async fn run(
     sink.send_blocking(Event::Header(header.clone()));
     let delayed = cfg.delay.is_some_and(|d| !d.is_zero());
     let (rec, mut nvtx) =
-        start_collectors(&cfg, sink, writer, suspended.pid, nvtx_plan, agent, delayed)?;
+        match start_collectors(&cfg, sink, writer, suspended.pid, nvtx_plan, agent, delayed) {
+            Ok(x) => x,
+            Err(e) => {
+                // The writer went with the failed start; the folder and the
+                // child are ours to undo.
+                suspended.abort();
+                undo_output(&out, created, None);
+                return Err(e);
+            }
+        };
     let job = match suspended.resume() {
         Ok(pid) => pid,
         Err(e) => {
@@ -847,6 +900,9 @@ impl Recording {
         if let Some(n) = nvtx {
             n.stop();
         }
+        if let Some(c) = crate::collect::loss::coverage() {
+            sink.send_blocking(Event::Coverage(c));
+        }
         (sink, writer)
     }
 }
@@ -854,10 +910,10 @@ impl Recording {
 /// Remove what gpuprof put in the output folder for a job that never ran.
 pub(crate) fn undo_output(out: &OutDir, created: bool, reserve: Option<Reserve>) {
     drop(reserve);
+    // Only what this run claimed: its `recording/` (see [`open_output`]).
+    let _ = std::fs::remove_dir_all(out.path().join(record::RECORDING_DIR));
     if created {
-        let _ = std::fs::remove_dir_all(out.path());
-    } else {
-        let _ = std::fs::remove_dir_all(out.path().join(record::RECORDING_DIR));
+        let _ = std::fs::remove_dir(out.path());
     }
 }
 

@@ -137,10 +137,32 @@ fn expand(inputs: &[PathBuf], skipped: &mut Vec<Skipped>) -> Vec<PathBuf> {
             out.extend(found);
         }
     }
+    // One recording named twice (`r1` and `r1/recording`, or through a
+    // link) is one input: compared by the file that holds its events.
     let mut seen = BTreeSet::new();
-    out.retain(|p| seen.insert(p.canonicalize().unwrap_or_else(|_| p.clone())));
+    out.retain(|p| {
+        let events = record::events_path(p).unwrap_or_else(|_| p.clone());
+        seen.insert(events.canonicalize().unwrap_or(events))
+    });
     out
 }
+
+/// What tells one recording from every other, copies included: the host,
+/// its boot, the clock anchor taken at the start and the job's pid.
+fn identity(h: &Header) -> (String, Option<String>, u64, u64, i32) {
+    (
+        h.host.clone(),
+        h.boot_id.clone(),
+        h.anchor_realtime_ns,
+        h.anchor_monotonic_ns,
+        h.job_pid.0,
+    )
+}
+
+/// The folder a merge claims in its output folder while it writes (and
+/// removes after): a recording session refuses a folder that holds it, and
+/// a second merge cannot create it.
+pub const CLAIM_DIR: &str = ".gpuprof-merge";
 
 /// Analyse one recording: write its part of the trace to `fragment`, keep
 /// its summary.
@@ -203,10 +225,25 @@ pub fn run(opts: &MergeOptions) -> Result<MergeOutcome> {
     let paths = expand(&opts.inputs, &mut skipped);
     // Headers first: a recording this gpuprof cannot read is left out
     // before any work is done.
-    let mut readable = Vec::new();
+    let mut readable: Vec<(PathBuf, Header)> = Vec::new();
     for p in paths {
         match RecordingReader::open(&p) {
-            Ok(r) => readable.push((p, r.header)),
+            Ok(r) => {
+                if let Some((first, _)) = readable
+                    .iter()
+                    .find(|(_, h)| identity(h) == identity(&r.header))
+                {
+                    skipped.push(Skipped {
+                        reason: format!(
+                            "the same recording as {} (a copy of it?): merged once",
+                            first.display()
+                        ),
+                        path: p,
+                    });
+                    continue;
+                }
+                readable.push((p, r.header))
+            }
             Err(e) => skipped.push(Skipped {
                 path: p,
                 reason: e.to_string(),
@@ -234,10 +271,34 @@ pub fn run(opts: &MergeOptions) -> Result<MergeOutcome> {
     // Opened once and written through its descriptor: never through a
     // symlink planted in it (see crate::outdir).
     let (out, _) = OutDir::open(&opts.output, true)?;
-    let tmp_name = format!(".gpuprof-merge-{}", std::process::id());
-    let tmp = out
-        .create_subdir(&tmp_name)
-        .with_context(|| format!("cannot create {}", out.display(&tmp_name)))?;
+    // The claim: the marker first (atomic: a second merge stops here), then
+    // a look for another run's files, which a merge must not replace.
+    let tmp = match out.create_subdir(CLAIM_DIR) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => anyhow::bail!(
+            "output folder {} is being written by another `gpuprof merge` ({} exists; remove it if no merge runs): choose another with -o DIR",
+            opts.output.display(),
+            out.display(CLAIM_DIR)
+        ),
+        Err(e) => return Err(e).with_context(|| format!("cannot create {}", out.display(CLAIM_DIR))),
+    };
+    // Another run's files, not a symlink planted there (it is replaced,
+    // never followed: see crate::outdir).
+    let other = if out.exists(record::RECORDING_DIR) {
+        Some(record::RECORDING_DIR.to_string())
+    } else {
+        crate::session::earlier_output(&out, |n| {
+            n != CLAIM_DIR
+                && std::fs::symlink_metadata(opts.output.join(n)).is_ok_and(|m| m.is_file())
+        })
+    };
+    if let Some(name) = other {
+        let _ = std::fs::remove_dir_all(tmp.path());
+        anyhow::bail!(
+            "output folder {} already holds {name} of another run, which the merge would replace: choose a new folder with -o DIR",
+            opts.output.display()
+        );
+    }
     let result = merge_into(opts, &out, readable, skipped, tmp.path());
     let _ = std::fs::remove_dir_all(tmp.path());
     result
