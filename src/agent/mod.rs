@@ -3,9 +3,15 @@
 //! job's processes through the job's environment, for what can only be
 //! seen from inside a process at the instant it happens.
 //!
-//! At record time [`AgentDir::create`] makes a private folder (mode 0700)
-//! on a filesystem that allows executable mappings and writes the agents
-//! into it; the session names them in the job's environment and removes
+//! At record time [`AgentDir::create`] makes a folder (mode 0711: others
+//! may open the agents by name, not list or change anything) on a
+//! filesystem that allows executable mappings and writes the agents into
+//! it, readable by every user: a job that switches user (`su`, `gosu`,
+//! `setpriv`, a container entrypoint) still starts its processes with the
+//! agent in `LD_PRELOAD`, and a file that user cannot read makes the
+//! dynamic loader print an error into the job's stderr. Such a process
+//! cannot write into gpuprof's private ring folder, so it runs without
+//! the agent (the report lists it); the session names them in the job's environment and removes
 //! the folder when gpuprof exits. The folder must outlive the recording
 //! window as long as the job runs: a preload path that vanished makes the
 //! dynamic loader print an error in every process the job starts later.
@@ -21,7 +27,10 @@ pub fn embedded(name: &str) -> Option<&'static [u8]> {
     EMBEDDED.iter().find(|(n, _)| *n == name).map(|(_, b)| *b)
 }
 
-/// A private runtime folder for the agents and their shared memory; removed
+/// The runtime folder's mode: see the module's note.
+const DIR_MODE: u32 = 0o711;
+
+/// A runtime folder for the agents and their shared memory; removed
 /// (with everything in it) on drop.
 #[derive(Debug)]
 pub struct AgentDir {
@@ -80,6 +89,16 @@ impl AgentDir {
                 ));
                 match std::fs::DirBuilder::new().mode(0o700).create(&path) {
                     Ok(()) => {
+                        // Set, not asked of the umask (077 would keep it 0700).
+                        use std::os::unix::fs::PermissionsExt;
+                        if let Err(e) = std::fs::set_permissions(
+                            &path,
+                            std::fs::Permissions::from_mode(DIR_MODE),
+                        ) {
+                            let _ = std::fs::remove_dir(&path);
+                            last_err = Some(e);
+                            break;
+                        }
                         let held = hold(&path);
                         return Ok(AgentDir { path, _held: held });
                     }
@@ -102,8 +121,8 @@ impl AgentDir {
         &self.path
     }
 
-    /// Write agent `name` into the folder (read and execute for the owner
-    /// only) and return its path.
+    /// Write agent `name` into the folder (read and execute for everyone,
+    /// see the module's note) and return its path.
     pub fn install(&self, name: &str) -> std::io::Result<PathBuf> {
         let bytes = embedded(name).ok_or_else(|| {
             std::io::Error::new(
@@ -119,6 +138,8 @@ impl AgentDir {
             .custom_flags(libc::O_NOFOLLOW)
             .open(&path)?;
         f.write_all(bytes)?;
+        use std::os::unix::fs::PermissionsExt;
+        f.set_permissions(std::fs::Permissions::from_mode(0o555))?;
         Ok(path)
     }
 }
@@ -179,9 +200,9 @@ pub(crate) fn remove_stale(base: &Path, owner: fn(&str) -> Option<i32>) {
             let Some(pid) = name.to_str().and_then(owner) else {
                 return false;
             };
-            let ours = e
-                .metadata()
-                .is_ok_and(|m| m.is_dir() && m.uid() == uid && m.mode() & 0o777 == 0o700);
+            let ours = e.metadata().is_ok_and(|m| {
+                m.is_dir() && m.uid() == uid && matches!(m.mode() & 0o777, 0o700 | DIR_MODE)
+            });
             ours && pid > 0
                 && !Path::new(&format!("/proc/{pid}")).exists()
                 && only_ours(&e.path(), 2)
@@ -265,12 +286,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_folder_is_private_and_removed_on_drop() {
+    fn the_folder_is_closed_to_others_and_removed_on_drop() {
         use std::os::unix::fs::PermissionsExt;
         let d = AgentDir::create().expect("agent folder");
         let p = d.path().to_path_buf();
         let mode = std::fs::metadata(&p).unwrap().permissions().mode() & 0o777;
-        assert_eq!(mode, 0o700);
+        // Others may open a file by name, never list or write.
+        assert_eq!(mode, 0o711);
         assert!(!noexec(&p));
         assert!(d.install("no-such-agent").is_err());
         drop(d);

@@ -54,6 +54,8 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <time.h>
@@ -214,6 +216,7 @@ _Static_assert(sizeof(struct rec_note) == 32, "NOTE layout (pyagent.rs)");
 typedef void *(*tstate_fn)(void);
 typedef int (*sigaction_fn)(int, const struct sigaction *, struct sigaction *);
 typedef sighandler_t (*signal_fn)(int, sighandler_t);
+typedef int (*sigmask_fn)(int, const sigset_t *, sigset_t *);
 
 static const struct layout *L;
 static tstate_fn get_tstate;
@@ -278,6 +281,19 @@ static struct sigaction g_chain; /* the job's SIGTRAP disposition */
 static _Atomic int g_chain_seq;
 static sigaction_fn real_sigaction;
 static signal_fn real_signal;
+static sigmask_fn real_pthread_sigmask;
+static sigmask_fn real_sigprocmask;
+/* Whether this thread's job code asked for SIGTRAP to be blocked. Our
+ * signals are never really blocked (see pthread_sigmask below): a blocked
+ * one would stay pending, and a job waiting with sigtimedwait() or reading
+ * sigpending() would see it. */
+static __thread int g_trap_blocked __attribute__((tls_model("initial-exec")));
+/* What identifies our event's descriptor: the perf anon inode and the
+ * event's id. A number alone is not enough: the job may close it
+ * (closerange) and get the same number for a file of its own. */
+static dev_t g_event_dev;
+static ino_t g_event_ino;
+static uint64_t g_event_id;
 
 static uint64_t now_ns(void)
 {
@@ -666,8 +682,20 @@ static uint32_t walk(void *tstate, uintptr_t sp, struct frame_out *out, uint32_t
 static struct gp_ring *lazy_ring(void);
 static void hello(uint32_t status, int err, uint32_t forked, const char *detail);
 
-static void chain(int sig, siginfo_t *si, void *uc)
+static void chain(int sig, siginfo_t *si, void *ucv)
 {
+    if (g_trap_blocked) {
+        /* Not ours, and the job blocks SIGTRAP in this thread: what it
+         * would see without us is the signal pending. Raise it again with
+         * SIGTRAP blocked from the handler's return on (the mask is
+         * restored from the context); pthread_sigmask below unblocks it
+         * when the job does. */
+        ucontext_t *uc = ucv;
+        sigaddset(&uc->uc_sigmask, SIGTRAP);
+        syscall(SYS_tgkill, getpid(), my_tid(), SIGTRAP);
+        return;
+    }
+    void *uc = ucv;
     struct sigaction c = g_chain;
     if (c.sa_flags & SA_SIGINFO) {
         if (c.sa_sigaction)
@@ -726,6 +754,16 @@ static size_t stack_copy_len(uintptr_t sp)
     return len;
 }
 
+/* Whether `fd` is still our sampling event (async-signal-safe). */
+static int our_event(int fd)
+{
+    struct stat st;
+    uint64_t id = 0;
+    if (fd < 0 || fstat(fd, &st) || st.st_dev != g_event_dev || st.st_ino != g_event_ino)
+        return 0;
+    return ioctl(fd, PERF_EVENT_IOC_ID, &id) == 0 && id == g_event_id;
+}
+
 static void on_sigtrap(int sig, siginfo_t *si, void *ucv)
 {
     const struct perf_siginfo *ps = (const struct perf_siginfo *)si;
@@ -737,7 +775,7 @@ static void on_sigtrap(int sig, siginfo_t *si, void *ucv)
     if (g_window) {
         uint32_t w = atomic_load_explicit(g_window, memory_order_relaxed);
         if (w != WINDOW_OPEN) {
-            if (w == WINDOW_OVER && g_event_fd >= 0)
+            if (w == WINDOW_OVER && our_event(g_event_fd))
                 ioctl(g_event_fd, PERF_EVENT_IOC_DISABLE, 0);
             errno = saved_errno;
             return;
@@ -787,7 +825,7 @@ static void on_sigtrap(int sig, siginfo_t *si, void *ucv)
     if (pos == UINT64_MAX) {
         /* gpuprof is gone (nothing read for ~10 s of samples): stop the
          * signals for good, in this process. */
-        if (atomic_fetch_add(&g_drops_in_a_row, 1) + 1 == GIVE_UP_DROPS && g_event_fd >= 0)
+        if (atomic_fetch_add(&g_drops_in_a_row, 1) + 1 == GIVE_UP_DROPS && our_event(g_event_fd))
             ioctl(g_event_fd, PERF_EVENT_IOC_DISABLE, 0);
         errno = saved_errno;
         return;
@@ -885,6 +923,71 @@ EXPORT sighandler_t signal(int sig, sighandler_t handler)
         return SIG_ERR;
     }
     return real_signal(sig, handler);
+}
+
+/* The job's signal mask, less SIGTRAP while we sample: the job's wish for
+ * SIGTRAP is kept per thread and reported back, so what it reads is what it
+ * set. */
+static int mask_call(sigmask_fn real, int how, const sigset_t *set, sigset_t *old)
+{
+    if (!atomic_load(&g_installed) || !set) {
+        int rc = real(how, set, old);
+        if (rc == 0 && old && g_trap_blocked && atomic_load(&g_installed))
+            sigaddset(old, SIGTRAP);
+        return rc;
+    }
+    int want = g_trap_blocked;
+    int has = sigismember(set, SIGTRAP) == 1;
+    if (how == SIG_BLOCK && has)
+        want = 1;
+    else if (how == SIG_UNBLOCK && has)
+        want = 0;
+    else if (how == SIG_SETMASK)
+        want = has;
+    sigset_t s = *set;
+    if (how != SIG_UNBLOCK)
+        sigdelset(&s, SIGTRAP);
+    else if (!want)
+        sigaddset(&s, SIGTRAP); /* a foreign one held back by chain() */
+    int was = g_trap_blocked;
+    int rc = real(how, &s, old);
+    if (rc == 0) {
+        if (old) {
+            if (was)
+                sigaddset(old, SIGTRAP);
+            else
+                sigdelset(old, SIGTRAP);
+        }
+        g_trap_blocked = want;
+        if (!want && how != SIG_UNBLOCK) {
+            /* Release a foreign SIGTRAP that chain() held back. */
+            sigset_t t;
+            sigemptyset(&t);
+            sigaddset(&t, SIGTRAP);
+            real(SIG_UNBLOCK, &t, NULL);
+        }
+    }
+    return rc;
+}
+
+EXPORT int pthread_sigmask(int how, const sigset_t *set, sigset_t *old)
+{
+    if (!real_pthread_sigmask)
+        real_pthread_sigmask = (sigmask_fn)dlsym(RTLD_NEXT, "pthread_sigmask");
+    if (!real_pthread_sigmask)
+        return ENOSYS;
+    return mask_call(real_pthread_sigmask, how, set, old);
+}
+
+EXPORT int sigprocmask(int how, const sigset_t *set, sigset_t *old)
+{
+    if (!real_sigprocmask)
+        real_sigprocmask = (sigmask_fn)dlsym(RTLD_NEXT, "sigprocmask");
+    if (!real_sigprocmask) {
+        errno = ENOSYS;
+        return -1;
+    }
+    return mask_call(real_sigprocmask, how, set, old);
 }
 
 static uint64_t env_u64(const char *name, uint64_t dflt, uint64_t lo, uint64_t hi)
@@ -991,6 +1094,26 @@ static int open_event(void)
     int fd = (int)syscall(SYS_perf_event_open, &a, 0, -1, -1, PERF_FLAG_FD_CLOEXEC);
     if (fd < 0)
         return -errno;
+    /* Out of the way of the numbers the job opens next (the lowest free):
+     * a job that closed everything and opens a file expects its number. */
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur > 64) {
+        int high = fcntl(fd, F_DUPFD_CLOEXEC, (int)(rl.rlim_cur - rl.rlim_cur / 8));
+        if (high >= 0) {
+            close(fd);
+            fd = high;
+        }
+    }
+    struct stat st;
+    uint64_t id = 0;
+    if (fstat(fd, &st) || ioctl(fd, PERF_EVENT_IOC_ID, &id)) {
+        int e = errno;
+        close(fd);
+        return -e;
+    }
+    g_event_dev = st.st_dev;
+    g_event_ino = st.st_ino;
+    g_event_id = id;
     return fd;
 }
 
@@ -1032,11 +1155,11 @@ static void after_fork_child(void)
         return;
     g_pid = getpid();
     /* The parent's event is not inherited (inherit_thread), its fd is; and
-     * the parent's ring is the parent's. */
-    if (g_event_fd >= 0) {
+     * the parent's ring is the parent's. The number is closed only if it
+     * still is that event: the job may have closed it and reused it. */
+    if (our_event(g_event_fd))
         close(g_event_fd);
-        g_event_fd = -1;
-    }
+    g_event_fd = -1;
     g_parent_pid = (uint32_t)getppid();
     g_forked = 1;
     atomic_store_explicit(&g_ring, NULL, memory_order_release);
@@ -1096,6 +1219,10 @@ __attribute__((constructor)) static void pystacks_init(void)
         real_sigaction = (sigaction_fn)dlsym(RTLD_NEXT, "sigaction");
     if (!real_signal)
         real_signal = (signal_fn)dlsym(RTLD_NEXT, "signal");
+    if (!real_pthread_sigmask)
+        real_pthread_sigmask = (sigmask_fn)dlsym(RTLD_NEXT, "pthread_sigmask");
+    if (!real_sigprocmask)
+        real_sigprocmask = (sigmask_fn)dlsym(RTLD_NEXT, "sigprocmask");
     const char *dir = getenv(ENV_DIR);
     if (!dir || !*dir || strlen(dir) >= sizeof g_dir)
         return;
@@ -1172,6 +1299,17 @@ __attribute__((constructor)) static void pystacks_init(void)
         return;
     }
     g_chain = prev;
+    /* A mask inherited from the parent with SIGTRAP blocked is the job's:
+     * keep it as its wish, and take SIGTRAP out of the real one. */
+    sigset_t cur;
+    if (real_pthread_sigmask && real_pthread_sigmask(SIG_SETMASK, NULL, &cur) == 0 &&
+        sigismember(&cur, SIGTRAP) == 1) {
+        sigset_t t;
+        sigemptyset(&t);
+        sigaddset(&t, SIGTRAP);
+        g_trap_blocked = 1;
+        real_pthread_sigmask(SIG_UNBLOCK, &t, NULL);
+    }
     atomic_store(&g_installed, 1);
     pthread_atfork(NULL, NULL, after_fork_child);
     start_sampling();

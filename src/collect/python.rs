@@ -143,6 +143,9 @@ struct Sampler {
     /// Python processes waiting for the agent's word: their executable,
     /// since when, and their CPU time then (ns).
     waiting: HashMap<Pid, Waiting>,
+    /// Every process that ever waited for the agent's word, with its
+    /// executable: those the agent never spoke for ran without it.
+    ever_waited: std::collections::BTreeMap<Pid, String>,
     /// Processes found idle past the agent's silence limit, until read,
     /// left to the agent or spoken for: not worth reading the process list
     /// often for.
@@ -208,6 +211,7 @@ impl Sampler {
             left_to_agent: HashMap::new(),
             left_total: 0,
             waiting: HashMap::new(),
+            ever_waited: Default::default(),
             idle_silent: HashSet::new(),
             rank_mains: HashMap::new(),
         }
@@ -270,6 +274,7 @@ impl Sampler {
                 if !verdicts.loaded_in(pid) && !verdicts.preloaded_in(pid) {
                     return Plan::Read;
                 }
+                self.ever_waited.insert(pid, exe.to_string());
                 self.waiting.insert(
                     pid,
                     Waiting {
@@ -419,6 +424,11 @@ impl Sampler {
                     continue;
                 }
             }
+            // Attaching parses the interpreter's binary: the first thing
+            // to give up when gpuprof is short of memory.
+            if crate::collect::memory::under_pressure() {
+                continue;
+            }
             match PythonSpy::new(pid.0, &self.config) {
                 Ok(spy) => {
                     if self.announced.insert(pid) {
@@ -435,6 +445,7 @@ impl Sampler {
                     self.spies.insert(pid, spy);
                 }
                 Err(e) => {
+                    crate::collect::loss::note_any(e.as_ref(), "attaching to a Python process");
                     let entry = self.rejected.entry(pid).or_insert((exe.clone(), 0));
                     if entry.0 != exe {
                         *entry = (exe, 0);
@@ -565,6 +576,23 @@ impl Sampler {
         unreadable.dedup_by_key(|u| u.0);
         for (pid, why) in &unreadable {
             detail.push_str(&format!("; pid {pid}: native stacks only: {why}"));
+        }
+        if let Some(v) = &self.agent {
+            let without: Vec<String> = self
+                .ever_waited
+                .iter()
+                .filter(|(pid, _)| v.get(**pid).is_none())
+                .map(|(pid, exe)| format!("{pid} ({exe})"))
+                .collect();
+            if !without.is_empty() {
+                const SHOWN: usize = 10;
+                detail.push_str(&format!(
+                    "; {} Python process(es) ran without the in-process agent, which was loaded but never reported (a process running as another user cannot write into gpuprof's private ring folder; or it exited first): pid {}{}",
+                    without.len(),
+                    without[..without.len().min(SHOWN)].join(", "),
+                    if without.len() > SHOWN { ", …" } else { "" }
+                ));
+            }
         }
         self.sink.send_blocking(Event::Coverage(Coverage {
             source: COVERAGE_SOURCE.into(),
