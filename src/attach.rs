@@ -136,7 +136,7 @@ fn user_name(uid: u32) -> String {
 
 /// One perf event per thread and CPU: a big job on a big machine needs more
 /// descriptors than the usual soft limit of 1024.
-fn raise_open_file_limit() {
+pub(crate) fn raise_open_file_limit() {
     use nix::sys::resource::{getrlimit, setrlimit, Resource};
     if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
         if soft < hard {

@@ -3,7 +3,13 @@ use std::process::ExitCode;
 use clap::Parser;
 use gpuprof::cli::{Cli, Command};
 
+/// The system allocator with an emergency reserve under a memory limit:
+/// gpuprof degrades rather than aborts (see `collect::memory`).
+#[global_allocator]
+static ALLOC: gpuprof::collect::memory::Guarded = gpuprof::collect::memory::Guarded;
+
 fn main() -> ExitCode {
+    gpuprof::collect::memory::arm();
     let cli = Cli::parse();
     let result = match cli.command {
         Some(Command::Report(r)) => report(r),

@@ -894,6 +894,10 @@ impl Builder {
                 if c.source == crate::collect::nvtx::COVERAGE_SOURCE {
                     self.nvtx.coverage(&c);
                 }
+                if c.source == crate::collect::loss::COVERAGE_SOURCE && !c.available {
+                    self.a.warnings.push(c.detail.clone());
+                    self.a.complete = false;
+                }
                 self.a.coverage.insert(c.source.clone(), c);
             }
             ev @ (Event::NvtxInstance { .. }

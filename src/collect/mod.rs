@@ -9,6 +9,8 @@ pub mod clock;
 pub mod files;
 pub mod gpu;
 pub mod intern;
+pub mod loss;
+pub mod memory;
 pub mod nvtx;
 pub mod perf;
 pub mod procfs;

@@ -113,7 +113,16 @@ impl Kept {
         let mut opened = None;
         let f = match &self.0 {
             Some(f) => f,
-            None => &*opened.insert(File::open(path())?),
+            None => {
+                let p = path();
+                match File::open(&p) {
+                    Ok(f) => &*opened.insert(f),
+                    Err(e) => {
+                        crate::collect::loss::note(&e, &p);
+                        return Err(e);
+                    }
+                }
+            }
         };
         let mut chunk = [0u8; 4096];
         loop {
@@ -547,8 +556,12 @@ impl ProcState {
             }
             out.clear();
         }
-        let Ok(rd) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-            return out;
+        let rd = match std::fs::read_dir(format!("/proc/{pid}/task")) {
+            Ok(rd) => rd,
+            Err(e) => {
+                crate::collect::loss::note(&e, "the threads of a process");
+                return out;
+            }
         };
         for th in self.threads.values_mut() {
             th.alive = false;
@@ -608,14 +621,22 @@ pub fn read_rank_env(pid: i32) -> Option<crate::event::RankEnv> {
 /// on every mainstream kernel).
 fn children_of(pid: i32) -> Vec<i32> {
     let mut out = Vec::new();
-    let Ok(rd) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return out;
+    let what = "the job's process tree";
+    let rd = match std::fs::read_dir(format!("/proc/{pid}/task")) {
+        Ok(rd) => rd,
+        Err(e) => {
+            crate::collect::loss::note(&e, what);
+            return out;
+        }
     };
     for ent in rd.flatten() {
         let mut p = ent.path();
         p.push("children");
-        if let Ok(s) = std::fs::read_to_string(&p) {
-            out.extend(s.split_whitespace().filter_map(|x| x.parse::<i32>().ok()));
+        match std::fs::read_to_string(&p) {
+            Ok(s) => out.extend(s.split_whitespace().filter_map(|x| x.parse::<i32>().ok())),
+            Err(e) => {
+                crate::collect::loss::note(&e, what);
+            }
         }
     }
     out

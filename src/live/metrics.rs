@@ -39,6 +39,13 @@ pub fn bind(addr: &str) -> Result<StdListener, String> {
             Ok(l) => {
                 l.set_nonblocking(true)
                     .map_err(|e| format!("--metrics-addr {addr}: {e}"))?;
+                if !a.ip().is_loopback() {
+                    eprintln!(
+                        "gpuprof: warning: --metrics-addr {addr} listens on {a}, beyond this machine's loopback: anyone who can reach port {} reads the job's live figures (process ids, roles, ranks, GPU, CPU, IO and memory figures, findings) without authentication; use 127.0.0.1:{} unless a scraper on another host needs it, behind a firewall",
+                        a.port(),
+                        a.port()
+                    );
+                }
                 return Ok(l);
             }
             Err(e) => last = Some(e),
@@ -468,19 +475,34 @@ pub fn render(live: &Live, ctx: &Context) -> String {
     out
 }
 
+/// Connections served at once. More wait in the kernel's listen queue,
+/// which costs gpuprof no descriptor: idle connections from anyone on the
+/// machine must not take the descriptors the collectors need.
+pub const MAX_CONNECTIONS: usize = 8;
+/// The longest a connection is kept, request and answer together (a
+/// scraper's default timeout is 10 s; the answer is ready at once).
+const CONNECTION_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Serve until the task is aborted.
 pub async fn serve(listener: StdListener, live: Live, ctx: Context) {
     let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
         return;
     };
+    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
         let Ok((sock, _)) = listener.accept().await else {
+            // Out of descriptors (or another passing error): wait, rather
+            // than spin on a listener that stays readable.
             tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         };
         let (live, ctx) = (live.clone(), ctx.clone());
         tokio::spawn(async move {
-            let _ = tokio::time::timeout(Duration::from_secs(10), handle(sock, live, ctx)).await;
+            let _ = tokio::time::timeout(CONNECTION_TIMEOUT, handle(sock, live, ctx)).await;
+            drop(slot);
         });
     }
 }

@@ -595,6 +595,12 @@ impl AgentRings {
             else {
                 continue;
             };
+            // Stacks are what gpuprof gives up first when short of memory.
+            let size = e.metadata().map_or(0, |m| m.len());
+            if !crate::collect::memory::may_map_stack_buffer(size) {
+                self.known.insert(path.clone(), ());
+                continue;
+            }
             match map_ring(&path) {
                 Some((map, capacity)) => {
                     self.known.insert(path.clone(), ());
