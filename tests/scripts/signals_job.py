@@ -3,7 +3,8 @@
     signals_job.py handler   the job's SIGTRAP handler gets its SIGTRAP
     signals_job.py default   SIGTRAP left at its default kills the job, as
                              without gpuprof (exit status 128+5)
-    signals_job.py spawn     a thread with SIGTRAP blocked, and children
+    signals_job.py spawn     a thread with SIGTRAP blocked (it reads back
+                             its mask, nothing pending), and children
                              started by vfork/posix_spawn and fork+exec
 """
 import os
@@ -44,6 +45,10 @@ def main():
         def blocked():
             signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTRAP])
             burn(0.6)
+            # What it set is what it reads, and nothing of the agent's is
+            # left pending for it.
+            assert signal.SIGTRAP in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+            assert not signal.sigpending(), signal.sigpending()
 
         t = threading.Thread(target=blocked)
         t.start()
