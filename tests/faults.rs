@@ -648,3 +648,199 @@ fn merge_and_default_folders_stay_where_they_belong() {
     );
     assert!(work.join(&made[0]).join("report.json").is_file());
 }
+
+/// A job whose printed output must be the same bare and under gpuprof.
+const HELD_JOB: &str = r#"
+import os, signal, sys, threading, time
+mode = sys.argv[1]
+def burn(s):
+    t = time.process_time()
+    while time.process_time() - t < s:
+        pass
+if mode == "itimers":
+    # The job's own SIGALRM and SIGPROF timers: every signal reaches its
+    # handlers, none of gpuprof's does.
+    got = {"alrm": 0, "prof": 0, "other": []}
+    signal.signal(signal.SIGALRM, lambda s, f: got.__setitem__("alrm", got["alrm"] + 1))
+    signal.signal(signal.SIGPROF, lambda s, f: got.__setitem__("prof", got["prof"] + 1))
+    for s in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTRAP):
+        signal.signal(s, lambda s, f: got["other"].append(s))
+    signal.setitimer(signal.ITIMER_REAL, 0.01, 0.01)
+    signal.setitimer(signal.ITIMER_PROF, 0.01, 0.01)
+    burn(0.6)
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    signal.setitimer(signal.ITIMER_PROF, 0)
+    print("alrm ok" if got["alrm"] >= 20 else got, "prof ok" if got["prof"] >= 20 else got, "other", got["other"])
+elif mode == "eintr":
+    # A blocking read interrupted by the job's own signal, without
+    # SA_RESTART: exactly one EINTR-free retry by Python, same result.
+    r, w = os.pipe()
+    signal.signal(signal.SIGALRM, lambda s, f: os.write(w, b"x"))
+    signal.setitimer(signal.ITIMER_REAL, 0.2)
+    burn(0.1)
+    print("read", os.read(r, 1))
+elif mode == "forks":
+    codes = []
+    for i in range(200):
+        pid = os.fork()
+        if pid == 0:
+            os._exit(i % 7)
+        codes.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+    print("forks", sum(codes), len(codes))
+elif mode == "threads":
+    done = []
+    def work(i):
+        burn(0.001)
+        done.append(i)
+    ts = [threading.Thread(target=work, args=(i,)) for i in range(2000)]
+    for t in ts: t.start()
+    for t in ts: t.join()
+    print("threads", len(done))
+elif mode == "trace":
+    calls = []
+    sys.settrace(lambda f, e, a: calls.append(e) if e == "call" else None)
+    def f(): return 1
+    for _ in range(100): f()
+    sys.settrace(None)
+    print("traced calls", calls.count("call"))
+    if sys.version_info >= (3, 12):
+        m = sys.monitoring
+        m.use_tool_id(3, "t")
+        seen = []
+        m.register_callback(3, m.events.PY_START, lambda c, o: seen.append(c.co_name))
+        m.set_events(3, m.events.PY_START)
+        for _ in range(50): f()
+        m.set_events(3, 0)
+        print("monitored", seen.count("f"))
+"#;
+
+/// A named job: its argv and the environment it adds.
+type Case = (String, Vec<String>, Vec<(String, String)>);
+
+/// The fault cases that held in the fault pass, kept: the job's own timers
+/// and signals, EINTR, 200 forks, 2 000 threads, tracing and monitoring, a
+/// user's own LD_PRELOAD, a static and a setuid binary, `ulimit -n 64`: the
+/// same output and status as bare.
+#[test]
+fn fault_cases_that_held_still_hold() {
+    let d = tmp();
+    let script = write_script(d.path(), "held.py", HELD_JOB);
+    let s = script.to_str().unwrap().to_string();
+    let py = python();
+    // The user's own preloaded library, which must still load.
+    let mine = d.path().join("mine.c");
+    std::fs::write(
+        &mine,
+        "#include <stdio.h>\n__attribute__((constructor)) static void hi(void) { if (getenv(\"SAY_MINE\")) fputs(\"mine loaded\\n\", stderr); }\n#include <stdlib.h>\n",
+    )
+    .unwrap();
+    let so = d.path().join("libmine.so");
+    let stat = d.path().join("static-hello");
+    let hello = d.path().join("hello.c");
+    std::fs::write(
+        &hello,
+        "#include <stdio.h>\nint main(void) { puts(\"static ok\"); return 3; }\n",
+    )
+    .unwrap();
+    let gcc = |args: &[&str]| {
+        Command::new("gcc")
+            .args(args)
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    let have_so = gcc(&[
+        "-shared",
+        "-fPIC",
+        "-o",
+        so.to_str().unwrap(),
+        mine.to_str().unwrap(),
+    ]);
+    let have_static = gcc(&[
+        "-static",
+        "-o",
+        stat.to_str().unwrap(),
+        hello.to_str().unwrap(),
+    ]);
+
+    let mut cases: Vec<Case> = ["itimers", "eintr", "forks", "threads", "trace"]
+        .iter()
+        .map(|m| {
+            (
+                m.to_string(),
+                vec![py.clone(), s.clone(), m.to_string()],
+                vec![],
+            )
+        })
+        .collect();
+    if have_so {
+        cases.push((
+            "user LD_PRELOAD".into(),
+            vec![py.clone(), s.clone(), "eintr".into()],
+            vec![
+                ("LD_PRELOAD".into(), so.to_str().unwrap().into()),
+                ("SAY_MINE".into(), "1".into()),
+            ],
+        ));
+    } else {
+        note_skip("no gcc for the LD_PRELOAD case");
+    }
+    if have_static {
+        cases.push((
+            "static binary".into(),
+            vec![stat.to_str().unwrap().into()],
+            vec![],
+        ));
+    }
+    if is_root() && Path::new("/usr/bin/chfn").is_file() {
+        // setuid root: the loader ignores LD_PRELOAD paths for it, silently.
+        cases.push((
+            "setuid binary".into(),
+            vec!["/usr/bin/chfn".into(), "--help".into()],
+            vec![],
+        ));
+    }
+    cases.push((
+        "ulimit -n 64".into(),
+        vec![
+            "sh".into(),
+            "-c".into(),
+            format!("ulimit -n 64 && exec {py} {s} forks"),
+        ],
+        vec![],
+    ));
+    for (i, (name, argv, env)) in cases.iter().enumerate() {
+        let bare = Command::new(&argv[0])
+            .args(&argv[1..])
+            .envs(env.iter().cloned())
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let out = d.path().join(format!("o{i}"));
+        let o = gpuprof()
+            .arg("-q")
+            .arg("-o")
+            .arg(&out)
+            .arg("--")
+            .args(argv)
+            .envs(env.iter().cloned())
+            .output()
+            .unwrap();
+        assert_eq!(
+            o.status.code(),
+            bare.status.code(),
+            "{name}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&bare.stdout),
+            "{name}"
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&o.stderr),
+            String::from_utf8_lossy(&bare.stderr),
+            "{name}: the job's stderr"
+        );
+        assert!(out.join("report.json").is_file(), "{name}");
+    }
+}
