@@ -3,6 +3,7 @@
 //! [`Analysis`]: crate::analysis::Analysis
 
 pub mod flame;
+pub mod pb;
 pub mod report;
 pub mod report_gpu;
 pub mod report_nvtx;
