@@ -12,8 +12,8 @@
 //! | `process` | string | the process's name (as in the folded roots) |
 //! | `command` | string | its command line, when recorded |
 //! | `thread` | string | the thread's name, when recorded |
-//! | `pid`, `tid` | number | |
-//! | `rank` | number | the process's rank, for jobs that have ranks |
+//! | `pid`, `tid` | string | the numbers |
+//! | `rank` | string | the process's rank, for jobs that have ranks |
 //!
 //! so `-tagfocus role=worker` is `stacks-worker.folded` and `-tagroot
 //! process` puts the processes back at the root. Each sample holds two
@@ -94,16 +94,12 @@ fn value_type(s: &mut Strings, ty: &str, unit: &str) -> Message {
     m
 }
 
-/// A label of a sample: a string or a number.
-fn label(s: &mut Strings, key: &str, str_value: Option<&str>, num: Option<i64>) -> Message {
+/// A label of a sample. Every label is a string, numbers too: services
+/// that index pprof labels (Pyroscope, Parca) take string labels only, and
+/// pprof drops a numeric label whose value is 0 (rank 0) and has no unit.
+fn label(s: &mut Strings, key: &str, value: &str) -> Message {
     let mut m = Message::new();
-    m.int(1, s.id(key));
-    if let Some(v) = str_value {
-        m.int(2, s.id(v));
-    }
-    if let Some(n) = num {
-        m.int(3, n);
-    }
+    m.int(1, s.id(key)).int(2, s.id(value));
     m
 }
 
@@ -115,25 +111,20 @@ fn thread_labels(a: &Analysis, s: &mut Strings, pid: Pid, tid: Tid) -> Vec<Messa
         .procs
         .get(&pid)
         .map_or_else(|| "other".to_string(), |m| m.role.to_string());
-    out.push(label(s, "role", Some(&role), None));
-    out.push(label(
-        s,
-        "process",
-        Some(sampled::process_name(a, pid)),
-        None,
-    ));
+    out.push(label(s, "role", &role));
+    out.push(label(s, "process", sampled::process_name(a, pid)));
     if let Some(p) = a.processes.get(&pid) {
         if !p.cmdline.is_empty() {
-            out.push(label(s, "command", Some(&p.cmdline.join(" ")), None));
+            out.push(label(s, "command", &p.cmdline.join(" ")));
         }
     }
     if let Some(name) = sampled::thread_name(a, pid, tid) {
-        out.push(label(s, "thread", Some(name), None));
+        out.push(label(s, "thread", name));
     }
-    out.push(label(s, "pid", None, Some(pid.0 as i64)));
-    out.push(label(s, "tid", None, Some(tid.0 as i64)));
+    out.push(label(s, "pid", &pid.to_string()));
+    out.push(label(s, "tid", &tid.to_string()));
     if let Some(rank) = a.processes.get(&pid).and_then(|p| p.rank) {
-        out.push(label(s, "rank", None, Some(rank as i64)));
+        out.push(label(s, "rank", &rank.to_string()));
     }
     out
 }
@@ -409,6 +400,30 @@ mod tests {
         .map(|((t, n), v)| ((t.to_string(), n.to_string()), v))
         .collect();
         assert_eq!(got, want);
+    }
+
+    #[test]
+    fn a_process_with_a_rank_carries_it_as_a_label_even_rank_0() {
+        let env: crate::event::RankEnv = [("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "4")]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let a = crate::export::sampled::tiny_analysis_with_env(Some(env));
+        assert_eq!(a.processes[&Pid(100)].rank, Some(0));
+        let p = fields(&encode(&a, View::Native));
+        let strings: Vec<Vec<u8>> = bytes_of(&p, field::STRING_TABLE);
+        let rank_key = strings.iter().position(|s| s == b"rank").expect("rank key") as u64;
+        for b in bytes_of(&p, field::SAMPLE) {
+            let f = fields(&b);
+            let rank: Vec<String> = bytes_of(&f, 3)
+                .iter()
+                .map(|l| fields(l))
+                .filter(|l| uint(l, 1) == rank_key)
+                .map(|l| String::from_utf8(strings[uint(&l, 2) as usize].clone()).unwrap())
+                .collect();
+            // Rank 0 too (a numeric label of 0 without a unit would be dropped).
+            assert_eq!(rank, ["0"]);
+        }
     }
 
     #[test]

@@ -97,6 +97,13 @@ pub fn period_ns(st: &Stacks) -> u64 {
 /// `main` → `work` → an unnamed frame, in `/opt/app/libapp.so`.
 #[cfg(test)]
 pub fn tiny_analysis() -> Analysis {
+    tiny_analysis_with_env(None)
+}
+
+/// [`tiny_analysis`] with the launcher variables of the process's own
+/// environment (`RANK`, …).
+#[cfg(test)]
+pub fn tiny_analysis_with_env(rank_env: Option<crate::event::RankEnv>) -> Analysis {
     use crate::event::{
         Event, Footer, Header, JobStatus, MonoNs, SampleBatch, StackKind, StackStats,
     };
@@ -137,7 +144,7 @@ pub fn tiny_analysis() -> Analysis {
             comm: "python3".into(),
             cmdline: vec!["python3".into(), "app.py".into()],
             exe: None,
-            rank_env: None,
+            rank_env,
         },
         Event::StackFile {
             id: 0,
