@@ -28,8 +28,10 @@ const stub = () => new Proxy(function () {}, {
   construct: () => stub(),
 });
 const quiet = { log() {}, warn() {}, error() {}, info() {} };
+// Timers never fire: nothing of the viewer runs after the bundle's load.
 const ctx = { console: quiet, window: stub(), document: stub(), navigator: stub(), location: stub(),
-  setTimeout, clearTimeout, URL, TextDecoder, TextEncoder };
+  setTimeout: () => 0, clearTimeout: () => {}, setInterval: () => 0, clearInterval: () => {},
+  URL, TextDecoder, TextEncoder };
 ctx.globalThis = ctx;
 ctx.self = ctx;
 vm.createContext(ctx);
