@@ -15,7 +15,10 @@ Examples:
   gpuprof explain input-pipeline-bound
 
 Outputs (see docs/outputs.md): trace.json (open in ui.perfetto.dev), report.json,
-summary.md and recording/ (the raw events; `gpuprof report DIR` rebuilds the rest).";
+summary.md, flamegraphs and folded stacks, the same stacks as profile.pb.gz
+(`go tool pprof -http=: profile.pb.gz`) and profile.speedscope.json
+(`npx speedscope profile.speedscope.json`), and recording/ (the raw events;
+`gpuprof report DIR` rebuilds the rest).";
 
 /// Profile a GPU training job: launch it, follow every process it spawns,
 /// and say what the GPU is waiting on.
@@ -269,6 +272,9 @@ pub struct RecordArgs {
     /// interpreter's own frames and process start-up folded away) or
     /// `native` (every frame as sampled). Every frame is always in
     /// `stacks-<role>-native.folded`; `gpuprof report --flame` redraws.
+    /// The same view goes into profile.pb.gz (pprof: `go tool pprof
+    /// -http=: profile.pb.gz`; role, process, thread as labels) and
+    /// profile.speedscope.json (`npx speedscope profile.speedscope.json`).
     #[arg(long, value_name = "VIEW", default_value = "python")]
     pub flame: crate::analysis::stacks::View,
     /// The NVTX range that marks one training step (its message, e.g.
@@ -343,7 +349,10 @@ pub struct ReportArgs {
     #[arg(short, long)]
     pub quiet: bool,
     /// What the flamegraphs and the trace's stack slices show: `python`
-    /// (the interpreter's own frames folded away) or `native` (every frame).
+    /// (the interpreter's own frames folded away) or `native` (every frame);
+    /// also profile.pb.gz (pprof: `go tool pprof -http=: profile.pb.gz`)
+    /// and profile.speedscope.json (`npx speedscope
+    /// profile.speedscope.json`), rebuilt here too.
     #[arg(long, value_name = "VIEW", default_value = "python")]
     pub flame: crate::analysis::stacks::View,
     /// The NVTX range that marks one training step (overrides the one

@@ -261,6 +261,9 @@ fn write_outputs(
     if let Err(e) = flames {
         missing.push(("flamegraphs".into(), format!("{e:#}")));
     }
+    if !a.stacks.samples.is_empty() {
+        write_profiles(&a, out, flame, &mut written, &mut missing);
+    }
     let trace_section = write_trace_section(&a, out, trace_name, opts, &mut written, &mut missing);
 
     if !missing.is_empty() {
@@ -296,6 +299,38 @@ fn write_outputs(
         terminal_summary,
         superseded: false,
     })
+}
+
+/// The stack samples for other tools: `profile.pb.gz` (pprof) and
+/// `profile.speedscope.json` (speedscope), in the flamegraphs' view.
+fn write_profiles(
+    a: &Analysis,
+    out: &OutDir,
+    view: crate::analysis::stacks::View,
+    written: &mut Vec<PathBuf>,
+    missing: &mut Vec<(String, String)>,
+) {
+    let pprof = export::pprof::FILE;
+    let speedscope = export::speedscope::FILE;
+    for (name, r) in [
+        (
+            pprof,
+            isolated(pprof, || {
+                Ok(out.write_atomic(pprof, |w| export::pprof::write(a, view, w))?)
+            }),
+        ),
+        (
+            speedscope,
+            isolated(speedscope, || {
+                Ok(out.write_atomic(speedscope, |w| export::speedscope::write(a, view, w))?)
+            }),
+        ),
+    ] {
+        match r {
+            Ok(_) => written.push(out.path().join(name)),
+            Err(e) => missing.push((name.to_string(), format!("{e:#}"))),
+        }
+    }
 }
 
 /// Write the trace, and say in report.json's `trace` section what it holds

@@ -155,7 +155,12 @@ impl SamplerThread {
 fn is_output_name(name: &str) -> bool {
     matches!(
         name,
-        "report.json" | "summary.md" | "trace.json" | "trace.json.gz"
+        "report.json"
+            | "summary.md"
+            | "trace.json"
+            | "trace.json.gz"
+            | crate::export::pprof::FILE
+            | crate::export::speedscope::FILE
     ) || (name.starts_with("flame-") && name.ends_with(".svg"))
         || (name.starts_with("stacks-") && name.ends_with(".folded"))
         || name == crate::merge::CLAIM_DIR
@@ -1013,7 +1018,23 @@ pub fn self_usage() -> (u64, u64) {
 
 #[cfg(test)]
 mod tests {
-    use super::timeout_in_foreground;
+    use super::{is_output_name, timeout_in_foreground};
+
+    #[test]
+    fn a_folder_holding_any_output_is_recognised() {
+        for name in [
+            "report.json",
+            "trace.json.gz",
+            "flame-all.svg",
+            "stacks-worker-native.folded",
+            "profile.pb.gz",
+            "profile.speedscope.json",
+        ] {
+            assert!(is_output_name(name), "{name}");
+        }
+        assert!(!is_output_name("notes.txt"));
+        assert!(!is_output_name("profile.json"));
+    }
 
     #[test]
     fn timeout_options_in_foreground() {

@@ -992,6 +992,10 @@ pub struct StacksReport {
 #[derive(Clone, Default)]
 pub struct Stacks {
     frames: Vec<FrameInfo>,
+    /// Per frame id of named native code: the lowest file offset sampled in
+    /// it (frames are merged by function, not by instruction); see
+    /// [`Stacks::frame_offset`].
+    frame_offsets: Vec<Option<u64>>,
     stacks: Vec<Vec<u32>>,
     /// What the Python view folded, per stack id of the full view.
     fold_notes: HashMap<u32, FoldNotes>,
@@ -1450,11 +1454,16 @@ pub fn analyze(
 
     let (python_only, py_only_per_proc) = m.python_only(window, &agent_pids);
     let Merger {
-        r: Resolver { mut frames, .. },
+        r: Resolver {
+            mut frames,
+            native_name,
+            ..
+        },
         stacks,
         ..
     } = m;
     classify_native_frames(&mut frames);
+    let frame_offsets = lowest_offsets(d, &native_name, &frames);
 
     let mut procs = BTreeMap::new();
     for s in samples.iter().chain(&python_only) {
@@ -1471,6 +1480,7 @@ pub fn analyze(
 
     let mut st = Stacks {
         frames,
+        frame_offsets,
         stacks,
         fold_notes: HashMap::new(),
         python_pids: Default::default(),
@@ -1491,6 +1501,28 @@ pub fn analyze(
     st.estimate_python_frames();
     st.summarize_roles();
     st
+}
+
+/// Per merged frame id, the lowest file offset of the native frames named
+/// by it (None for Python frames, markers and frames made later).
+fn lowest_offsets(
+    d: &StackData,
+    native_name: &HashMap<u32, u32>,
+    frames: &[FrameInfo],
+) -> Vec<Option<u64>> {
+    let mut out = vec![None; frames.len()];
+    for (raw, id) in native_name {
+        let Some(Frame::Native { offset, .. }) = d.native_frames.get(raw) else {
+            continue;
+        };
+        if frames[*id as usize].class == FrameClass::Python {
+            // A CPython perf trampoline named as its Python function.
+            continue;
+        }
+        let e: &mut Option<u64> = &mut out[*id as usize];
+        *e = Some(e.map_or(*offset, |o| o.min(*offset)));
+    }
+    out
 }
 
 /// How far (ns) an agent sample of a thread may lie from a perf sample the
@@ -2643,6 +2675,20 @@ impl Stacks {
     /// Number of frames (ids are 0..name_count, and [`OUTER_FRAMES_CUT`]).
     pub fn name_count(&self) -> usize {
         self.frames.len()
+    }
+
+    /// A frame by id (ids of [`Stacks::stack_ids`]).
+    pub fn frame(&self, id: u32) -> &FrameInfo {
+        &self.frames[id as usize]
+    }
+
+    /// Where a named native frame lies in its file: the lowest file offset
+    /// sampled in it (the analysis counts samples per function, not per
+    /// instruction; an unnamed frame is one offset, also in its label).
+    /// None for Python frames, markers and the Python view's `[library]`
+    /// frames.
+    pub fn frame_offset(&self, id: u32) -> Option<u64> {
+        self.frame_offsets.get(id as usize).copied().flatten()
     }
 
     /// Label of a frame (a slice's name).

@@ -3,9 +3,13 @@
 //! [`Analysis`]: crate::analysis::Analysis
 
 pub mod flame;
+pub mod pb;
+pub mod pprof;
 pub mod report;
 pub mod report_gpu;
 pub mod report_nvtx;
+pub mod sampled;
+pub mod speedscope;
 pub mod summary;
 pub mod trace;
 pub mod trace_budget;
