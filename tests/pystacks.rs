@@ -551,11 +551,15 @@ fn an_idle_python_child_is_not_read_by_py_spy() {
     let Some(py) = common::python_minor(11) else {
         skip!("CPython 3.11 is not installed (pyenv)");
     };
-    // `-S -I`: an interpreter start-up of a few ms of CPU, below the
-    // agent's 10 ms period. The second child sleeps 3 s, then computes.
+    // The idle child must never reach the agent's first sample, whatever
+    // its start-up costs on a loaded machine (a 3.11 start-up took more
+    // than the 10 ms period under load): its agent samples once per second
+    // of CPU, which a start-up never uses. The second child keeps the
+    // default period; it sleeps 3 s, then computes.
     let job = r#"
-import subprocess, sys, time
-idle = subprocess.Popen([sys.executable, "-S", "-I", "-c", "import time; time.sleep(4)"])
+import os, subprocess, sys, time
+slow = dict(os.environ, GPUPROF_PYSTACKS_PERIOD_NS="1000000000")
+idle = subprocess.Popen([sys.executable, "-S", "-I", "-c", "import time; time.sleep(4)"], env=slow)
 late = subprocess.Popen([sys.executable, "-S", "-I", "-c",
     "import time\ntime.sleep(3)\nend = time.thread_time() + 0.6\nwhile time.thread_time() < end: pass"])
 idle.wait(); late.wait()
@@ -655,7 +659,10 @@ fn the_jobs_signals_and_children_are_untouched() {
     let missed = p["unattributed_by_reason"]["thread not sampled by the agent"]
         .as_u64()
         .unwrap_or(0);
-    assert_eq!(missed, 0, "the blocked thread was sampled by the agent: {p}");
+    assert_eq!(
+        missed, 0,
+        "the blocked thread was sampled by the agent: {p}"
+    );
     assert_eq!(p["processes"][0]["agent"]["late_signals"], 0, "{p}");
     let _ = std::fs::remove_dir_all(&out);
 }
