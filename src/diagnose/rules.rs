@@ -580,14 +580,25 @@ fn pipeline(a: &Analysis, tl: &Timeline, gpu: Option<&GpuEvidence>) -> Option<Fi
         .sum();
     let busy_cores = cores - idle;
     let others = (busy_cores - job_cores).max(0.0);
+    // The figures of the saturated intervals themselves: the whole run's
+    // would set "saturated" beside workers that were idle most of it.
+    let r_sat = tl
+        .mean_of(Cause::PipelineSaturated, &tl.workers_r)
+        .unwrap_or(0.0);
+    let cpu_sat = tl
+        .mean_of(Cause::PipelineSaturated, &tl.workers_cpu)
+        .unwrap_or(0.0);
     let mut ev = vec![
         format!(
-            "{}: running or waiting for a CPU {} of their time, using {} of a core each on average; all saturated for {:.1} s ({} of the run).",
+            "{} {} saturated for {:.1} s ({} of the run): in that time running or waiting for a CPU {} of it and using {} of a core each (over the whole run: {} and {}).",
             plural(n, "input worker process"),
-            pct(r),
-            pct(cpu),
+            if n == 1 { "was" } else { "were" },
             sat_s,
-            pct(sat_s / dur)
+            pct(sat_s / dur),
+            pct(r_sat),
+            pct(cpu_sat),
+            pct(r),
+            pct(cpu)
         ),
         format!(
             "While they were saturated, {idle:.1} of {cores:.0} cores were idle and the main thread used {} of a core (it was waiting).",

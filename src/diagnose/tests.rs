@@ -911,3 +911,57 @@ fn partly_busy_samples_count_their_idle_share() {
     assert_eq!(top.severity, Severity::Critical);
     assert!(gt.method.contains("utilization deficit"), "{}", gt.method);
 }
+
+/// Issue 40: workers read R at the instant they wake for a batch, using a
+/// few percent of a core, are not saturated while cores sit idle; the same
+/// readings with no core free are the wait for a core.
+#[test]
+fn running_readings_without_cpu_are_not_saturated_workers() {
+    let waking = |pid| Th {
+        pid,
+        tid: pid,
+        state: |k| if k % 5 == 0 { 'R' } else { 'S' },
+        busy: |_| 0.04,
+    };
+    let a = analysis(
+        4,
+        &[sleeping_main(), waking(20), waking(21)],
+        &[20, 21],
+        |_| 0.1,
+    );
+    let d = diagnose(&a, None, None);
+    for id in ["too-few-workers", "input-pipeline-bound"] {
+        assert!(!ids(&d).contains(&id), "{:?}", ids(&d));
+    }
+    let a = analysis(
+        2,
+        &[sleeping_main(), waking(20), waking(21)],
+        &[20, 21],
+        |_| 0.98,
+    );
+    let d = diagnose(&a, None, None);
+    assert!(ids(&d).contains(&"input-pipeline-bound"), "{:?}", ids(&d));
+}
+
+/// Saturated workers' evidence gives their figures while saturated, not
+/// the whole run's beside the word "saturated".
+#[test]
+fn saturated_workers_evidence_is_of_the_saturated_time() {
+    let half = Th {
+        pid: 20,
+        tid: 20,
+        state: |k| if k < 50 { 'R' } else { 'S' },
+        busy: |k| if k < 50 { 1.0 } else { 0.0 },
+    };
+    let a = analysis(4, &[sleeping_main(), half], &[20], |_| 0.27);
+    let d = diagnose(&a, None, None);
+    let top = d.top().unwrap();
+    assert_eq!(top.kind, FindingKind::TooFewWorkers, "{:?}", ids(&d));
+    assert!(
+        top.evidence[0].contains(
+            "in that time running or waiting for a CPU 100% of it and using 100% of a core each (over the whole run: 50% and "
+        ),
+        "{}",
+        top.evidence[0]
+    );
+}

@@ -17,6 +17,15 @@ pub const SATURATED_R_SHARE: f64 = 0.75;
 /// The input pipeline is at capacity when at least this share of its
 /// workers is saturated.
 pub const SATURATED_WORKERS_SHARE: f64 = 0.75;
+/// Thread states are read once per interval, so one R reading stands for
+/// the whole interval: workers that wait on their queue are read R
+/// together at the instant they wake for the next batch. Their R readings
+/// mean "saturated" only when they also used at least this share of a core
+/// each in the interval (a saturated worker computes all along), or when
+/// the machine had less than [`MAIN_BUSY_FREE_CORES`] idle or CPU pressure
+/// said tasks waited (then runnable with little CPU is the wait for a
+/// core).
+pub const SATURATED_MIN_CPU: f64 = 0.5;
 /// The main thread computes (preprocessing in the main process, or the
 /// training loop's own work) when it is running or waiting for a CPU (state
 /// R) at least half of an interval. R rather than CPU used: on a loaded
