@@ -407,6 +407,7 @@ fn io_bound(a: &Analysis, tl: &Timeline, gpu: Option<&GpuEvidence>) -> Option<Fi
     Some(Finding {
         kind: FindingKind::IoBound,
         rank: None,
+        support: None,
         severity: Severity::from_share(gt.share),
         title: format!(
             "IO-bound: the input threads waited for storage reads {} of the run",
@@ -476,6 +477,7 @@ fn slow_storage(a: &Analysis, tl: &Timeline, io: Option<&Finding>) -> Option<Fin
     Some(Finding {
         kind: FindingKind::SlowStorage,
         rank: None,
+        support: None,
         severity,
         title: format!("Training data is read from a {}", kinds.join(" and a ")),
         gpu_time,
@@ -541,6 +543,7 @@ fn main_preprocessing(a: &Analysis, tl: &Timeline, gpu: Option<&GpuEvidence>) ->
     Some(Finding {
         kind: FindingKind::MainProcessPreprocessing,
         rank: None,
+        support: None,
         severity: Severity::from_share(gt.share),
         title: format!(
             "Batches are prepared in the main process: its main thread was busy {} of the run",
@@ -659,6 +662,7 @@ fn pipeline(a: &Analysis, tl: &Timeline, gpu: Option<&GpuEvidence>) -> Option<Fi
     Some(Finding {
         kind,
         rank: None,
+        support: None,
         severity: Severity::from_share(gt.share),
         title,
         gpu_time: Some(gt),
@@ -738,6 +742,7 @@ fn oversubscribed(a: &Analysis, tl: &Timeline, gpu: Option<&GpuEvidence>) -> Opt
     Some(Finding {
         kind: FindingKind::CpuOversubscribed,
         rank: None,
+        support: None,
         severity: Severity::from_share(gt.share),
         title: format!(
             "CPU oversubscribed: {runnable:.1} runnable threads for {:.0} cores",
@@ -836,6 +841,7 @@ fn gpu_not_used(a: &Analysis, g: &GpuEvidence) -> Option<Finding> {
     Some(Finding {
         kind: FindingKind::GpuNotUsed,
         rank: None,
+        support: None,
         severity: Severity::Critical,
         title: "The job never used the GPU".into(),
         gpu_time: Some(GpuTime {
@@ -906,6 +912,7 @@ fn cuda_mismatch(a: &Analysis, g: &GpuEvidence) -> Option<Finding> {
     Some(Finding {
         kind: FindingKind::CudaDriverMismatch,
         rank: None,
+        support: None,
         severity,
         title: format!("The job's CUDA runtime is newer than the driver (CUDA {dmaj}.{dmin})"),
         gpu_time,
@@ -984,6 +991,7 @@ fn throttle_finding(
     Some(Finding {
         kind,
         rank: None,
+        support: None,
         severity,
         title,
         gpu_time: Some(GpuTime {
@@ -1047,6 +1055,7 @@ fn memory_pressure(a: &Analysis, g: &GpuEvidence) -> Option<Finding> {
     Some(Finding {
         kind: FindingKind::GpuMemoryPressure,
         rank: None,
+        support: None,
         severity: Severity::Warning,
         title: "GPU memory nearly full".into(),
         gpu_time: None,
@@ -1074,6 +1083,7 @@ fn pcie(g: &GpuEvidence) -> Option<Finding> {
     Some(Finding {
         kind: FindingKind::PcieDegraded,
         rank: None,
+        support: None,
         severity: Severity::Warning,
         title: "PCIe link below its maximum".into(),
         gpu_time: None,
@@ -1129,13 +1139,21 @@ fn coverage(
         }
     }
     let intervals = a.duration_s() * 1e9 / a.header.interval_ns.max(1) as f64;
+    // A short recording is not an alarm: every finding's severity already
+    // allows for the intervals behind it (see `support`).
+    let mut short = false;
+    let record_more;
     if intervals < th::MIN_INTERVALS {
-        inconclusive = true;
+        short = true;
         ev.push(format!(
-            "The recording covers {:.2} s, {intervals:.0} sampling intervals: too few for the shares above to be reliable.",
+            "The recording covers {:.2} s, {intervals:.0} sampling intervals: too few for precise shares. Each finding's severity allows for the intervals behind it (its \"Evidence\" line gives them); one without enough evidence for a warning is info and says \"possibly\".",
             a.duration_s()
         ));
-        fixes.push("record longer (or with a shorter --interval)");
+        record_more = format!(
+            "record at least {:.0} s (or with a shorter --interval)",
+            (th::MIN_INTERVALS * a.header.interval_ns as f64 / 1e9).ceil()
+        );
+        fixes.push(&record_more);
     }
     for w in &a.warnings {
         inconclusive = true;
@@ -1150,6 +1168,7 @@ fn coverage(
     Some(Finding {
         kind: FindingKind::LowSampleCoverage,
         rank: None,
+        support: None,
         severity: if inconclusive {
             Severity::Warning
         } else {
@@ -1157,6 +1176,8 @@ fn coverage(
         },
         title: if inconclusive {
             "Parts of this run were not measured well enough to conclude".into()
+        } else if short {
+            "This run is short: its figures are imprecise".into()
         } else {
             "Some sources were not measured".into()
         },
