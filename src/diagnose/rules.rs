@@ -632,7 +632,17 @@ fn pipeline(a: &Analysis, tl: &Timeline, gpu: Option<&GpuEvidence>) -> Option<Fi
         1.0 - if m.is_nan() { 0.0 } else { m as f64 }
     });
     let method = "upper bound: time the workers were saturated while the main thread was not computing (it waited for a batch, or for the GPU)";
-    let too_few = idle >= th::IDLE_CORES_FOR_MORE_WORKERS;
+    // Idle cores vary from interval to interval: too-few-workers only when
+    // the lower end of their mean's 95% interval clears the threshold, so
+    // that a machine near it does not flip the finding run to run (the
+    // pipeline that cannot keep up is true either way).
+    let idle_low = idle_cores_low(tl, cores);
+    let too_few = idle_low >= th::IDLE_CORES_FOR_MORE_WORKERS;
+    if !too_few && idle >= th::IDLE_CORES_FOR_MORE_WORKERS {
+        ev.push(format!(
+            "{idle:.1} cores were idle on average, but too unevenly to be sure another worker would get most of one (95% interval of the mean from {idle_low:.1} cores)."
+        ));
+    }
     let (kind, gt) = if too_few {
         (
             FindingKind::TooFewWorkers,
@@ -655,7 +665,11 @@ fn pipeline(a: &Analysis, tl: &Timeline, gpu: Option<&GpuEvidence>) -> Option<Fi
         )
     } else {
         (
-            format!("The input pipeline cannot keep up: its {} saturated and no core is idle", if n == 1 { "worker is".to_string() } else { format!("{n} workers are") }),
+            format!(
+                "The input pipeline cannot keep up: its {} saturated{}",
+                if n == 1 { "worker is".to_string() } else { format!("{n} workers are") },
+                if idle >= th::IDLE_CORES_FOR_MORE_WORKERS { "" } else { " and no core is idle" }
+            ),
             format!("{}Make each batch cheaper: preprocess once offline (store decoded/resized data), use cheaper augmentation or run it on the GPU (e.g. NVIDIA DALI, torchvision transforms on GPU tensors), or use a machine with more CPU cores per GPU. `pin_memory=True` and a larger `prefetch_factor` only smooth bursts.", if others >= 0.5 { format!("Other programs took {others:.1} cores: run the job where it has the CPUs to itself, or stop them. ") } else { String::new() }),
         )
     };
@@ -669,6 +683,23 @@ fn pipeline(a: &Analysis, tl: &Timeline, gpu: Option<&GpuEvidence>) -> Option<Fi
         evidence: ev,
         fix,
     })
+}
+
+/// The lower end of the 95% interval of the mean idle cores over the
+/// saturated intervals (each interval one observation).
+fn idle_cores_low(tl: &Timeline, cores: f64) -> f64 {
+    let v: Vec<f64> = tl
+        .bins_of(Cause::PipelineSaturated)
+        .filter(|&i| !tl.sys_busy[i].is_nan())
+        .map(|i| (cores * (1.0 - tl.sys_busy[i] as f64)).max(0.0))
+        .collect();
+    let k = v.len() as f64;
+    if k < 2.0 {
+        return 0.0;
+    }
+    let mean = v.iter().sum::<f64>() / k;
+    let var = v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (k - 1.0);
+    mean - th::SHARE_CONFIDENCE_Z * (var / k).sqrt()
 }
 
 fn oversubscribed(a: &Analysis, tl: &Timeline, gpu: Option<&GpuEvidence>) -> Option<Finding> {

@@ -1066,3 +1066,41 @@ fn partly_busy_samples_count_their_idle_share() {
     assert_eq!(top.severity, Severity::Critical);
     assert!(gt.method.contains("utilization deficit"), "{}", gt.method);
 }
+
+/// Idle cores that average above the threshold but swing from interval
+/// to interval do not make too-few-workers: the lower end of their mean's
+/// interval must clear it, so a machine near it does not flip the finding
+/// run to run. Steady idle cores do.
+#[test]
+fn too_few_workers_needs_idle_cores_it_can_count_on() {
+    // Saturated for six intervals (1.0–1.6 s).
+    let burst = || Th {
+        pid: 20,
+        tid: 20,
+        state: |k| if (10..16).contains(&k) { 'R' } else { 'S' },
+        busy: |k| if (10..16).contains(&k) { 1.0 } else { 0.02 },
+    };
+    let a = analysis(4, &[sleeping_main(), burst()], &[20], |k| {
+        if k % 2 == 0 {
+            0.05
+        } else {
+            0.99
+        }
+    });
+    let d = diagnose(&a, None, None);
+    let f = d
+        .findings
+        .iter()
+        .find(|f| f.kind == FindingKind::InputPipelineBound)
+        .unwrap_or_else(|| panic!("{:?}", ids(&d)));
+    assert!(!ids(&d).contains(&"too-few-workers"), "{:?}", ids(&d));
+    assert!(!f.title.contains("no core is idle"), "{}", f.title);
+    assert!(
+        f.evidence.iter().any(|e| e.contains("too unevenly")),
+        "{:?}",
+        f.evidence
+    );
+    let a = analysis(4, &[sleeping_main(), burst()], &[20], |_| 0.3);
+    let d = diagnose(&a, None, None);
+    assert!(ids(&d).contains(&"too-few-workers"), "{:?}", ids(&d));
+}

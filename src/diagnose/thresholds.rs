@@ -86,7 +86,11 @@ pub const RESTART_WINDOW_S: f64 = 30.0;
 /// waiting for storage) for at least half of an interval make it IO-bound.
 pub const IO_D_SHARE: f64 = 0.5;
 /// One more worker needs a whole core when saturated; with at least this
-/// many idle cores, an extra worker gets ≥ 75% of one.
+/// many idle cores, an extra worker gets ≥ 75% of one. The idle cores of
+/// the saturated intervals vary: it is the lower end of their mean's 95%
+/// interval ([`SHARE_CONFIDENCE_Z`]) that must reach this, so that a
+/// machine near the threshold does not flip too-few-workers and
+/// input-pipeline-bound run to run.
 pub const IDLE_CORES_FOR_MORE_WORKERS: f64 = 0.75;
 /// CPU oversubscription: the job's runnable threads at least this many
 /// times the cores (a third of them waiting for a CPU at any time) ...
