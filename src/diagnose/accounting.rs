@@ -194,6 +194,7 @@ pub(super) fn unexplained(a: &Analysis, sc: &Scope, findings: &[Finding]) -> Opt
     Some(Finding {
         kind: FindingKind::GpuIdleUnexplained,
         rank: sc.rank,
+        support: None,
         severity,
         title: format!(
             "{rest:.1} s of GPU idle time ({} of the run) has no cause gpuprof recognises",

@@ -317,6 +317,7 @@ pub(super) fn training_loop(
     Some(Finding {
         kind: FindingKind::TrainingLoop,
         rank: None,
+        support: None,
         severity: Severity::from_share(gt.share),
         title,
         gpu_time: Some(gt),
@@ -398,6 +399,7 @@ pub(super) fn write_stall(
     Some(Finding {
         kind: FindingKind::WriteStall,
         rank: None,
+        support: None,
         severity: Severity::from_share(gt.share),
         title: format!(
             "The job stalls on its own writes (checkpoints, logs) {} of the run",
@@ -490,6 +492,7 @@ pub(super) fn worker_restarts(
     Some(Finding {
         kind: FindingKind::WorkerRestarts,
         rank: None,
+        support: None,
         severity: Severity::from_share(gt.share),
         title: format!(
             "The input workers are restarted {} and the GPU waits while they start",
@@ -565,6 +568,7 @@ pub(super) fn cpu_limit(a: &Analysis, tl: &Timeline, gpu: Option<&GpuEvidence>) 
     Some(Finding {
         kind: FindingKind::CpuLimit,
         rank: None,
+        support: None,
         severity: Severity::from_share(gt.share),
         title: format!(
             "The container's CPU limit ({quota:.2} CPUs) throttles the job {} of the run",
@@ -675,6 +679,7 @@ pub(super) fn host_memory(
     Some(Finding {
         kind: FindingKind::HostMemoryPressure,
         rank: None,
+        support: None,
         severity: Severity::from_share(gt.share),
         title: format!(
             "Host memory pressure: tasks stall waiting for memory {} of the run",

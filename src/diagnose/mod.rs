@@ -21,6 +21,7 @@ mod edges;
 mod evidence;
 pub mod ranks;
 mod rules;
+pub mod support;
 pub mod thresholds;
 mod timeline;
 
@@ -30,6 +31,7 @@ use crate::analysis::Analysis;
 pub use evidence::{
     GpuDeviceEvidence, GpuEvidence, StackEvidence, ThrottleEvidence, POWER_REASONS, THERMAL_REASONS,
 };
+pub use support::Support;
 pub use timeline::{Cause, Timeline};
 
 /// The catalogue. The order is the tie-break of the ranking: a cause ranks
@@ -202,9 +204,18 @@ pub struct Finding {
     pub evidence: Vec<String>,
     /// What to change.
     pub fix: String,
+    /// For findings sized by a share of sampled intervals: the evidence
+    /// behind the share and what it establishes (see [`support`]).
+    pub support: Option<Support>,
 }
 
 impl Finding {
+    /// Whether the evidence establishes the finding; a finding that is
+    /// not ("possibly …") is info and ranks after those that are.
+    pub fn established(&self) -> bool {
+        self.support.as_ref().map_or(true, |s| s.established)
+    }
+
     pub(crate) fn rank_key(&self) -> (f64, Severity) {
         (
             self.gpu_time.as_ref().map_or(0.0, |g| g.seconds),
@@ -375,8 +386,10 @@ impl EnvironmentSummary {
 }
 
 impl Diagnosis {
+    /// The most costly established finding (possible ones are not an
+    /// answer: their evidence is too thin).
     pub fn top(&self) -> Option<&Finding> {
-        self.findings.first()
+        self.findings.iter().find(|f| f.established())
     }
 }
 
@@ -395,10 +408,15 @@ pub fn diagnose(
     let unexplained = rules::unexplained(a, &scopes, &findings);
     findings.extend(unexplained);
     findings.extend(rules::coverage_finding(a, gpu, stacks));
+    support::grade(a, &tl, &scopes, gpu, &mut findings);
+    // Established findings first: a possible one (too little evidence)
+    // never ranks above them, so that noise never tops a run.
     findings.sort_by(|x, y| {
         let (xs, xv) = x.rank_key();
         let (ys, yv) = y.rank_key();
-        ys.total_cmp(&xs)
+        y.established()
+            .cmp(&x.established())
+            .then(ys.total_cmp(&xs))
             .then(yv.cmp(&xv))
             .then(x.kind.cmp(&y.kind))
     });

@@ -607,6 +607,7 @@ fn finding(method: Method, s: &RankFigures, others: &[&RankFigures], hosts: usiz
     Finding {
         kind: FindingKind::StragglerRank,
         rank: Some(s.rank),
+        support: None,
         severity: Severity::from_share(share).max(Severity::Warning),
         title: format!(
             "{} is the straggler: the other {} waited for it (cause: {cause})",

@@ -407,6 +407,7 @@ fn io_bound(a: &Analysis, tl: &Timeline, gpu: Option<&GpuEvidence>) -> Option<Fi
     Some(Finding {
         kind: FindingKind::IoBound,
         rank: None,
+        support: None,
         severity: Severity::from_share(gt.share),
         title: format!(
             "IO-bound: the input threads waited for storage reads {} of the run",
@@ -476,6 +477,7 @@ fn slow_storage(a: &Analysis, tl: &Timeline, io: Option<&Finding>) -> Option<Fin
     Some(Finding {
         kind: FindingKind::SlowStorage,
         rank: None,
+        support: None,
         severity,
         title: format!("Training data is read from a {}", kinds.join(" and a ")),
         gpu_time,
@@ -541,6 +543,7 @@ fn main_preprocessing(a: &Analysis, tl: &Timeline, gpu: Option<&GpuEvidence>) ->
     Some(Finding {
         kind: FindingKind::MainProcessPreprocessing,
         rank: None,
+        support: None,
         severity: Severity::from_share(gt.share),
         title: format!(
             "Batches are prepared in the main process: its main thread was busy {} of the run",
@@ -580,14 +583,25 @@ fn pipeline(a: &Analysis, tl: &Timeline, gpu: Option<&GpuEvidence>) -> Option<Fi
         .sum();
     let busy_cores = cores - idle;
     let others = (busy_cores - job_cores).max(0.0);
+    // The figures of the saturated intervals themselves: the whole run's
+    // would set "saturated" beside workers that were idle most of it.
+    let r_sat = tl
+        .mean_of(Cause::PipelineSaturated, &tl.workers_r)
+        .unwrap_or(0.0);
+    let cpu_sat = tl
+        .mean_of(Cause::PipelineSaturated, &tl.workers_cpu)
+        .unwrap_or(0.0);
     let mut ev = vec![
         format!(
-            "{}: running or waiting for a CPU {} of their time, using {} of a core each on average; all saturated for {:.1} s ({} of the run).",
+            "{} {} saturated for {:.1} s ({} of the run): in that time running or waiting for a CPU {} of it and using {} of a core each (over the whole run: {} and {}).",
             plural(n, "input worker process"),
-            pct(r),
-            pct(cpu),
+            if n == 1 { "was" } else { "were" },
             sat_s,
-            pct(sat_s / dur)
+            pct(sat_s / dur),
+            pct(r_sat),
+            pct(cpu_sat),
+            pct(r),
+            pct(cpu)
         ),
         format!(
             "While they were saturated, {idle:.1} of {cores:.0} cores were idle and the main thread used {} of a core (it was waiting).",
@@ -618,7 +632,17 @@ fn pipeline(a: &Analysis, tl: &Timeline, gpu: Option<&GpuEvidence>) -> Option<Fi
         1.0 - if m.is_nan() { 0.0 } else { m as f64 }
     });
     let method = "upper bound: time the workers were saturated while the main thread was not computing (it waited for a batch, or for the GPU)";
-    let too_few = idle >= th::IDLE_CORES_FOR_MORE_WORKERS;
+    // Idle cores vary from interval to interval: too-few-workers only when
+    // the lower end of their mean's 95% interval clears the threshold, so
+    // that a machine near it does not flip the finding run to run (the
+    // pipeline that cannot keep up is true either way).
+    let idle_low = idle_cores_low(tl, cores);
+    let too_few = idle_low >= th::IDLE_CORES_FOR_MORE_WORKERS;
+    if !too_few && idle >= th::IDLE_CORES_FOR_MORE_WORKERS {
+        ev.push(format!(
+            "{idle:.1} cores were idle on average, but too unevenly to be sure another worker would get most of one (95% interval of the mean from {idle_low:.1} cores)."
+        ));
+    }
     let (kind, gt) = if too_few {
         (
             FindingKind::TooFewWorkers,
@@ -641,19 +665,41 @@ fn pipeline(a: &Analysis, tl: &Timeline, gpu: Option<&GpuEvidence>) -> Option<Fi
         )
     } else {
         (
-            format!("The input pipeline cannot keep up: its {} saturated and no core is idle", if n == 1 { "worker is".to_string() } else { format!("{n} workers are") }),
+            format!(
+                "The input pipeline cannot keep up: its {} saturated{}",
+                if n == 1 { "worker is".to_string() } else { format!("{n} workers are") },
+                if idle >= th::IDLE_CORES_FOR_MORE_WORKERS { "" } else { " and no core is idle" }
+            ),
             format!("{}Make each batch cheaper: preprocess once offline (store decoded/resized data), use cheaper augmentation or run it on the GPU (e.g. NVIDIA DALI, torchvision transforms on GPU tensors), or use a machine with more CPU cores per GPU. `pin_memory=True` and a larger `prefetch_factor` only smooth bursts.", if others >= 0.5 { format!("Other programs took {others:.1} cores: run the job where it has the CPUs to itself, or stop them. ") } else { String::new() }),
         )
     };
     Some(Finding {
         kind,
         rank: None,
+        support: None,
         severity: Severity::from_share(gt.share),
         title,
         gpu_time: Some(gt),
         evidence: ev,
         fix,
     })
+}
+
+/// The lower end of the 95% interval of the mean idle cores over the
+/// saturated intervals (each interval one observation).
+fn idle_cores_low(tl: &Timeline, cores: f64) -> f64 {
+    let v: Vec<f64> = tl
+        .bins_of(Cause::PipelineSaturated)
+        .filter(|&i| !tl.sys_busy[i].is_nan())
+        .map(|i| (cores * (1.0 - tl.sys_busy[i] as f64)).max(0.0))
+        .collect();
+    let k = v.len() as f64;
+    if k < 2.0 {
+        return 0.0;
+    }
+    let mean = v.iter().sum::<f64>() / k;
+    let var = v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (k - 1.0);
+    mean - th::SHARE_CONFIDENCE_Z * (var / k).sqrt()
 }
 
 fn oversubscribed(a: &Analysis, tl: &Timeline, gpu: Option<&GpuEvidence>) -> Option<Finding> {
@@ -727,6 +773,7 @@ fn oversubscribed(a: &Analysis, tl: &Timeline, gpu: Option<&GpuEvidence>) -> Opt
     Some(Finding {
         kind: FindingKind::CpuOversubscribed,
         rank: None,
+        support: None,
         severity: Severity::from_share(gt.share),
         title: format!(
             "CPU oversubscribed: {runnable:.1} runnable threads for {:.0} cores",
@@ -825,6 +872,7 @@ fn gpu_not_used(a: &Analysis, g: &GpuEvidence) -> Option<Finding> {
     Some(Finding {
         kind: FindingKind::GpuNotUsed,
         rank: None,
+        support: None,
         severity: Severity::Critical,
         title: "The job never used the GPU".into(),
         gpu_time: Some(GpuTime {
@@ -895,6 +943,7 @@ fn cuda_mismatch(a: &Analysis, g: &GpuEvidence) -> Option<Finding> {
     Some(Finding {
         kind: FindingKind::CudaDriverMismatch,
         rank: None,
+        support: None,
         severity,
         title: format!("The job's CUDA runtime is newer than the driver (CUDA {dmaj}.{dmin})"),
         gpu_time,
@@ -973,6 +1022,7 @@ fn throttle_finding(
     Some(Finding {
         kind,
         rank: None,
+        support: None,
         severity,
         title,
         gpu_time: Some(GpuTime {
@@ -1036,6 +1086,7 @@ fn memory_pressure(a: &Analysis, g: &GpuEvidence) -> Option<Finding> {
     Some(Finding {
         kind: FindingKind::GpuMemoryPressure,
         rank: None,
+        support: None,
         severity: Severity::Warning,
         title: "GPU memory nearly full".into(),
         gpu_time: None,
@@ -1063,6 +1114,7 @@ fn pcie(g: &GpuEvidence) -> Option<Finding> {
     Some(Finding {
         kind: FindingKind::PcieDegraded,
         rank: None,
+        support: None,
         severity: Severity::Warning,
         title: "PCIe link below its maximum".into(),
         gpu_time: None,
@@ -1118,13 +1170,21 @@ fn coverage(
         }
     }
     let intervals = a.duration_s() * 1e9 / a.header.interval_ns.max(1) as f64;
+    // A short recording is not an alarm: every finding's severity already
+    // allows for the intervals behind it (see `support`).
+    let mut short = false;
+    let record_more;
     if intervals < th::MIN_INTERVALS {
-        inconclusive = true;
+        short = true;
         ev.push(format!(
-            "The recording covers {:.2} s, {intervals:.0} sampling intervals: too few for the shares above to be reliable.",
+            "The recording covers {:.2} s, {intervals:.0} sampling intervals: too few for precise shares. Each finding's severity allows for the intervals behind it (its \"Evidence\" line gives them); one without enough evidence for a warning is info and says \"possibly\".",
             a.duration_s()
         ));
-        fixes.push("record longer (or with a shorter --interval)");
+        record_more = format!(
+            "record at least {:.0} s (or with a shorter --interval)",
+            (th::MIN_INTERVALS * a.header.interval_ns as f64 / 1e9).ceil()
+        );
+        fixes.push(&record_more);
     }
     for w in &a.warnings {
         inconclusive = true;
@@ -1139,6 +1199,7 @@ fn coverage(
     Some(Finding {
         kind: FindingKind::LowSampleCoverage,
         rank: None,
+        support: None,
         severity: if inconclusive {
             Severity::Warning
         } else {
@@ -1146,6 +1207,8 @@ fn coverage(
         },
         title: if inconclusive {
             "Parts of this run were not measured well enough to conclude".into()
+        } else if short {
+            "This run is short: its figures are imprecise".into()
         } else {
             "Some sources were not measured".into()
         },

@@ -9,6 +9,24 @@ pub const WARNING_SHARE: f64 = 0.10;
 /// Below this share of the run a cause is not reported: at 10 Hz sampling
 /// a few percent are within the noise of state and CPU sampling.
 pub const MIN_SHARE: f64 = 0.05;
+/// A finding's share of the run is counted from a finite number of
+/// observations (sampling intervals, each given one cause), so it has a
+/// confidence interval: the Wilson score interval
+/// at this normal quantile (95% two-sided). A finding's severity is that of
+/// the interval's *lower* end: a healthy job shows a cause in an interval
+/// now and then by chance (a thread read running at the instant it woke),
+/// and on a 1 s recording one interval is 10% of the run; the lower end
+/// clears a threshold by chance in about 2.5% of findings whose true share
+/// is at the threshold, and far less often for noise well below it.
+pub const SHARE_CONFIDENCE_Z: f64 = 1.96;
+/// A cause seen in fewer sampling intervals than this is at most info and
+/// "possible", whatever its share: one or two readings are what the
+/// sampling of a healthy job produces by chance (half a second at the
+/// default 10 Hz is the least a warning rests on). A measured GPU time
+/// also needs at least this many driver utilization samples over the run
+/// (under a second at the usual 1/6 s: too coarse to attribute idle time
+/// to intervals).
+pub const MIN_CAUSE_INTERVALS: f64 = 5.0;
 
 /// A thread in state R (running or waiting for a CPU) for at least this
 /// share of an interval wants a whole core: it is saturated. Below 1.0 to
@@ -17,6 +35,15 @@ pub const SATURATED_R_SHARE: f64 = 0.75;
 /// The input pipeline is at capacity when at least this share of its
 /// workers is saturated.
 pub const SATURATED_WORKERS_SHARE: f64 = 0.75;
+/// Thread states are read once per interval, so one R reading stands for
+/// the whole interval: workers that wait on their queue are read R
+/// together at the instant they wake for the next batch. Their R readings
+/// mean "saturated" only when they also used at least this share of a core
+/// each in the interval (a saturated worker computes all along), or when
+/// the machine had less than [`MAIN_BUSY_FREE_CORES`] idle or CPU pressure
+/// said tasks waited (then runnable with little CPU is the wait for a
+/// core).
+pub const SATURATED_MIN_CPU: f64 = 0.5;
 /// The main thread computes (preprocessing in the main process, or the
 /// training loop's own work) when it is running or waiting for a CPU (state
 /// R) at least half of an interval. R rather than CPU used: on a loaded
@@ -59,7 +86,11 @@ pub const RESTART_WINDOW_S: f64 = 30.0;
 /// waiting for storage) for at least half of an interval make it IO-bound.
 pub const IO_D_SHARE: f64 = 0.5;
 /// One more worker needs a whole core when saturated; with at least this
-/// many idle cores, an extra worker gets ≥ 75% of one.
+/// many idle cores, an extra worker gets ≥ 75% of one. The idle cores of
+/// the saturated intervals vary: it is the lower end of their mean's 95%
+/// interval ([`SHARE_CONFIDENCE_Z`]) that must reach this, so that a
+/// machine near the threshold does not flip too-few-workers and
+/// input-pipeline-bound run to run.
 pub const IDLE_CORES_FOR_MORE_WORKERS: f64 = 0.75;
 /// CPU oversubscription: the job's runnable threads at least this many
 /// times the cores (a third of them waiting for a CPU at any time) ...
@@ -97,7 +128,9 @@ pub const EXPLAINED_IDLE_SHARE: f64 = 0.8;
 /// overhead, reported as info rather than as a warning.
 pub const GPU_BOUND_BUSY_SHARE: f64 = 0.7;
 /// Recordings shorter than this many sampling intervals give too few
-/// samples for shares to mean anything.
+/// samples for shares to be precise: the coverage finding says so (at
+/// info: each finding's severity already allows for the observations it
+/// has, see [`SHARE_CONFIDENCE_Z`]).
 pub const MIN_INTERVALS: f64 = 20.0;
 /// A stack sampler that lost more than this share of its records leaves
 /// gaps in the flamegraphs.

@@ -149,6 +149,10 @@ pub struct Timeline {
     pub input_d: Vec<f32>,
     /// Mean share in R of the workers alive (NaN: none alive).
     pub workers_r: Vec<f32>,
+    /// Mean cores used by the workers' input threads alive (NaN: none
+    /// alive): what tells an R reading of a working thread from one taken
+    /// at the instant a sleeping thread woke.
+    pub workers_cpu: Vec<f32>,
     /// Threads of the job in R, summed.
     pub job_runnable: Vec<f32>,
     /// Machine CPU busy (0..=1 of all cores), PSI cpu "some" (0..=1, NaN
@@ -531,6 +535,7 @@ impl Timeline {
         let restarts = restarts(&worker_procs, end, |t| a.gpu.busy_again_after(t, window_ns));
         let restarting = restarting_bins(&restarts, start, bin_ns, n);
         let workers_r = wsum.mean(&wsum.r);
+        let workers_cpu = wsum.mean(&wsum.cpu);
         let workers_alive = wsum.alive;
         let job_runnable = job_runnable(a, start, bin_ns, n);
         let sys_busy = series_bins(&a.system.busy, start, bin_ns, n, 0.01);
@@ -559,6 +564,7 @@ impl Timeline {
             restarting,
             input_d,
             workers_r,
+            workers_cpu,
             job_runnable,
             sys_busy,
             psi_cpu,
@@ -649,7 +655,7 @@ impl Timeline {
         {
             return Some(Cause::Oversubscribed);
         }
-        if !self.workers.is_empty() && ge(self.workers_r[i], th::SATURATED_WORKERS_SHARE) {
+        if !self.workers.is_empty() && self.workers_saturated(i) {
             return Some(Cause::PipelineSaturated);
         }
         if self.workers_alive[i] > 0.5 && main_busy {
@@ -667,12 +673,30 @@ impl Timeline {
         if !ge(self.main_r[i], th::MAIN_BUSY_SHARE) {
             return false;
         }
+        ge(self.main_cpu[i], th::MAIN_BUSY_MIN_CPU) || self.waiting_for_a_core(i)
+    }
+
+    /// Whether a runnable thread in bin `i` may have been waiting for a
+    /// core rather than using one: less than [`th::MAIN_BUSY_FREE_CORES`]
+    /// idle on the machine, or CPU pressure (PSI) saying tasks waited.
+    fn waiting_for_a_core(&self, i: usize) -> bool {
         let busy = self.sys_busy[i];
         let no_free_core =
             !busy.is_nan() && self.cores * (1.0 - busy as f64) < th::MAIN_BUSY_FREE_CORES;
-        ge(self.main_cpu[i], th::MAIN_BUSY_MIN_CPU)
-            || no_free_core
-            || ge(self.psi_cpu[i], th::OVERSUBSCRIBED_PSI_CPU)
+        no_free_core || ge(self.psi_cpu[i], th::OVERSUBSCRIBED_PSI_CPU)
+    }
+
+    /// Whether the workers were saturated in bin `i`: most of them read in
+    /// state R ([`th::SATURATED_WORKERS_SHARE`]) and those readings
+    /// confirmed by what they did in the bin — they used at least
+    /// [`th::SATURATED_MIN_CPU`] of a core each, or no core was free for
+    /// them (then runnable with little CPU is the wait for a core). States
+    /// are read once per interval: workers that sleep on their queue most
+    /// of the time are read R together at the instant a batch is asked
+    /// for, and one such reading is not a saturated interval.
+    pub fn workers_saturated(&self, i: usize) -> bool {
+        ge(self.workers_r[i], th::SATURATED_WORKERS_SHARE)
+            && (ge(self.workers_cpu[i], th::SATURATED_MIN_CPU) || self.waiting_for_a_core(i))
     }
 
     /// Seconds before the training loop's first bin.

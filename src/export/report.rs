@@ -452,6 +452,8 @@ pub fn finding_json(f: &Finding) -> Value {
         "evidence": f.evidence,
         "fix": f.fix,
         "docs": f.kind.docs(),
+        "established": f.established(),
+        "support": f.support,
     })
 }
 

@@ -283,6 +283,15 @@ pub fn findings_terminal(d: &Diagnosis) -> String {
             f.title
         ));
         if f.severity == Severity::Info {
+            // A possible finding says how long to record to know.
+            if let Some(line) = f
+                .support
+                .as_ref()
+                .filter(|x| !x.established)
+                .and_then(|_| f.evidence.last())
+            {
+                s.push_str(&format!("   {}\n", line.replace('`', "")));
+            }
             s.push_str(&format!("   see {}\n", f.kind.docs()));
             continue;
         }

@@ -1330,8 +1330,12 @@ impl LiveState {
             .map(|k| k.workers_running as f64 / k.workers as f64)
             .sum::<f64>()
             / n;
-        if sat >= th::SATURATED_WORKERS_SHARE {
-            let idle = ticks.iter().map(|k| k.idle_cores).sum::<f64>() / n;
+        let idle = ticks.iter().map(|k| k.idle_cores).sum::<f64>() / n;
+        // As in the diagnosis: R readings are saturation only when the
+        // workers used the CPU to show for it, or no core was free.
+        let confirmed = cores[ri(Role::Worker)] / workers >= th::SATURATED_MIN_CPU
+            || idle < th::MAIN_BUSY_FREE_CORES;
+        if sat >= th::SATURATED_WORKERS_SHARE && confirmed {
             let id = if idle >= th::IDLE_CORES_FOR_MORE_WORKERS {
                 "too-few-workers"
             } else {

@@ -463,8 +463,11 @@ fn merge_into(
     findings.sort_by(|x, y| {
         let (a, b) = (&x.1, &y.1);
         let gt = |f: &Finding| f.gpu_time.as_ref().map_or(0.0, |g| g.seconds);
-        gt(b)
-            .total_cmp(&gt(a))
+        // As in each node's diagnosis: possible findings after the
+        // established ones.
+        b.established()
+            .cmp(&a.established())
+            .then(gt(b).total_cmp(&gt(a)))
             .then(b.severity.cmp(&a.severity))
             .then(a.kind.cmp(&b.kind))
     });
