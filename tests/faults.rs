@@ -844,3 +844,76 @@ fn fault_cases_that_held_still_hold() {
         assert!(out.join("report.json").is_file(), "{name}");
     }
 }
+
+/// 200 concurrent requests to `--metrics-addr`, half of them malformed
+/// (garbage, an over-long head, a request line cut short, a bare close):
+/// each is answered or closed, a good scrape still works, and the
+/// recording is complete.
+#[test]
+fn concurrent_and_malformed_metrics_requests_are_answered() {
+    use std::io::{Read, Write};
+    let d = tmp();
+    let port = free_port();
+    let out = d.path().join("o");
+    let mut child = gpuprof()
+        .args(["-q", "--no-stacks", "-o"])
+        .arg(&out)
+        .arg("--metrics-addr")
+        .arg(format!("127.0.0.1:{port}"))
+        .args(["--", "sleep", "6"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(t0.elapsed() < Duration::from_secs(20), "never listened");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let request = |i: usize| -> Vec<u8> {
+        match i % 6 {
+            0 => b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(),
+            1 => vec![0xff; 300],
+            2 => {
+                let mut v = b"GET /metrics HTTP/1.1\r\nX-Long: ".to_vec();
+                v.extend(std::iter::repeat_n(b'a', 40_000));
+                v
+            }
+            3 => b"GET".to_vec(),
+            4 => Vec::new(),
+            _ => b"POST /metrics HTTP/1.1\r\n\r\n".to_vec(),
+        }
+    };
+    let handles: Vec<_> = (0..200)
+        .map(|i| {
+            let body = request(i);
+            std::thread::spawn(move || -> Option<String> {
+                let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+                s.set_read_timeout(Some(Duration::from_secs(30))).ok()?;
+                let _ = s.write_all(&body);
+                let _ = s.shutdown(std::net::Shutdown::Write);
+                let mut resp = Vec::new();
+                let _ = s.read_to_end(&mut resp);
+                Some(String::from_utf8_lossy(&resp).into_owned())
+            })
+        })
+        .collect();
+    let answers: Vec<Option<String>> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let good = answers
+        .iter()
+        .enumerate()
+        .filter(|(i, a)| i % 6 == 0 && a.as_deref().is_some_and(|r| r.starts_with("HTTP/1.1 200")))
+        .count();
+    assert_eq!(good, 34, "every well-formed scrape answered");
+    assert!(
+        answers
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| i % 6 == 5)
+            .all(|(_, a)| a.as_deref().is_some_and(|r| r.starts_with("HTTP/1.1 405"))),
+        "POST refused"
+    );
+    let o = wait_within(&mut child, Duration::from_secs(60), "gpuprof");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(report(&out)["complete"], true);
+}
