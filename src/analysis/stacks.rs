@@ -206,7 +206,7 @@ impl Thinned {
     /// Double the bucket (the first time: twice the usual sampling period)
     /// until at most 3/4 of the bound is kept.
     fn coarsen(&mut self) {
-        self.kept.sort_unstable_by_key(|s| (s.pid, s.tid, s.t));
+        sort_by_thread(&mut self.kept);
         if self.bucket_ns == 0 {
             let mut gaps: Vec<u64> = self
                 .kept
@@ -247,6 +247,80 @@ impl Thinned {
             self.newest.insert((s.pid, s.tid), i);
         }
     }
+}
+
+/// Sort samples by (pid, tid, t), stably: the order of
+/// `sort_by_key(|s| (s.pid, s.tid, s.t))`, in time linear in the samples
+/// when each thread's samples are in time order (as they are added, so as
+/// they are at each thinning): a counting sort by thread, applied in place,
+/// then a sort of only the threads out of time order. A comparison sort of
+/// the millions of samples a long recording keeps took a fifth of its
+/// analysis, done again at each thinning. Extra memory: 4 bytes a sample.
+fn sort_by_thread(v: &mut [RawSample]) {
+    if u32::try_from(v.len()).is_err() {
+        v.sort_by_key(|s| (s.pid, s.tid, s.t));
+        return;
+    }
+    let mut counts: BTreeMap<(Pid, Tid), usize> = BTreeMap::new();
+    for (key, from, to) in thread_runs(v) {
+        *counts.entry(key).or_default() += to - from;
+    }
+    // Where each thread's next sample goes; `from[d]`: the sample that
+    // goes to position d.
+    let mut next: HashMap<(Pid, Tid), usize> = HashMap::with_capacity(counts.len());
+    let mut at = 0;
+    for (key, n) in &counts {
+        next.insert(*key, at);
+        at += n;
+    }
+    let mut from = vec![0u32; v.len()];
+    for (key, start, end) in thread_runs(v) {
+        let d = next.get_mut(&key).expect("counted");
+        for (slot, src) in from[*d..*d + (end - start)].iter_mut().zip(start..) {
+            *slot = src as u32;
+        }
+        *d += end - start;
+    }
+    // Apply the permutation cycle by cycle; a placed position points to
+    // itself.
+    for d in 0..v.len() {
+        if from[d] as usize == d {
+            continue;
+        }
+        let first = v[d];
+        let mut cur = d;
+        loop {
+            let src = from[cur] as usize;
+            from[cur] = cur as u32;
+            if src == d {
+                v[cur] = first;
+                break;
+            }
+            v[cur] = v[src];
+            cur = src;
+        }
+    }
+    let mut at = 0;
+    for n in counts.values() {
+        let thread = &mut v[at..at + n];
+        if !thread.windows(2).all(|w| w[0].t <= w[1].t) {
+            thread.sort_by_key(|s| s.t);
+        }
+        at += n;
+    }
+}
+
+/// Runs of one thread's samples: (thread, start, end).
+fn thread_runs(v: &[RawSample]) -> impl Iterator<Item = ((Pid, Tid), usize, usize)> + '_ {
+    let mut i = 0;
+    std::iter::from_fn(move || {
+        let key = (v.get(i)?.pid, v[i].tid);
+        let from = i;
+        while i < v.len() && (v[i].pid, v[i].tid) == key {
+            i += 1;
+        }
+        Some((key, from, i))
+    })
 }
 
 fn splitmix64(x: u64) -> u64 {
@@ -1405,7 +1479,7 @@ pub fn analyze(
     let bucket_ns = d.native.bucket_ns;
     let mut native = std::mem::take(&mut d.native.kept);
     native.retain(|s| s.t >= window.0 && s.t <= window.1);
-    native.sort_by_key(|s| (s.pid, s.tid, s.t));
+    sort_by_thread(&mut native);
     let d: &StackData = d;
     let mut rep = StacksReport::default();
     let agent_pids = keep_one_sampler(&mut native, d, &mut rep);
@@ -2838,6 +2912,36 @@ mod tests {
     /// A hand-built recording: one Python thread whose native stack is
     /// _start → main → _PyEval_EvalFrameDefault → zlib_compress → deflate,
     /// and whose Python stack is <module> → augment.
+    /// The counting sort by thread gives the order of the stable
+    /// comparison sort, threads out of time order and equal times included.
+    #[test]
+    fn samples_sort_by_thread_as_by_comparison() {
+        let v: Vec<RawSample> = (0..5000u64)
+            .map(|i| {
+                let r = splitmix64(i);
+                // Thread 3's samples come out of time order.
+                let tid = (r % 4) as i32;
+                let t = if tid == 3 { r % 97 } else { i / 3 };
+                RawSample {
+                    t: MonoNs(t),
+                    pid: Pid(tid / 2),
+                    tid: Tid(tid),
+                    stack: i as u32,
+                    weight_flags: 1,
+                }
+            })
+            .collect();
+        let mut a = v.clone();
+        a.sort_by_key(|s| (s.pid, s.tid, s.t));
+        let mut b = v;
+        sort_by_thread(&mut b);
+        let key = |s: &RawSample| (s.pid, s.tid, s.t, s.stack);
+        assert_eq!(
+            a.iter().map(key).collect::<Vec<_>>(),
+            b.iter().map(key).collect::<Vec<_>>()
+        );
+    }
+
     #[test]
     fn analysis_keeps_a_bounded_unbiased_share_of_samples() {
         let mut t = Thinned::default();
