@@ -371,9 +371,13 @@ fn a_full_disk_leaves_the_small_outputs_and_the_jobs_status() {
         skip!("cannot mount a tmpfs (needs root and CAP_SYS_ADMIN)");
     };
     // The job fills the disk a second in, keeps running, then exits 7.
+    // After the fill it starts 300 processes with distinct command lines:
+    // records that cannot fit in the slack of the recording's last page,
+    // however few /proc samples a loaded machine takes meanwhile (a write
+    // into that slack needs no new page and succeeded on a full tmpfs).
     let fill = mnt.join("fill");
     let job = format!(
-        "sleep 1; head -c 100M /dev/zero > {} 2>/dev/null; echo job-output; sleep 2; exit 7",
+        "sleep 1; head -c 100M /dev/zero > {} 2>/dev/null; echo job-output; for i in $(seq 300); do /bin/true $i-$i-$i; done; sleep 1; exit 7",
         fill.display()
     );
     let out = mnt.join("o");
