@@ -40,10 +40,10 @@ pub fn bind(addr: &str) -> Result<StdListener, String> {
                 l.set_nonblocking(true)
                     .map_err(|e| format!("--metrics-addr {addr}: {e}"))?;
                 if !a.ip().is_loopback() {
+                    let port = l.local_addr().map_or(a.port(), |b| b.port());
                     eprintln!(
-                        "gpuprof: warning: --metrics-addr {addr} listens on {a}, beyond this machine's loopback: anyone who can reach port {} reads the job's live figures (process ids, roles, ranks, GPU, CPU, IO and memory figures, findings) without authentication; use 127.0.0.1:{} unless a scraper on another host needs it, behind a firewall",
-                        a.port(),
-                        a.port()
+                        "gpuprof: warning: --metrics-addr {addr} listens on {}:{port}, beyond this machine's loopback: anyone who can reach port {port} reads the job's live figures (process ids, roles, ranks, GPU, CPU, IO and memory figures, findings) without authentication; use 127.0.0.1:{port} unless a scraper on another host needs it, behind a firewall",
+                        a.ip()
                     );
                 }
                 return Ok(l);
