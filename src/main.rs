@@ -58,7 +58,18 @@ fn report(args: gpuprof::cli::ReportArgs) -> anyhow::Result<i32> {
     outputs.flame = args.flame;
     outputs.step_range = args.step_range.clone().filter(|s| !s.trim().is_empty());
     // The recording first: a wrong DIR must not create an output folder.
-    gpuprof::record::events_path(&args.dir)?;
+    let events = gpuprof::record::events_path(&args.dir)?;
+    // A folder that holds another run's recording holds that run's
+    // outputs: rebuilding this recording there would replace them.
+    if let Ok(theirs) = gpuprof::record::events_path(&out) {
+        let same = |p: &std::path::Path| p.canonicalize().unwrap_or_else(|_| p.to_path_buf());
+        if same(&theirs) != same(&events) {
+            anyhow::bail!(
+                "{} holds another run's recording, whose outputs the report would replace: choose another folder with -o DIR",
+                out.display()
+            );
+        }
+    }
     let (dir, _) = gpuprof::outdir::OutDir::open(&out, true)?;
     let outcome = gpuprof::outputs::generate(
         &args.dir,

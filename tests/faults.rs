@@ -578,6 +578,31 @@ fn merge_and_default_folders_stay_where_they_belong() {
     assert_eq!(std::fs::read(r2.join("report.json")).unwrap(), before);
     assert!(!r2.join(".gpuprof-merge").exists());
 
+    // `gpuprof report r1 -o r2`: refused too; into a new folder, and into
+    // the same one again, it writes.
+    let o = gpuprof()
+        .args(["report", "-q"])
+        .arg(&r1)
+        .arg("-o")
+        .arg(&r2)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_ne!(o.status.code(), Some(0), "{err}");
+    assert!(err.contains("another run's recording"), "{err}");
+    assert_eq!(std::fs::read(r2.join("report.json")).unwrap(), before);
+    let view = d.path().join("view");
+    for _ in 0..2 {
+        let o = gpuprof()
+            .args(["report", "-q"])
+            .arg(&r1)
+            .arg("-o")
+            .arg(&view)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+
     // Into a merged folder: refused as well.
     let m = d.path().join("m");
     let o = gpuprof()
