@@ -1075,6 +1075,9 @@ static void hello(uint32_t status, int err, uint32_t forked, const char *detail)
     gp_ring_commit(r, pos, sizeof *h, sizeof *h, REC_HELLO, 0);
 }
 
+/* Where the sampling event's descriptor goes (see open_event). */
+#define HIGH_FD 1000
+
 /* The sampling event on this thread, inherited by the threads it creates. */
 static int open_event(void)
 {
@@ -1095,10 +1098,17 @@ static int open_event(void)
     if (fd < 0)
         return -errno;
     /* Out of the way of the numbers the job opens next (the lowest free):
-     * a job that closed everything and opens a file expects its number. */
+     * a job that closed everything and opens a file expects its number.
+     * Not far out of the way: the kernel sizes a process's descriptor
+     * table to its highest number, and fork copies that table, so 7/8 of a
+     * container's usual 1048576 would cost every process ~7 MB and every
+     * fork (each DataLoader worker) the copy. */
     struct rlimit rl;
-    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur > 64) {
-        int high = fcntl(fd, F_DUPFD_CLOEXEC, (int)(rl.rlim_cur - rl.rlim_cur / 8));
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur > 64) {
+        rlim_t target = rl.rlim_cur - rl.rlim_cur / 8;
+        if (target > HIGH_FD)
+            target = HIGH_FD;
+        int high = fcntl(fd, F_DUPFD_CLOEXEC, (int)target);
         if (high >= 0) {
             close(fd);
             fd = high;
