@@ -186,6 +186,7 @@ impl Writer {
     /// Wait for the writer to drain the queue and close the file. Returns
     /// that and the output folder.
     pub fn finish(self) -> (Result<WriterStats>, OutDir) {
+        self.thread.thread().unpark();
         let r = match self.thread.join() {
             Ok(r) => Ok(r),
             Err(_) => Err(anyhow::anyhow!("the recording writer thread panicked")),
@@ -338,8 +339,10 @@ fn write_loop(
                 // switches, which on a job that keeps every core busy are
                 // taken from the job (thousands per second at the start of
                 // a run, when every stack is new).
+                // Parked, not slept: `Writer::finish` unparks it, so the
+                // end of a run does not wait out the pause.
                 let wait = FLUSH_EVERY.saturating_sub(member_start.elapsed());
-                std::thread::sleep(BATCH_PAUSE.min(wait));
+                std::thread::park_timeout(BATCH_PAUSE.min(wait));
                 let wait = FLUSH_EVERY.saturating_sub(member_start.elapsed());
                 rx.recv_timeout(wait)
             }

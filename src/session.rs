@@ -897,6 +897,16 @@ impl Recording {
             writer,
             stacks,
         } = self;
+        // Every collector is told first and waited for after: each takes
+        // its last pass (a driver poll, a ring drain, symbolizing) at the
+        // same time, and the end of a run waits for the slowest, not the sum.
+        if let Some(g) = &gpu {
+            g.request_stop();
+        }
+        stacks.request_stop();
+        if let Some(n) = &nvtx {
+            n.request_stop();
+        }
         if let Some(g) = gpu {
             g.stop();
         }

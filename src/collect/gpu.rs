@@ -164,6 +164,12 @@ impl GpuCollector {
     /// Take a last sample and stop; NVML is shut down when the thread ends.
     /// If the driver does not answer within `STOP_WAIT`, the thread is left
     /// behind, cut off from the recording, and coverage says so.
+    /// Tell the thread to take its last poll and end, without waiting
+    /// (see [`GpuCollector::stop`]).
+    pub fn request_stop(&self) {
+        let _ = self.stop.send(());
+    }
+
     pub fn stop(self) {
         let _ = self.stop.send(());
         match self.done.recv_timeout(STOP_WAIT) {

@@ -306,13 +306,20 @@ impl NvtxCollector {
     /// instant, write the counters, and end the thread. The ring folder
     /// stays until the collector is dropped (the job may still run).
     pub fn stop(&mut self) {
-        self.stop.store(true, Ordering::Release);
+        self.request_stop();
         if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+
+    /// Tell the reader to take its last pass, without waiting for it.
+    pub fn request_stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = &self.thread {
             if let Some(w) = &self.wake {
                 let _ = w.write(1);
             }
             t.thread().unpark();
-            let _ = t.join();
         }
     }
 }

@@ -96,9 +96,14 @@ impl PySampler {
         Ok(PySampler { stop, thread })
     }
 
-    pub fn stop(self) -> StackStats {
+    /// Tell the sampler to end, without waiting for it.
+    pub fn request_stop(&self) {
         self.stop.store(true, Ordering::Release);
         self.thread.thread().unpark();
+    }
+
+    pub fn stop(self) -> StackStats {
+        self.request_stop();
         self.thread.join().unwrap_or_else(|_| StackStats {
             kind: Some(StackKind::Python),
             detail: "the Python sampler thread panicked".into(),

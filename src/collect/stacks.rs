@@ -268,6 +268,22 @@ impl StackCollectors {
         c
     }
 
+    /// Tell the samplers to finish, without waiting for them (see
+    /// [`StackCollectors::stop`]).
+    pub fn request_stop(&self) {
+        // The job may run on (`--duration`): its agents stop their events
+        // now rather than fill rings no one reads.
+        if let Some(d) = &self.ring_dir {
+            let _ = pyagent::set_window(d, Window::Over);
+        }
+        if let Some(p) = &self.python {
+            p.request_stop();
+        }
+        if let Some(p) = &self.perf {
+            p.request_stop();
+        }
+    }
+
     /// News of new processes and libraries, while perf is read.
     pub fn news(&self) -> Option<Arc<TreeNews>> {
         self.news.clone()
@@ -276,11 +292,7 @@ impl StackCollectors {
     /// The job ended (or recording stops): drain, symbolize, write the
     /// counters.
     pub fn stop(self) {
-        // The job may run on (`--duration`): its agents stop their events
-        // now rather than fill rings no one reads.
-        if let Some(d) = &self.ring_dir {
-            let _ = pyagent::set_window(d, Window::Over);
-        }
+        self.request_stop();
         if let Some(p) = self.python {
             p.stop();
         }

@@ -19,13 +19,15 @@ mod symbolize;
 mod unwind;
 
 use std::collections::{BTreeMap, HashMap};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub use ring::{online_cpus, parse_cpu_list, perf_event_paranoid, ring_bytes_for, OpenError};
+
+use nix::sys::eventfd::{EfdFlags, EventFd};
 
 use crate::collect::intern::Interner;
 use crate::collect::TreeNews;
@@ -305,6 +307,9 @@ pub fn refused_coverage(err: &OpenError) -> Coverage {
 /// The running reader thread.
 pub struct PerfSampler {
     stop: Arc<AtomicBool>,
+    /// In the reader's poll set: stopping wakes it at once rather than at
+    /// its next poll timeout (the end of a short run waits for it).
+    wake: Arc<EventFd>,
     thread: std::thread::JoinHandle<StackStats>,
 }
 
@@ -322,6 +327,11 @@ impl PerfSampler {
     ) -> std::io::Result<PerfSampler> {
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
+        let wake = Arc::new(
+            EventFd::from_flags(EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)
+                .map_err(std::io::Error::from)?,
+        );
+        let wake2 = wake.clone();
         let thread = std::thread::Builder::new()
             .name("gpuprof-perf".into())
             .spawn(move || {
@@ -330,16 +340,25 @@ impl PerfSampler {
                 if off && !r.wait_for_window(&active, &stop2) {
                     return r.finish();
                 }
-                r.run(&stop2);
+                r.run(&stop2, &wake2);
                 r.finish()
             })?;
-        Ok(PerfSampler { stop, thread })
+        Ok(PerfSampler { stop, wake, thread })
+    }
+
+    /// Tell the reader to finish without waiting for it (see
+    /// [`PerfSampler::stop`]), so that it drains while other collectors
+    /// stop too.
+    pub fn request_stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        let _ = self.wake.write(1);
+        self.thread.thread().unpark();
     }
 
     /// The job ended: drain the rings, symbolize, write the names and the
     /// counters into the recording, and return the counters.
     pub fn stop(self) -> StackStats {
-        self.stop.store(true, Ordering::Release);
+        self.request_stop();
         self.thread.join().unwrap_or_else(|_| StackStats {
             kind: Some(StackKind::Native),
             detail: "the perf reader thread panicked; native stacks are incomplete".into(),
@@ -548,7 +567,7 @@ impl Reader {
         true
     }
 
-    fn run(&mut self, stop: &AtomicBool) {
+    fn run(&mut self, stop: &AtomicBool, wake: &EventFd) {
         let n = self.rings.samplers.len();
         let mut hung_up = vec![false; n];
         loop {
@@ -574,7 +593,7 @@ impl Reader {
             // Wait for data on the rings that can still get some. A ring
             // whose task has exited signals POLLHUP forever: leave it out of
             // the poll set (it is still drained), or this would spin.
-            let mut fds: Vec<libc::pollfd> = Vec::with_capacity(n);
+            let mut fds: Vec<libc::pollfd> = Vec::with_capacity(n + 1);
             let mut idx = Vec::with_capacity(n);
             for (i, s) in self.rings.samplers.iter().enumerate() {
                 if !hung_up[i] {
@@ -591,10 +610,12 @@ impl Reader {
                 Some(_) => AGENT_SLOW_POLL_MS,
                 None => POLL_TIMEOUT_MS,
             };
-            if fds.is_empty() {
-                std::thread::sleep(Duration::from_millis(timeout as u64));
-                continue;
-            }
+            // Last: the ring indices above stay those of `idx`.
+            fds.push(libc::pollfd {
+                fd: wake.as_fd().as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            });
             // SAFETY: fds is a valid array of pollfd of the given length.
             let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
             if rc > 0 {
