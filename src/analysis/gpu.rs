@@ -465,6 +465,50 @@ impl GpuAnalysis {
         }
         (n > 0).then(|| sum / n as f64)
     }
+
+    /// [`GpuAnalysis::idle_weight_at`] for many instants: the job's GPUs'
+    /// idle series merged once into one step function, so that weighting
+    /// each of millions of stack samples is one search, not one per GPU
+    /// (and a scan of every GPU's processes).
+    pub fn idle_weights(&self) -> IdleWeights {
+        let devs = self.job_devices();
+        let mut cuts: Vec<u64> = devs
+            .iter()
+            .flat_map(|d| d.idle.points().iter().flat_map(|p| [p.t0.0, p.t1.0]))
+            .collect();
+        cuts.sort_unstable();
+        cuts.dedup();
+        let mut steps = Vec::with_capacity(cuts.len());
+        for w in cuts.windows(2) {
+            // Every series is constant (or undefined) between two cuts.
+            let (mut sum, mut n) = (0.0, 0usize);
+            for d in &devs {
+                if let Some(v) = d.idle.value_at(MonoNs(w[0])) {
+                    sum += v;
+                    n += 1;
+                }
+            }
+            if n > 0 {
+                steps.push((w[0], w[1], sum / n as f64));
+            }
+        }
+        IdleWeights { steps }
+    }
+}
+
+/// The job's GPUs' mean idle share as one step function (see
+/// [`GpuAnalysis::idle_weights`]).
+pub struct IdleWeights {
+    /// (start, end, mean idle share) in time order, not overlapping.
+    steps: Vec<(u64, u64, f64)>,
+}
+
+impl IdleWeights {
+    /// The same as [`GpuAnalysis::idle_weight_at`].
+    pub fn at(&self, t: MonoNs) -> Option<f64> {
+        let i = self.steps.partition_point(|s| s.1 <= t.0);
+        self.steps.get(i).filter(|s| s.0 <= t.0).map(|s| s.2)
+    }
 }
 
 fn merge(sorted: Vec<(MonoNs, MonoNs)>) -> Vec<(MonoNs, MonoNs)> {
@@ -1248,6 +1292,35 @@ mod tests {
         assert_eq!(g.len(), 1);
         assert_eq!(g[0].0, MonoNs(13_000_000));
         assert_eq!(g[0].1, MonoNs(46_000_000));
+    }
+
+    #[test]
+    fn merged_idle_weights_equal_the_per_gpu_mean_everywhere() {
+        let ms = |x: u64| MonoNs(x * 1_000_000);
+        let series = |pts: &[(u64, u64, f64)]| {
+            let mut s = crate::analysis::series::Series::default();
+            for &(a, b, v) in pts {
+                s.push(ms(a), ms(b), v);
+            }
+            s
+        };
+        // Unaligned samples, a hole in one GPU, and one GPU sampled later.
+        let mut a = GpuAnalysis::default();
+        for pts in [
+            vec![(0, 17, 1.0), (17, 34, 0.25), (40, 57, 0.5)],
+            vec![(5, 12, 0.0), (12, 29, 0.75), (29, 46, 1.0)],
+            vec![(30, 31, 0.1)],
+        ] {
+            a.devices.push(GpuDeviceAnalysis {
+                idle: series(&pts),
+                ..Default::default()
+            });
+        }
+        let merged = a.idle_weights();
+        for t in 0..70_000u64 {
+            let t = MonoNs(t * 1_000);
+            assert_eq!(merged.at(t), a.idle_weight_at(t), "at {t:?}");
+        }
     }
 
     #[test]

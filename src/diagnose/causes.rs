@@ -39,12 +39,12 @@ pub(super) fn functions_in(
     n: usize,
 ) -> Vec<(String, f64)> {
     let st = &a.stacks;
-    let gpu = idle_weighted(a);
+    let gpu = idle_weighted(a).then(|| a.gpu.idle_weights());
     let weight_of = |s: &crate::analysis::stacks::Sample| -> f64 {
         match tl.bin_of(s.t) {
             Some(i) if in_bin(i) => {
-                let idle = if gpu {
-                    a.gpu.idle_weight_at(s.t).unwrap_or(0.0)
+                let idle = if let Some(g) = &gpu {
+                    g.at(s.t).unwrap_or(0.0)
                 } else {
                     1.0
                 };

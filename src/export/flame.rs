@@ -393,12 +393,13 @@ pub fn write_gpu_idle(
     } else {
         1.0
     };
+    let idle = a.gpu.idle_weights();
     let weighted: Vec<(&Sample, f64)> = st
         .samples
         .iter()
         .filter_map(|s| {
             // A sample of a thinned (long) recording stands for `weight`.
-            let w = a.gpu.idle_weight_at(s.t)? * s.weight as f64;
+            let w = idle.at(s.t)? * s.weight as f64;
             (w > 0.0).then_some((s, w))
         })
         .collect();
