@@ -1,15 +1,26 @@
 #!/usr/bin/env bash
-# What same-instant Python frames cost the job, side by side in one run with
-# py-spy's two ways of sampling Python (issue 8): interleaved runs of
+# The reference benchmark of what profiling costs the job (issues 8, 38):
+# gpuprof side by side in one run with its peers,
+# interleaved runs of
 #   bare            the job alone
 #   gpuprof         gpuprof at 99 Hz (default: the in-process agent)
 #   gpuprof-pyspy   gpuprof --python-frames py-spy (no agent)
+#   gpuprof-timer   gpuprof --sampler timer (stacks without perf privileges;
+#                   run only where this gpuprof has the flag)
+#   pyspy           py-spy record --subprocesses (blocking: stops the process
+#                   per sample)
 #   pyspy-native    py-spy record --subprocesses --native (stops the process
 #                   per sample)
 #   pyspy-nonblock  py-spy record --subprocesses --nonblocking
-# on two jobs: a loader job (samples/train_sim.py: 4 workers, each batch a
-# CPU-time budget) and a call-heavy one (scripts/fib_job.py: recursive
-# fib); JOBS=loader-work adds the loader with fixed work per batch. Reports the median of
+#   perf-dwarf      perf record -F 99 --call-graph dwarf (the job's tree)
+# on four jobs: a loader job that saturates every core (samples/train_sim.py:
+# 4 workers, each batch a CPU-time budget), the loader leaving a core free
+# (JOBS=loader-free: 1 worker, the loop waiting 10 ms a step as for a GPU),
+# a call-heavy one (scripts/fib_job.py: recursive fib) and a real PyTorch
+# DataLoader job with Pillow transforms (JOBS=torch:
+# scripts/torch_pillow_job.py, run with TORCH_PY, by default the CI's
+# virtual environment); JOBS=loader-work adds the loader with fixed work
+# per batch. The default is all four. Reports the median of
 # the job's own elapsed time (as the job measures it) as a ratio to bare,
 # and gpuprof's own CPU (report.json profiler.cpu_pct_of_one_core); and
 # the same ratio for the fastest run of each (the least disturbed by a
@@ -58,12 +69,17 @@ LOADER=("$PY" "$ROOT/samples/train_sim.py" --workers 4 --augment-ms 8 --gpu-ms 2
 # from other threads shows in the loader job's time; a decoder's fixed work
 # takes longer by all of it. ~8 ms per batch at ~0.02 ms per iteration.
 LOADER_WORK=("$PY" "$ROOT/samples/train_sim.py" --workers 4 --augment-iters "${AUGMENT_ITERS:-360}" --gpu-ms 2 --steps "${STEPS:-150}")
+LOADER_FREE=("$PY" "$ROOT/samples/train_sim.py" --workers 1 --augment-ms 8 --gpu-ms 10 --steps "${STEPS:-150}")
 CALLS=("$PY" "$ROOT/scripts/fib_job.py" 27 "${FIB_ROUNDS:-12}")
+TORCH_PY=${TORCH_PY:-$HOME/.cache/gpuprof-ci/torch-venv/bin/python}
+TORCH=("$TORCH_PY" "$ROOT/scripts/torch_pillow_job.py" "${TORCH_STEPS:-40}" 2)
 # job_cmd JOB: sets cmd to the job's command line.
 job_cmd() {
     case $1 in
     loader) cmd=("${LOADER[@]}") ;;
     loader-work) cmd=("${LOADER_WORK[@]}") ;;
+    loader-free) cmd=("${LOADER_FREE[@]}") ;;
+    torch) cmd=("${TORCH[@]}") ;;
     *) cmd=("${CALLS[@]}") ;;
     esac
 }
@@ -77,6 +93,14 @@ run() {
     bare) "${cmd[@]}" > "$out" 2>&1 ;;
     gpuprof) "$GPUPROF" -q -o "$WORK/g.$job.$i" -- "${cmd[@]}" > "$out" 2>&1 ;;
     gpuprof-pyspy) "$GPUPROF" -q -o "$WORK/p.$job.$i" --python-frames py-spy -- "${cmd[@]}" > "$out" 2>&1 ;;
+    gpuprof-timer)
+        "$GPUPROF" -q -o "$WORK/t.$job.$i" --sampler timer -- "${cmd[@]}" > "$out" 2>&1
+        rm -rf "$WORK/t.$job.$i" ;;
+    pyspy) "$PYSPY" record --subprocesses -r 99 -o "$WORK/s.$job.$i.svg" -- "${cmd[@]}" > "$out" 2>&1 \
+        || echo "$cfg run $i on $job: py-spy exited with status $?" >&2 ;;
+    perf-dwarf) perf record -q -F 99 --call-graph dwarf -o "$WORK/perf.$job.$i.data" -- "${cmd[@]}" > "$out" 2>&1 \
+        || echo "$cfg run $i on $job: perf exited with status $?" >&2
+        rm -f "$WORK/perf.$job.$i.data" ;;
     gpuprof-base)
         "$GPUPROF_BASE" -q -o "$WORK/base.$job.$i" -- "${cmd[@]}" > "$out" 2>&1
         rm -rf "$WORK/base.$job.$i" ;;
@@ -136,10 +160,19 @@ PY
 }
 
 configs=(bare)
-for c in ${CONFIGS:-gpuprof gpuprof-pyspy pyspy-native pyspy-nonblock}; do
-    [ "$c" = bare ] || configs+=("$c")
+for c in ${CONFIGS:-gpuprof gpuprof-timer gpuprof-pyspy pyspy pyspy-native pyspy-nonblock perf-dwarf}; do
+    case $c in
+    bare) continue ;;
+    gpuprof-timer)
+        # Only a gpuprof that has the sampler.
+        "$GPUPROF" record --help 2>/dev/null | grep -q -- '--sampler' \
+            || { echo "skipping gpuprof-timer: $GPUPROF has no --sampler" >&2; continue; } ;;
+    perf-dwarf)
+        command -v perf >/dev/null || { echo "skipping perf-dwarf: no perf" >&2; continue; } ;;
+    esac
+    configs+=("$c")
 done
-jobs=(${JOBS:-loader calls})
+jobs=(${JOBS:-loader loader-free calls torch})
 echo "python: $PY ($("$PY" -V 2>&1)); $(nproc) CPUs; kernel $(uname -r); load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 for i in $(seq "$RUNS"); do
     order=("${configs[@]}")

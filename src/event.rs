@@ -277,6 +277,10 @@ pub struct Footer {
     pub profiler_cpu_ns: u64,
     #[serde(default)]
     pub profiler_max_rss_bytes: u64,
+    /// Part of `profiler_cpu_ns` by component (collector threads, the
+    /// writer); what is not in it is the main thread's.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub profiler_cpu_ns_by_component: std::collections::BTreeMap<String, u64>,
     /// A second (`CLOCK_MONOTONIC`, `CLOCK_REALTIME`) pair taken at the
     /// end: how far the wall clock was slewed or stepped during the run.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -329,6 +329,9 @@ fn write_loop(
         line: Vec::with_capacity(ENCODE_BATCH_BYTES + 4096),
     };
     let mut member_start = Instant::now();
+    // Updated at each block, so that the footer's figures (taken while
+    // this thread still runs) hold it up to the last second.
+    let cost = crate::collect::selfcost::Charge::new("recording writer");
     loop {
         let got = match rx.try_recv() {
             Ok(ev) => Ok(ev),
@@ -389,6 +392,7 @@ fn write_loop(
         if member_start.elapsed() >= FLUSH_EVERY {
             m.end_member();
             member_start = Instant::now();
+            cost.update();
         }
     }
     m.end_member();

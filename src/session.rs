@@ -82,6 +82,7 @@ impl SamplerThread {
         let thread = std::thread::Builder::new()
             .name("gpuprof-procfs".into())
             .spawn(move || {
+                let _cost = crate::collect::selfcost::Charge::new("/proc sampler");
                 let mut next = Instant::now();
                 while !stop2.load(Ordering::Acquire) {
                     if active2.load(Ordering::Acquire) {
@@ -956,6 +957,7 @@ pub(crate) fn finish_recording(
         dropped_events: sink.dropped(),
         profiler_cpu_ns: cpu_ns,
         profiler_max_rss_bytes: max_rss,
+        profiler_cpu_ns_by_component: crate::collect::selfcost::by_component(),
         end_anchor: Some(ClockAnchor::now()),
         recording_error: None,
     };

@@ -108,6 +108,22 @@ fn worker_and_main_functions_with_native_leaves() {
         &[python(), script.to_str().unwrap(), "3", "2", "0"],
     );
     assert_eq!(code, 0);
+    // gpuprof's own CPU by component: the collectors that ran are charged,
+    // and the parts (main thread included) add up to the whole.
+    let prof = &report(&out)["profiler"];
+    let by = prof["cpu_s_by_component"]
+        .as_object()
+        .expect("by component");
+    for c in ["perf reader", "/proc sampler", "recording writer"] {
+        assert!(by.contains_key(c), "no {c}: {prof}");
+    }
+    assert!(by["perf reader"].as_f64().unwrap() > 0.0, "{prof}");
+    let sum: f64 = by.values().map(|v| v.as_f64().unwrap()).sum();
+    let total = prof["cpu_s"].as_f64().unwrap();
+    assert!(
+        (sum - total).abs() <= 0.001 * by.len() as f64,
+        "{sum} of {total}: {prof}"
+    );
     let workers = folded(&out.join("stacks-worker.folded"));
     let in_worker = share(&workers, |s| s.contains(";worker (stacks_job.py)"));
     eprintln!(

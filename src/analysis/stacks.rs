@@ -3590,6 +3590,7 @@ mod tests {
                 dropped_events: 0,
                 profiler_cpu_ns: 0,
                 profiler_max_rss_bytes: 0,
+                profiler_cpu_ns_by_component: Default::default(),
                 end_anchor: None,
                 recording_error: None,
             }),

@@ -131,6 +131,7 @@ impl GpuCollector {
         let thread = std::thread::Builder::new()
             .name("gpuprof-gpu".into())
             .spawn(move || {
+                let _cost = crate::collect::selfcost::Charge::new("GPU poller");
                 let unavailable = |why: String| {
                     sink.send_blocking(Event::Coverage(Coverage {
                         source: "gpu".into(),

@@ -15,6 +15,7 @@ pub mod nvtx;
 pub mod perf;
 pub mod procfs;
 pub mod python;
+pub mod selfcost;
 pub mod stacks;
 pub mod system;
 

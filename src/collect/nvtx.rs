@@ -278,6 +278,7 @@ impl NvtxCollector {
         let thread = std::thread::Builder::new()
             .name("gpuprof-nvtx".into())
             .spawn(move || {
+                let _cost = crate::collect::selfcost::Charge::new("NVTX reader");
                 let mut r = Reader::new(path, sink2);
                 r.run(&stop2, &active2, wake2.as_deref());
             })

@@ -84,6 +84,7 @@ impl PySampler {
         let thread = std::thread::Builder::new()
             .name("gpuprof-python".into())
             .spawn(move || {
+                let _cost = crate::collect::selfcost::Charge::new("python sampler (py-spy)");
                 let mut s = Sampler::new(frequency, sink, news);
                 s.root = root;
                 s.agent = agent;

@@ -119,6 +119,7 @@ fn run_ticks(
         dropped_events: 0,
         profiler_cpu_ns: 0,
         profiler_max_rss_bytes: 0,
+        profiler_cpu_ns_by_component: Default::default(),
         end_anchor: None,
         recording_error: None,
     }));

@@ -288,8 +288,21 @@ pub fn build(a: &Analysis) -> Value {
     let footer = a.footer.as_ref();
     let dur = a.duration_s();
     let profiler = footer.map(|f| {
+        let mut by: serde_json::Map<String, Value> = f
+            .profiler_cpu_ns_by_component
+            .iter()
+            .map(|(k, ns)| (k.clone(), json!(r(*ns as f64 / 1e9, 3))))
+            .collect();
+        if !by.is_empty() {
+            let parts: u64 = f.profiler_cpu_ns_by_component.values().sum();
+            by.insert(
+                "main thread (signals, live views, start and end)".into(),
+                json!(r(f.profiler_cpu_ns.saturating_sub(parts) as f64 / 1e9, 3)),
+            );
+        }
         json!({
             "cpu_s": r(f.profiler_cpu_ns as f64 / 1e9, 3),
+            "cpu_s_by_component": by,
             "cpu_pct_of_one_core": r(if dur > 0.0 { f.profiler_cpu_ns as f64 / 1e9 / dur * 100.0 } else { 0.0 }, 2),
             "max_rss_bytes": f.profiler_max_rss_bytes,
             "dropped_events": f.dropped_events,

@@ -214,6 +214,7 @@ pub fn tiny_analysis_with_env(rank_env: Option<crate::event::RankEnv>) -> Analys
         dropped_events: 0,
         profiler_cpu_ns: 0,
         profiler_max_rss_bytes: 0,
+        profiler_cpu_ns_by_component: Default::default(),
         end_anchor: None,
         recording_error: None,
     }));

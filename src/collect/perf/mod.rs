@@ -335,6 +335,7 @@ impl PerfSampler {
         let thread = std::thread::Builder::new()
             .name("gpuprof-perf".into())
             .spawn(move || {
+                let _cost = crate::collect::selfcost::Charge::new("perf reader");
                 let off = opened.off;
                 let mut r = Reader::new(opened, sink, news, agent);
                 if off && !r.wait_for_window(&active, &stop2) {

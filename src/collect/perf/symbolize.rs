@@ -88,7 +88,10 @@ impl Streamer {
         let (tx, rx) = std::sync::mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("gpuprof-symbols".into())
-            .spawn(move || run(rx, sink))
+            .spawn(move || {
+                let _cost = crate::collect::selfcost::Charge::new("symbolizer");
+                run(rx, sink)
+            })
             .ok();
         Streamer {
             tx: thread.is_some().then_some(tx),
