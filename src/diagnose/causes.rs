@@ -123,15 +123,30 @@ fn function_of<'a>(frames: impl Iterator<Item = &'a str>) -> Option<String> {
         .copied()
         .filter(|f| is_python_frame(f))
         .collect();
-    let chain: Vec<&str> = if py.is_empty() {
-        frames.iter().rev().take(FUNCTION_CHAIN).copied().collect()
+    let chain: Vec<String> = if py.is_empty() {
+        // Code its file does not name by its library (`[libgomp.so.1]`),
+        // a run of such frames as one: an address says nothing here.
+        let mut v: Vec<String> = Vec::new();
+        for f in frames.iter().rev() {
+            let f = match crate::export::folded_budget::library_of(f) {
+                Some(lib) => format!("[{lib}]"),
+                None => f.to_string(),
+            };
+            if v.last() != Some(&f) {
+                if v.len() == FUNCTION_CHAIN {
+                    break;
+                }
+                v.push(f);
+            }
+        }
+        v
     } else {
         // The function with its file, its callers by name.
         py.iter()
             .rev()
             .take(FUNCTION_CHAIN)
             .enumerate()
-            .map(|(i, f)| if i == 0 { f } else { chain_name(f) })
+            .map(|(i, f)| if i == 0 { f } else { chain_name(f) }.to_string())
             .collect()
     };
     (!chain.is_empty()).then(|| chain.join(" ← "))
@@ -732,4 +747,23 @@ pub(super) fn host_memory(
         evidence: ev,
         fix: "Give the job memory headroom: raise its memory limit (Kubernetes `resources.limits.memory`, `docker run --memory`, Slurm `--mem`) or stop other memory users on the machine; shrink the job's footprint (fewer DataLoader workers — each holds its own copy of the dataset object —, a smaller `prefetch_factor`, memory-mapped data instead of loading it in every worker); when the dataset cannot stay in the page cache, pack it smaller or read it from faster storage.".into(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::function_of;
+
+    #[test]
+    fn unnamed_code_is_named_by_its_library() {
+        let frames = [
+            "_start",
+            "[libc.so.6+0x891f4]",
+            "[libgomp.so.1+0x1b497]",
+            "[libgomp.so.1+0x1de62]",
+        ];
+        assert_eq!(
+            function_of(frames.into_iter()).unwrap(),
+            "[libgomp.so.1] ← [libc.so.6] ← _start"
+        );
+    }
 }
