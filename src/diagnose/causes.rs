@@ -280,7 +280,7 @@ pub(super) fn training_loop(
     let named = fs.first().map(|f| f.0.clone());
     if !fs.is_empty() {
         ev.push(format!(
-            "What the main thread ran then{}: {}.",
+            "What the main process ran then (all its threads){}: {}.",
             if idle_weighted(a) {
                 " (stack samples, each weighted by how idle the GPU was)"
             } else {
@@ -367,7 +367,7 @@ fn loop_title_fix(
             ),
             format!(
                 "Run the model on a GPU{}. On a machine with one, check that `python -c 'import torch; print(torch.cuda.is_available())'` prints True (a CUDA build of the framework and a driver that supports it), and move the model and each batch to it (`model.to(\"cuda\")`, `batch.to(\"cuda\", non_blocking=True)`). Then record again: host work left in the loop is what this finding is about.{data_too}",
-                named(" (the main thread's time went to ", " above all)")
+                named(" (the main process's time went to ", " above all)")
             ),
         )
     } else {
