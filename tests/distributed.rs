@@ -126,6 +126,22 @@ fn torchrun_ranks_their_workers_and_the_straggler() {
     );
     let ranks = r["ranks"].as_array().unwrap();
     assert_eq!(ranks.len(), 2, "{ranks:?}");
+    // Every rank has its own step rate, or says why not; the rank whose
+    // steps are the job's has the job's rate.
+    for x in ranks {
+        let how = x["steps_how"].as_str().unwrap_or_else(|| panic!("{x}"));
+        assert!(
+            x["steps_per_s"].as_f64().is_some_and(|v| v > 0.0) || how.starts_with("no steps found"),
+            "{x}"
+        );
+        if r["steps"]["pid"].is_number() && x["pids"][0] == r["steps"]["pid"] {
+            let (a, b) = (
+                x["steps_per_s"].as_f64(),
+                r["steps"]["steps_per_s"].as_f64(),
+            );
+            assert!((a.unwrap() - b.unwrap()).abs() < 1e-3, "{x}");
+        }
+    }
 
     // Trace: named and ordered by rank.
     let t = check_trace(&out.join("trace.json"));

@@ -11,6 +11,7 @@ pub mod roles;
 pub mod series;
 pub mod stacks;
 pub mod steps;
+pub mod symbols;
 
 use std::collections::BTreeMap;
 

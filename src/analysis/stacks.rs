@@ -1208,8 +1208,9 @@ impl<'a> Resolver<'a> {
             (Some(sym), loc) => {
                 let file = loc.map_or(String::new(), |l| l.0.to_string());
                 let eval = EVAL_FRAMES.contains(&sym.as_str());
+                // Long C++ names shortened in the label, whole in `name`.
                 self.intern(FrameInfo {
-                    label: clean(sym),
+                    label: clean(&super::symbols::short_label(sym)),
                     class: FrameClass::Native,
                     name: sym.clone(),
                     file,

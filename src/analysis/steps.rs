@@ -24,6 +24,8 @@ use super::nvtx::{name_group, NvtxRange};
 use super::{Analysis, Role};
 use crate::event::{MonoNs, Pid, Tid};
 
+pub mod per_process;
+
 /// Steps listed one by one in the analysis at most (the distribution and
 /// counts cover all of them).
 pub const MAX_STEPS: usize = 1_000_000;
@@ -208,8 +210,14 @@ fn matches(given: &str, c: &Cand, n: &super::nvtx::NvtxAnalysis, r: &NvtxRange) 
     raw == given || c.group == given || c.label == given || c.group == name_group(given)
 }
 
-fn choose_nvtx(a: &Analysis, given: Option<&str>, notes: &mut Vec<String>) -> Option<(Cand, bool)> {
-    let cands = candidates(a);
+fn choose_nvtx(
+    a: &Analysis,
+    given: Option<&str>,
+    only: Option<Pid>,
+    notes: &mut Vec<String>,
+) -> Option<(Cand, bool)> {
+    let mut cands = candidates(a);
+    cands.retain(|c| only.map_or(true, |p| c.pid == p));
     if let Some(name) = given {
         // The thread where the named range repeats most.
         let n = &a.nvtx;
@@ -453,10 +461,14 @@ fn gap_steps(gaps: &[(MonoNs, MonoNs)]) -> (Vec<(MonoNs, MonoNs)>, usize) {
 
 /// The sampled thread that drives the loop: the job's main thread (or the
 /// busiest thread of the busiest main process).
-fn loop_thread(a: &Analysis) -> Option<(Pid, Tid)> {
+fn loop_thread(a: &Analysis, only: Option<Pid>) -> Option<(Pid, Tid)> {
     let st = &a.stacks;
     let mut per: BTreeMap<(Pid, Tid), usize> = BTreeMap::new();
-    for s in &st.samples {
+    for s in st
+        .samples
+        .iter()
+        .filter(|s| only.map_or(true, |p| s.pid == p))
+    {
         let main = a
             .processes
             .get(&s.pid)
@@ -465,7 +477,7 @@ fn loop_thread(a: &Analysis) -> Option<(Pid, Tid)> {
             *per.entry((s.pid, s.tid)).or_default() += 1;
         }
     }
-    let job = a.header.job_pid;
+    let job = only.unwrap_or(a.header.job_pid);
     if per.contains_key(&(job, Tid(job.0))) {
         return Some((job, Tid(job.0)));
     }
@@ -479,9 +491,9 @@ fn loop_thread(a: &Analysis) -> Option<(Pid, Tid)> {
 /// Steps found in the stacks: intervals, how, function, pid, tid.
 type StackSteps = (Vec<(MonoNs, MonoNs)>, String, String, Pid, Tid);
 
-fn from_stacks(a: &Analysis) -> Option<StackSteps> {
+fn from_stacks(a: &Analysis, only: Option<Pid>) -> Option<StackSteps> {
     let st = &a.stacks;
-    let (pid, tid) = loop_thread(a)?;
+    let (pid, tid) = loop_thread(a, only)?;
     // The spacing of the analysed samples: the sampling period, or the
     // analysis bucket on a thinned (long) recording.
     let period = st.cell_ns(0);
@@ -490,7 +502,7 @@ fn from_stacks(a: &Analysis) -> Option<StackSteps> {
         .iter()
         .filter(|s| s.pid == pid && s.tid == tid)
         .collect();
-    if samples.len() < 50 {
+    if samples.len() < MIN_LOOP_SAMPLES {
         return None;
     }
     // Python functions only ("name (file.py)"): the loop is the job's
@@ -550,6 +562,9 @@ fn from_stacks(a: &Analysis) -> Option<StackSteps> {
         tid,
     ))
 }
+
+/// Fewest samples of the loop thread to look for its steps in.
+const MIN_LOOP_SAMPLES: usize = 50;
 
 /// Fewest entries of a function for its spacing to count as a loop's: with
 /// 5, three regular spacings of four passed (imports of several modules of
@@ -1102,7 +1117,7 @@ fn examine_slow(
     let measured = a.gpu.available && !a.gpu.devices.is_empty();
     let loop_pt = match (pid, tid) {
         (Some(p), Some(t)) => Some((p, t)),
-        _ => loop_thread(a),
+        _ => loop_thread(a, None),
     };
     let mut ranges_on_thread: Vec<&NvtxRange> = match loop_pt {
         Some((p, t)) => a
@@ -1182,7 +1197,7 @@ pub fn analyze(a: &Analysis, step_range: Option<&str>) -> Steps {
     let mut range_durs: Option<Vec<f64>> = None;
     let mut step_group = None;
     let (iv, method, how, name, pid, tid) = if let Some((c, given)) =
-        choose_nvtx(a, step_range, &mut notes)
+        choose_nvtx(a, step_range, None, &mut notes)
     {
         let iv = intervals_from_starts(&c.ranges);
         range_durs = Some(c.ranges.iter().map(|r| r.1.secs_since(r.0)).collect());
@@ -1211,7 +1226,7 @@ pub fn analyze(a: &Analysis, step_range: Option<&str>) -> Steps {
         (iv, method, how, Some(c.label), Some(c.pid), Some(c.tid))
     } else if let Some((iv, how)) = from_gpu_gaps(a) {
         (iv, "gpu-idle-gaps", how, None, None, None)
-    } else if let Some((iv, how, f, pid, tid)) = from_stacks(a) {
+    } else if let Some((iv, how, f, pid, tid)) = from_stacks(a, None) {
         (iv, "python-stacks", how, Some(f), Some(pid), Some(tid))
     } else {
         steps.method = "none".into();

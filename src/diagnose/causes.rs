@@ -123,15 +123,30 @@ fn function_of<'a>(frames: impl Iterator<Item = &'a str>) -> Option<String> {
         .copied()
         .filter(|f| is_python_frame(f))
         .collect();
-    let chain: Vec<&str> = if py.is_empty() {
-        frames.iter().rev().take(FUNCTION_CHAIN).copied().collect()
+    let chain: Vec<String> = if py.is_empty() {
+        // Code its file does not name by its library (`[libgomp.so.1]`),
+        // a run of such frames as one: an address says nothing here.
+        let mut v: Vec<String> = Vec::new();
+        for f in frames.iter().rev() {
+            let f = match crate::export::folded_budget::library_of(f) {
+                Some(lib) => format!("[{lib}]"),
+                None => f.to_string(),
+            };
+            if v.last() != Some(&f) {
+                if v.len() == FUNCTION_CHAIN {
+                    break;
+                }
+                v.push(f);
+            }
+        }
+        v
     } else {
         // The function with its file, its callers by name.
         py.iter()
             .rev()
             .take(FUNCTION_CHAIN)
             .enumerate()
-            .map(|(i, f)| if i == 0 { f } else { chain_name(f) })
+            .map(|(i, f)| if i == 0 { f } else { chain_name(f) }.to_string())
             .collect()
     };
     (!chain.is_empty()).then(|| chain.join(" ← "))
@@ -200,9 +215,11 @@ pub(super) fn pids_of(ths: &[InputThread]) -> BTreeSet<Pid> {
     ths.iter().map(|t| t.pid).collect()
 }
 
-/// The training loop itself: the workers keep up while the main thread
-/// computes between GPU steps (metrics, logging, `.item()`-style host
-/// work).
+/// The training loop itself: the input keeps up (workers not saturated,
+/// or no workers and the main thread's samples show the model or the
+/// loop's own code rather than the data path, see `account::ground`)
+/// while the main thread computes: the model's host side (on the CPU, the
+/// model itself), metrics, logging, `.item()`-style host work.
 pub(super) fn training_loop(
     a: &Analysis,
     tl: &Timeline,
@@ -210,33 +227,41 @@ pub(super) fn training_loop(
 ) -> Option<Finding> {
     let dur = a.duration_s();
     let loop_s = tl.cause_s(Cause::TrainingLoop);
-    if tl.workers.is_empty() || dur <= 0.0 || loop_s < th::MIN_SHARE * dur {
+    if dur <= 0.0 || loop_s < th::MIN_SHARE * dur {
         return None;
     }
     let main = main_thread(tl)?;
     let r = tl.mean_of(Cause::TrainingLoop, &tl.main_r).unwrap_or(0.0);
     let cpu = tl.mean_of(Cause::TrainingLoop, &tl.main_cpu).unwrap_or(0.0);
-    let wr = tl
-        .mean_of(Cause::TrainingLoop, &tl.workers_r)
-        .unwrap_or(0.0);
-    let n = concurrent_workers(tl);
-    let mut ev = vec![
+    let head = format!(
+        "For {loop_s:.1} s ({} of the run) the main thread `{}` (pid {}) was running or waiting for a CPU {} of the time (using {} of a core)",
+        pct(loop_s / dur),
+        main.name,
+        main.pid,
+        pct(r),
+        pct(cpu),
+    );
+    let mut ev = vec![if tl.workers.is_empty() {
+        format!("{head}; the job has no input worker processes, and the main thread's stack samples then show more of the model or of the loop's own code than of preparing batches.")
+    } else {
+        let wr = tl
+            .mean_of(Cause::TrainingLoop, &tl.workers_r)
+            .unwrap_or(0.0);
         format!(
-            "For {loop_s:.1} s ({} of the run) the main thread `{}` (pid {}) was running or waiting for a CPU {} of the time (using {} of a core) while its {} kept up: they were running only {} of that time, their prefetch queues full.",
-            pct(loop_s / dur),
-            main.name,
-            main.pid,
-            pct(r),
-            pct(cpu),
-            plural(n, "input worker"),
+            "{head} while its {} kept up: they were running only {} of that time, their prefetch queues full.",
+            plural(concurrent_workers(tl), "input worker"),
             pct(wr)
-        ),
-    ];
+        )
+    }];
     if r > cpu + 0.2 {
         ev.push(format!(
             "It got a core only {} of that time: other work on this machine delayed it further.",
             pct(cpu / r.max(1e-9))
         ));
+    }
+    let acc = super::account::main_account(a, tl, |i| tl.cause[i] == Some(Cause::TrainingLoop));
+    if acc.conclusive() {
+        ev.push(format!("Its stack samples then: {}.", acc.text()));
     }
     ev.extend(gpu_gap_lines(
         a,
@@ -255,7 +280,7 @@ pub(super) fn training_loop(
     let named = fs.first().map(|f| f.0.clone());
     if !fs.is_empty() {
         ev.push(format!(
-            "What the main thread ran then{}: {}.",
+            "What the main process ran then (all its threads){}: {}.",
             if idle_weighted(a) {
                 " (stack samples, each weighted by how idle the GPU was)"
             } else {
@@ -271,49 +296,14 @@ pub(super) fn training_loop(
         gpu,
         Cause::TrainingLoop,
         est,
-        "upper bound: the time the main thread was running between steps while its input was ready (an asynchronous GPU may run queued work meanwhile)",
+        "upper bound: the time the main thread was running while its input was ready (an asynchronous GPU may run queued work meanwhile)",
     );
     // A loop that computes while the GPU is busy (launching ahead, or
     // spinning in a synchronisation) costs nothing.
     if gt.share < th::MIN_SHARE {
         return None;
     }
-    let named = |pre: &str, post: &str| {
-        named
-            .as_ref()
-            .map(|f| format!("{pre}`{f}`{post}"))
-            .unwrap_or_default()
-    };
-    // Without the driver's CUDA library nothing ran on a GPU: the loop's
-    // "host work" is the model itself, computed on the CPU, and taking
-    // logging off the critical path is not the fix.
-    let (title, fix) = if super::ran_on_cpu(a, gpu) {
-        ev.push(format!(
-            "{}: the framework computed the model on the CPU, in the main thread.",
-            super::NO_DRIVER_EVIDENCE
-        ));
-        (
-            format!(
-                "The training loop computes the model on the CPU: the main thread computes between steps {} of the run while the input is ready, and nothing ran on a GPU",
-                pct(loop_s / dur)
-            ),
-            format!(
-                "Run the model on a GPU{}. On a machine with one, check that `python -c 'import torch; print(torch.cuda.is_available())'` prints True (a CUDA build of the framework and a driver that supports it), and move the model and each batch to it (`model.to(\"cuda\")`, `batch.to(\"cuda\", non_blocking=True)`). Then record again: host work left between steps is what this finding is about.",
-                named(" (the main thread's time went to ", " above all)")
-            ),
-        )
-    } else {
-        (
-            format!(
-                "The training loop's own host work keeps the GPU waiting: the main thread computes between steps {} of the run while the input is ready",
-                pct(loop_s / dur)
-            ),
-            format!(
-                "Take host work off the loop's critical path{}: compute metrics and log every N steps instead of every step; keep running sums on the GPU and read them rarely (each `.item()`, `.cpu()`, `float(loss)` or `print(tensor)` waits for the GPU); move logging, metrics and checkpoint preparation to a background thread; cut per-step Python overhead (fewer small operations, `torch.compile`, CUDA graphs).",
-                named(" — it is ", " above all")
-            ),
-        )
-    };
+    let (title, fix) = loop_title_fix(a, tl, gpu, &acc, loop_s / dur, named, &mut ev);
     Some(Finding {
         kind: FindingKind::TrainingLoop,
         rank: None,
@@ -324,6 +314,74 @@ pub(super) fn training_loop(
         evidence: ev,
         fix,
     })
+}
+
+/// The training-loop finding's title and fix: the model computed on the
+/// CPU (nothing ran on a GPU), or the loop's host work keeping a GPU
+/// waiting; with the data path's share when it matters too.
+fn loop_title_fix(
+    a: &Analysis,
+    tl: &Timeline,
+    gpu: Option<&GpuEvidence>,
+    acc: &super::account::MainAccount,
+    share: f64,
+    named: Option<String>,
+    ev: &mut Vec<String>,
+) -> (String, String) {
+    let named = |pre: &str, post: &str| {
+        named
+            .as_ref()
+            .map(|f| format!("{pre}`{f}`{post}"))
+            .unwrap_or_default()
+    };
+    let model = if acc.conclusive() {
+        format!(", {} of its samples in the model", pct(acc.model_share))
+    } else {
+        String::new()
+    };
+    // Batch preparation that the main thread did too, when it is a large
+    // part: workers would take that part off it.
+    let data_too = if tl.workers.is_empty()
+        && acc.conclusive()
+        && acc.data_share >= th::ACCOUNT_SECOND_SHARE
+    {
+        format!(
+            " The main thread also prepared the batches ({} of its samples in the data path): `DataLoader(..., num_workers=N)` takes that part off it.",
+            pct(acc.data_share)
+        )
+    } else {
+        String::new()
+    };
+    // Without the driver's CUDA library nothing ran on a GPU: the loop's
+    // "host work" is the model itself, computed on the CPU, and taking
+    // logging off the critical path is not the fix.
+    if super::ran_on_cpu(a, gpu) {
+        ev.push(format!(
+            "{}: the framework computed the model on the CPU, in the main thread.",
+            super::NO_DRIVER_EVIDENCE
+        ));
+        (
+            format!(
+                "The training loop computes the model on the CPU: its main thread was busy {} of the run while its input was ready{model}, and nothing ran on a GPU",
+                pct(share)
+            ),
+            format!(
+                "Run the model on a GPU{}. On a machine with one, check that `python -c 'import torch; print(torch.cuda.is_available())'` prints True (a CUDA build of the framework and a driver that supports it), and move the model and each batch to it (`model.to(\"cuda\")`, `batch.to(\"cuda\", non_blocking=True)`). Then record again: host work left in the loop is what this finding is about.{data_too}",
+                named(" (the main process's time went to ", " above all)")
+            ),
+        )
+    } else {
+        (
+            format!(
+                "The training loop's own host work keeps the GPU waiting: the main thread was busy {} of the run while its input was ready{model}",
+                pct(share)
+            ),
+            format!(
+                "Take host work off the loop's critical path{}: compute metrics and log every N steps instead of every step; keep running sums on the GPU and read them rarely (each `.item()`, `.cpu()`, `float(loss)` or `print(tensor)` waits for the GPU); move logging, metrics and checkpoint preparation to a background thread; cut per-step Python overhead (fewer small operations, `torch.compile`, CUDA graphs).{data_too}",
+                named(" — it is ", " above all")
+            ),
+        )
+    }
 }
 
 /// The job waited for its own writes: checkpoints or logs written from the
@@ -689,4 +747,23 @@ pub(super) fn host_memory(
         evidence: ev,
         fix: "Give the job memory headroom: raise its memory limit (Kubernetes `resources.limits.memory`, `docker run --memory`, Slurm `--mem`) or stop other memory users on the machine; shrink the job's footprint (fewer DataLoader workers — each holds its own copy of the dataset object —, a smaller `prefetch_factor`, memory-mapped data instead of loading it in every worker); when the dataset cannot stay in the page cache, pack it smaller or read it from faster storage.".into(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::function_of;
+
+    #[test]
+    fn unnamed_code_is_named_by_its_library() {
+        let frames = [
+            "_start",
+            "[libc.so.6+0x891f4]",
+            "[libgomp.so.1+0x1b497]",
+            "[libgomp.so.1+0x1de62]",
+        ];
+        assert_eq!(
+            function_of(frames.into_iter()).unwrap(),
+            "[libgomp.so.1] ← [libc.so.6] ← _start"
+        );
+    }
 }

@@ -15,6 +15,7 @@
 //! measured. [`diagnose`] takes them as `Option`s, so every CPU-side rule
 //! works without them.
 
+mod account;
 mod accounting;
 mod causes;
 mod edges;
@@ -259,6 +260,9 @@ pub struct Diagnosis {
     pub environment: EnvironmentSummary,
     /// Each rank's figures, when the job has ranks.
     pub ranks: Vec<ranks::RankFigures>,
+    /// Where the main thread's time went over the training loop, from its
+    /// stack samples (None without them).
+    pub main_thread: Option<account::MainAccount>,
 }
 
 /// A framework library mapped by the job, and whether CUDA came with it.
@@ -454,6 +458,7 @@ pub fn diagnose(
         notes,
         environment: EnvironmentSummary::build(a, &tl),
         ranks: rank_figures,
+        main_thread: Some(account::loop_account(a, &tl)).filter(|m| m.samples > 0),
     }
 }
 

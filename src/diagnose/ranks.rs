@@ -25,6 +25,7 @@ use super::evidence::GpuEvidence;
 use super::thresholds as th;
 use super::{Basis, Finding, FindingKind, GpuTime, Severity};
 use crate::analysis::collectives::CountedFrom;
+use crate::analysis::steps::per_process as steps;
 use crate::units::pct;
 
 /// One rank's figures, as report.json lists them under `ranks`.
@@ -48,6 +49,11 @@ pub struct RankFigures {
     /// see report.json `steps`). In synchronous training every rank runs at
     /// the same rate: the straggler sets it.
     pub steps_per_s: Option<f64>,
+    /// How its steps were found (`nvtx-range`, `nvtx-range-auto`,
+    /// `python-stacks`, …), or why it has no step rate. Absent from
+    /// reports written before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub steps_how: Option<String>,
     /// CPU seconds of all its processes.
     pub cpu_s: f64,
     /// Cores used by its busiest main thread over its life.
@@ -230,6 +236,7 @@ fn rank_figures(a: &Analysis, gpu: Option<&GpuEvidence>, r: u32) -> RankFigures 
     functions.sort_by(|x, y| y.1.total_cmp(x.1).then(x.0.cmp(y.0)));
 
     let rank_pids: BTreeSet<Pid> = of_rank.iter().map(|p| p.pid).collect();
+    let steps = rank_steps(a, &mains);
     let devs = gpu.and_then(|g| g.for_pids(&rank_pids));
     let devs = devs.as_ref().map(|g| g.devices.as_slice()).unwrap_or(&[]);
     let busy: Vec<f64> = devs.iter().filter_map(|d| d.busy_fraction).collect();
@@ -244,11 +251,8 @@ fn rank_figures(a: &Analysis, gpu: Option<&GpuEvidence>, r: u32) -> RankFigures 
         worker_pids: workers.iter().map(|p| p.pid.0).collect(),
         gpus: devs.iter().map(|d| d.index).collect(),
         active_s,
-        steps_per_s: a
-            .steps
-            .pid
-            .filter(|p| main_pids.contains(&Pid(*p)))
-            .and(a.steps.steps_per_s),
+        steps_per_s: steps.steps_per_s,
+        steps_how: Some(steps.how),
         cpu_s: of_rank.iter().map(|p| p.cpu_s()).sum(),
         main_cpu_cores,
         workers: concurrent(a, &workers),
@@ -275,6 +279,23 @@ fn rank_figures(a: &Analysis, gpu: Option<&GpuEvidence>, r: u32) -> RankFigures 
                 .sum()
         }),
     }
+}
+
+/// A rank's steps: those of its main process with the most (a rank with
+/// several main processes is a wrapper and its Python child), or why none.
+fn rank_steps(a: &Analysis, mains: &[&Process]) -> steps::ProcessSteps {
+    let mut best: Option<steps::ProcessSteps> = None;
+    for p in mains {
+        let s = steps::steps_of(a, p.pid);
+        if best.as_ref().map_or(true, |b| s.count > b.count) {
+            best = Some(s);
+        }
+    }
+    best.unwrap_or_else(|| steps::ProcessSteps {
+        steps_per_s: None,
+        count: 0,
+        how: "no main process of this rank was seen".into(),
+    })
 }
 
 /// "rank 0", "ranks 0 and 2", "ranks 0, 2 and 3", "15 ranks".
@@ -664,8 +685,10 @@ pub fn summary_lines(ranks: &[RankFigures]) -> Vec<String> {
                         .join(", ")
                 ));
             }
-            if let Some(sps) = r.steps_per_s {
-                parts.push(format!("{sps:.2} steps/s"));
+            match (r.steps_per_s, &r.steps_how) {
+                (Some(sps), _) => parts.push(format!("{sps:.2} steps/s")),
+                (None, Some(_)) => parts.push("no steps found".into()),
+                (None, None) => {}
             }
             parts.push(format!("main thread {} of a core", pct(r.main_cpu_cores)));
             if r.workers > 0 {

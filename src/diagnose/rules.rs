@@ -493,6 +493,11 @@ fn main_preprocessing(a: &Analysis, tl: &Timeline, gpu: Option<&GpuEvidence>) ->
         return None;
     }
     let main = tl.mains.iter().max_by(|x, y| x.cpu_s.total_cmp(&y.cpu_s))?;
+    // What the main thread's own samples say it did then (the timeline
+    // gave these bins to the model instead when they show more model
+    // than data: see `account::ground`).
+    let acc =
+        super::account::main_account(a, tl, |i| tl.cause[i] == Some(Cause::MainPreprocessing));
     let mut ev = vec![
         "The job has no input worker processes (DataLoader `num_workers=0`, or batches built in the training loop).".to_string(),
         format!(
@@ -506,6 +511,18 @@ fn main_preprocessing(a: &Analysis, tl: &Timeline, gpu: Option<&GpuEvidence>) ->
             pct(busy_s / dur)
         ),
     ];
+    if acc.conclusive() {
+        ev.push(format!(
+            "Its stack samples while computing: {}.",
+            acc.text()
+        ));
+    } else {
+        ev.push(format!(
+            "Too few stack samples of the main thread while it computed ({}, at least {} needed) to tell batch preparation from the model: the whole computing time is counted.",
+            acc.samples,
+            th::ACCOUNT_MIN_SAMPLES
+        ));
+    }
     ev.extend(gpu_gap_lines(
         a,
         tl,
@@ -520,35 +537,58 @@ fn main_preprocessing(a: &Analysis, tl: &Timeline, gpu: Option<&GpuEvidence>) ->
         Cause::MainPreprocessing,
         "main process while its main thread was computing",
     ));
-    let est = tl.weighted_s(Cause::MainPreprocessing, |i| tl.main_cpu[i] as f64);
-    let gt = gpu_time(
-        a,
-        tl,
-        gpu,
-        Cause::MainPreprocessing,
-        est,
-        "upper bound: the main thread's computing time; a loop that prepares each batch in the main process leaves the GPU waiting meanwhile",
-    );
+    // Only the data path's share of the computing time moves to workers.
+    let data = if acc.conclusive() {
+        acc.data_share
+    } else {
+        1.0
+    };
+    let est = data * tl.weighted_s(Cause::MainPreprocessing, |i| tl.main_cpu[i] as f64);
+    let method = if acc.conclusive() {
+        format!(
+            "upper bound: the main thread's computing time × the data path's share of its stack samples then ({}); a loop that prepares each batch in the main process leaves the GPU waiting meanwhile",
+            pct(data)
+        )
+    } else {
+        "upper bound: the main thread's computing time; a loop that prepares each batch in the main process leaves the GPU waiting meanwhile".to_string()
+    };
+    let gt = gpu_time(a, tl, gpu, Cause::MainPreprocessing, est, &method);
     let cores = a.system.cpus.max(1);
     let n = (cores.saturating_sub(1)).clamp(1, 8);
-    // A framework that never loaded the driver computed the model on the
-    // CPU, in this same thread: its computing time is not all batches.
     let mut fix = format!(
         "Move batch preparation into DataLoader worker processes: `DataLoader(..., num_workers={n}, pin_memory=True)` ({cores} cores here, one left for the main process), so the main process only launches GPU work."
     );
+    if acc.conclusive() && acc.model_share >= th::ACCOUNT_SECOND_SHARE {
+        fix.push_str(&format!(
+            " The model itself took {} of the main thread's samples: workers do not take that part off it.",
+            pct(acc.model_share)
+        ));
+    }
     if super::ran_on_cpu(a, gpu) {
-        ev.push(format!("{}: the framework computed the model on the CPU as well, and the main thread's computing time includes it (the stack samples above tell the two apart).", super::NO_DRIVER_EVIDENCE));
+        ev.push(format!(
+            "{}: the framework computed the model on the CPU as well, in this same thread.",
+            super::NO_DRIVER_EVIDENCE
+        ));
         fix.push_str(" Nothing ran on a GPU in this run: on a machine with one, check that `torch.cuda.is_available()` is True and move the model and batches to it (`model.to(\"cuda\")`).");
     }
+    let title = if acc.conclusive() {
+        format!(
+            "Batches are prepared in the main process: its main thread was busy {} of the run, {} of it in the data path",
+            pct(busy_s / dur),
+            pct(acc.data_share)
+        )
+    } else {
+        format!(
+            "Batches are prepared in the main process: its main thread was busy {} of the run",
+            pct(busy_s / dur)
+        )
+    };
     Some(Finding {
         kind: FindingKind::MainProcessPreprocessing,
         rank: None,
         support: None,
         severity: Severity::from_share(gt.share),
-        title: format!(
-            "Batches are prepared in the main process: its main thread was busy {} of the run",
-            pct(busy_s / dur)
-        ),
+        title,
         gpu_time: Some(gt),
         evidence: ev,
         fix,

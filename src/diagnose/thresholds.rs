@@ -169,3 +169,14 @@ pub const EDGE_IDLE_NOTE_S: f64 = 0.05;
 /// are noted when together at least this share of the run (below it they
 /// change no finding much; their seconds are in each estimate's method).
 pub const EDGE_NOTE_SHARE: f64 = 0.1;
+
+/// Fewest stack samples of the main thread (weighted) for its account
+/// (model, data path, the loop's own code) to decide between batch
+/// preparation and the model: with 40 samples a share's standard error is
+/// at most 8 points, so a model share above the data share is not one
+/// or two samples' chance (a second of CPU at the default 99 Hz is ~99).
+pub const ACCOUNT_MIN_SAMPLES: u64 = 40;
+/// The share of the main thread's samples that the losing side of the
+/// account (the data path, or the model) must reach for the finding of
+/// the winning side to say that it matters too and what to do about it.
+pub const ACCOUNT_SECOND_SHARE: f64 = 0.2;

@@ -575,6 +575,7 @@ impl Timeline {
         };
         tl.cause = (0..n).map(|i| tl.classify(i)).collect();
         tl.set_edges(a);
+        super::account::ground(a, &mut tl);
         tl
     }
 

@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 
 use inferno::flamegraph::{self, color::BasicPalette, color::Palette, Options};
 
+use super::folded_budget;
 use crate::analysis::stacks::{AttributionCounts, FoldOptions, Sample, Stacks, View};
 use crate::analysis::{Analysis, Role};
 
@@ -154,6 +155,26 @@ const SAMPLES: (&str, f64) = ("samples", 1.0);
 /// of one name were merged into one tower).
 pub const WORKERS_PER_PROCESS_SVG: &str = "flame-workers-per-process.svg";
 
+/// Folded stacks in `view` as the outputs show them: in the native view,
+/// code its file does not name aggregated by library (the Python view
+/// already is), for the flamegraph and its folded file alike.
+fn by_name(folded: String, view: View) -> String {
+    match view {
+        View::Native => folded_budget::by_library(&folded),
+        View::Python => folded,
+    }
+}
+
+/// A folded file as written: by name (see [`by_name`]) and within the
+/// folded size budget (see [`folded_budget`]). The flamegraphs are drawn
+/// from the stacks before the budget: they have their own.
+fn bounded(folded: &str, view: View) -> String {
+    folded_budget::bound(
+        &by_name(folded.to_string(), view),
+        folded_budget::FOLDED_MAX_BYTES,
+    )
+}
+
 /// The folded file with every frame of a role (`stacks-<role>-native.folded`).
 pub fn native_folded_name(folded_name: &str) -> String {
     folded_name.replace(".folded", "-native.folded")
@@ -280,9 +301,9 @@ pub fn write_role_outputs(
             view,
             merge_workers: true,
         };
-        let folded = st.folded_role(*role, opts);
+        let folded = by_name(st.folded_role(*role, opts), view);
         let p = dir.join(folded_name);
-        write(&p, folded.as_bytes())?;
+        write(&p, bounded(&folded, view).as_bytes())?;
         written.push(p);
         let native = st.folded_role(
             *role,
@@ -292,7 +313,7 @@ pub fn write_role_outputs(
             },
         );
         let p = dir.join(native_folded_name(folded_name));
-        write(&p, native.as_bytes())?;
+        write(&p, bounded(&native, View::Native).as_bytes())?;
         written.push(p);
         let per_process =
             (*role == Some(Role::Worker) && !groups.is_empty()).then_some(WORKERS_PER_PROCESS_SVG);
@@ -336,7 +357,7 @@ pub fn write_role_outputs(
             },
         );
         let p = dir.join(PYTHON_ONLY_FOLDED);
-        write(&p, folded.as_bytes())?;
+        write(&p, bounded(&folded, View::Python).as_bytes())?;
         written.push(p);
         let subtitle = format!(
             "{} Python stacks read by py-spy, not matched to CPU samples in time",
@@ -413,7 +434,7 @@ pub fn write_gpu_idle(
             period_us,
         )
     };
-    let folded = fold(view, true);
+    let folded = by_name(fold(view, true), view);
     let groups = st.worker_groups();
     let (title, sub) = titles(
         st,
@@ -437,10 +458,13 @@ pub fn write_gpu_idle(
     };
     if let Some(buf) = svg_capped(&folded, &title, &sub, ("ms", 1e-3), max_bytes)? {
         let p = dir.join("stacks-gpu-idle.folded");
-        write(&p, folded.as_bytes())?;
+        write(&p, bounded(&folded, view).as_bytes())?;
         written.push(p);
         let p = dir.join("stacks-gpu-idle-native.folded");
-        write(&p, fold(View::Native, false).as_bytes())?;
+        write(
+            &p,
+            bounded(&fold(View::Native, false), View::Native).as_bytes(),
+        )?;
         written.push(p);
         let p = dir.join("flame-gpu-idle.svg");
         write(&p, &buf)?;

@@ -3,6 +3,7 @@
 //! [`Analysis`]: crate::analysis::Analysis
 
 pub mod flame;
+pub mod folded_budget;
 pub mod pb;
 pub mod pprof;
 pub mod report;

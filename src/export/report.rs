@@ -484,6 +484,7 @@ pub fn add_diagnosis(report: &mut Value, d: &Diagnosis) {
                 "gpu_measured": d.gpu_measured,
                 "stacks_measured": d.stacks_measured,
                 "notes": d.notes,
+                "main_thread": d.main_thread,
             }),
         );
         obj.insert(

@@ -1,0 +1,118 @@
+"""Small real PyTorch training loops whose main thread spends its time in
+a known place, for the diagnosis's account of the main thread.
+
+Usage: grounded_train.py MODE STEPS [WORKERS]
+  lstm    no DataLoader: token batches sliced from one tensor, an LSTM
+          language model (matmul/LSTM, backward, a hand-written update)
+  decode  a Dataset whose __getitem__ decompresses and augments each
+          image, read by a DataLoader in the main process (no workers),
+          feeding a tiny linear model
+  conv    a small conv net fed by a DataLoader of cheap synthetic images,
+          with WORKERS worker processes
+Prints "steps N" at the end.
+"""
+import sys
+import zlib
+
+import numpy as np
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, Dataset
+
+
+class Lm(nn.Module):
+    def __init__(self, vocab=2000, dim=128):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, dim)
+        self.rnn = nn.LSTM(dim, dim, num_layers=2)
+        self.out = nn.Linear(dim, vocab)
+
+    def forward(self, x, h):
+        y, h = self.rnn(self.emb(x), h)
+        return self.out(y), h
+
+
+def lstm(steps):
+    model = Lm()
+    crit = nn.CrossEntropyLoss()
+    data = torch.randint(0, 2000, (20000, 16))
+    h = None
+    for i in range(steps):
+        j = (i * 20) % (data.size(0) - 21)
+        x, y = data[j:j + 20], data[j + 1:j + 21]
+        model.zero_grad()
+        out, h = model(x, h)
+        h = tuple(t.detach() for t in h)
+        loss = crit(out.view(-1, 2000), y.reshape(-1))
+        loss.backward()
+        for p in model.parameters():
+            p.data.add_(p.grad, alpha=-0.1)
+
+
+class Compressed(Dataset):
+    """Images stored compressed, decoded and augmented per item."""
+
+    def __init__(self):
+        rng = np.random.default_rng(0)
+        self.blobs = [
+            zlib.compress(rng.integers(0, 8, (128, 128, 3), dtype=np.uint8).tobytes(), 6)
+            for _ in range(64)
+        ]
+
+    def __len__(self):
+        return 1 << 20
+
+    def __getitem__(self, i):
+        img = np.frombuffer(zlib.decompress(self.blobs[i % 64]), np.uint8).reshape(128, 128, 3)
+        img = img.astype(np.float32) / 7.0
+        for k in range(10):
+            img = np.flip(img, axis=k % 2) * 0.9 + 0.05
+            img = np.clip(img + np.sin(img * (k + 1)), 0.0, 1.0)
+        return torch.from_numpy(np.ascontiguousarray(img[::4, ::4])), i % 10
+
+
+class Cheap(Dataset):
+    def __len__(self):
+        return 1 << 20
+
+    def __getitem__(self, i):
+        return torch.full((3, 32, 32), (i % 7) / 7.0), i % 10
+
+
+def fit(model, loader, steps):
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    crit = nn.CrossEntropyLoss()
+    it = iter(loader)
+    for _ in range(steps):
+        x, y = next(it)
+        opt.zero_grad()
+        loss = crit(model(x), y)
+        loss.backward()
+        opt.step()
+
+
+def main():
+    mode, steps = sys.argv[1], int(sys.argv[2])
+    workers = int(sys.argv[3]) if len(sys.argv) > 3 else 0
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    if mode == "lstm":
+        lstm(steps)
+    elif mode == "decode":
+        model = nn.Sequential(nn.Flatten(), nn.Linear(32 * 32 * 3, 10))
+        fit(model, DataLoader(Compressed(), batch_size=16, num_workers=0), steps)
+    elif mode == "conv":
+        model = nn.Sequential(
+            nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(),
+            nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(),
+            nn.AdaptiveAvgPool2d(4), nn.Flatten(), nn.Linear(512, 10),
+        )
+        loader = DataLoader(Cheap(), batch_size=16, num_workers=workers)
+        fit(model, loader, steps)
+    else:
+        raise SystemExit(f"unknown mode {mode}")
+    print("steps", steps, flush=True)
+
+
+if __name__ == "__main__":
+    main()
