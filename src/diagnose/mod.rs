@@ -19,6 +19,7 @@ mod accounting;
 mod causes;
 mod edges;
 mod evidence;
+mod others;
 pub mod ranks;
 mod rules;
 pub mod support;
@@ -55,6 +56,7 @@ pub enum FindingKind {
     TooFewWorkers,
     InputPipelineBound,
     CpuOversubscribed,
+    OtherProgramsCpu,
     TrainingLoop,
     GpuMemoryPressure,
     PcieDegraded,
@@ -63,7 +65,7 @@ pub enum FindingKind {
 }
 
 impl FindingKind {
-    pub const ALL: [FindingKind; 20] = [
+    pub const ALL: [FindingKind; 21] = [
         FindingKind::CudaDriverMismatch,
         FindingKind::GpuNotUsed,
         FindingKind::StragglerRank,
@@ -79,6 +81,7 @@ impl FindingKind {
         FindingKind::TooFewWorkers,
         FindingKind::InputPipelineBound,
         FindingKind::CpuOversubscribed,
+        FindingKind::OtherProgramsCpu,
         FindingKind::TrainingLoop,
         FindingKind::GpuMemoryPressure,
         FindingKind::PcieDegraded,
@@ -101,6 +104,7 @@ impl FindingKind {
             FindingKind::CudaDriverMismatch => "cuda-driver-mismatch",
             FindingKind::PcieDegraded => "pcie-degraded",
             FindingKind::CpuOversubscribed => "cpu-oversubscribed",
+            FindingKind::OtherProgramsCpu => "cpu-taken-by-other-programs",
             FindingKind::LowSampleCoverage => "low-sample-coverage",
             FindingKind::StragglerRank => "straggler-rank",
             FindingKind::CpuLimit => "cpu-limit",
