@@ -300,5 +300,30 @@ mod tests {
         assert_eq!(OtherPrograms::label(p), "`prog 9` (pid 9, user root)");
         let half = o.took_between(Pid(9), MonoNs(500_000_000), MonoNs(1_000_000_000));
         assert!((half - 0.25).abs() < 1e-9, "{half}");
+
+        // A slow step in the second the hog took 0.5 s is said to be its;
+        // one in the second it took nothing is not.
+        let sec = |x: u64| MonoNs(x * 1_000_000_000);
+        let slow = |index: usize| super::super::steps::SlowStep {
+            index,
+            start_s: index as f64,
+            duration_s: 1.0,
+            vs_median: 2.0,
+            causes: Vec::new(),
+        };
+        let mut steps = super::super::steps::Steps {
+            count: 4,
+            intervals: (0..4).map(|i| (sec(i), sec(i + 1))).collect(),
+            slow: vec![slow(1), slow(3)],
+            slow_causes: vec!["cpu: …".into()],
+            ..Default::default()
+        };
+        annotate_slow_steps(&mut steps, &o);
+        assert_eq!(steps.slow[0].causes.len(), 1, "{:?}", steps.slow);
+        assert_eq!(steps.slow[0].causes[0].kind, "other-program");
+        assert!(steps.slow[0].causes[0].text.contains("(pid 9, user root)"));
+        assert!(steps.slow[1].causes.is_empty());
+        assert_eq!(steps.slow_causes.len(), 2);
+        assert!(steps.slow_causes[0].contains("in 1 of 2 slow steps"));
     }
 }
