@@ -14,7 +14,8 @@
 //! and counted apart): its process's *starter* is the Python thread with
 //! the most samples inside the pool's library (ties: the lowest tid); the
 //! pool sample goes under that thread's sample nearest in time that has
-//! Python frames of its own instant, within a few sampling periods,
+//! Python frames of its own instant, within three sampling intervals (the
+//! period, or the starter's median interval between samples if longer),
 //! preferring one inside the pool's library (the same parallel region).
 //! The starter's frames are kept down to the operator's call into the pool
 //! (or to its innermost Python frame when it was elsewhere: a pool thread
@@ -45,9 +46,15 @@ const POOL_FILES: &[&str] = &[
 const POOL_FUNCTIONS: &[&str] = &["c10::ThreadPool::main_loop", "blas_thread_server"];
 
 /// A pool sample is placed under a starter sample at most this many
-/// sampling periods away (on-CPU threads are sampled once a period; more
-/// than this and the starter was off the CPU, so its frames are unknown).
+/// sampling intervals away: the period, or the starter's own typical
+/// interval between consecutive samples when that is longer (samples
+/// come once a period of *CPU* time: on a loaded machine an on-CPU thread
+/// waits between them). Farther than that and the starter was off the
+/// CPU, so its frames are unknown.
 const WINDOW_PERIODS: u64 = 3;
+/// Gaps longer than this between a thread's samples are time off the CPU
+/// (blocked), not the sampling interval.
+const MAX_INTERVAL_NS: u64 = 1_000_000_000;
 /// The window when the period is unknown (an old recording): 3 × 99 Hz.
 const DEFAULT_WINDOW_NS: u64 = 30_000_000;
 
@@ -138,6 +145,7 @@ pub(super) fn link(
         }
     }
     let mut starters: HashMap<(Pid, String), Option<Tid>> = HashMap::new();
+    let mut windows: HashMap<(Pid, Tid), u64> = HashMap::new();
     let mut links = Vec::new();
     for (i, file) in pool_samples {
         let s = &samples[i];
@@ -152,6 +160,9 @@ pub(super) fn link(
         });
         let Some(tid) = starter else { continue };
         let (from, to) = threads[&(s.pid, tid)];
+        let window = *windows
+            .entry((s.pid, tid))
+            .or_insert_with(|| window.max(WINDOW_PERIODS * typical_interval(&samples[from..to])));
         if let Some(j) = nearest(&samples[from..to], s.t.0, window, &mut |x| {
             pool(x.stack).as_deref() == Some(file.as_str())
         }) {
@@ -163,6 +174,21 @@ pub(super) fn link(
         }
     }
     links
+}
+
+/// The median interval between a thread's consecutive samples, leaving
+/// out gaps in which it was blocked (0 for fewer than two samples).
+fn typical_interval(thread: &[Sample]) -> u64 {
+    let mut gaps: Vec<u64> = thread
+        .windows(2)
+        .map(|w| w[1].t.0.saturating_sub(w[0].t.0))
+        .filter(|&g| g > 0 && g < MAX_INTERVAL_NS)
+        .collect();
+    if gaps.is_empty() {
+        return 0;
+    }
+    let mid = gaps.len() / 2;
+    *gaps.select_nth_unstable(mid).1
 }
 
 /// The sample of `thread` with Python frames nearest to `t` within
