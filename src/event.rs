@@ -1149,6 +1149,14 @@ pub struct OtherProc {
     pub cmdline: String,
     /// CPU time it used in the interval (user + system).
     pub cpu_ns: u64,
+    /// Share of the interval's looks (one per sampling tick) that found it
+    /// on a CPU the job's threads may run on (1 in recordings before it).
+    #[serde(default = "one")]
+    pub on_job_cpus: f32,
+}
+
+fn one() -> f32 {
+    1.0
 }
 
 #[cfg(test)]

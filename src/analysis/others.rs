@@ -3,15 +3,14 @@
 //! much of the job's runnable time it took.
 //!
 //! The estimate, per one-second interval: the job's threads waited `W`
-//! on run queues, and another process used `C` of CPU; it took at most
-//! `min(C, W)` from the job (CPU it used while the job had nothing waiting
-//! took nothing; CPU beyond the job's wait took nothing more). Its share is
-//! the sum of those over the intervals it was busy in, divided by the job's
-//! runnable time (run + wait) in the same intervals. It is an upper bound
-//! per process: when several processes ran while the job waited, each is
-//! given up to the whole wait, and the wait may also be the job's own
-//! threads queueing behind each other (oversubscription), which the
-//! figures of one interval cannot tell apart.
+//! on run queues; another process used `C` of CPU, a share `f` of it on
+//! CPUs the job's threads may run on (its CPU looked at at every sampling
+//! tick). It took `C·f` from the job, scaled down, for all of them alike,
+//! when together they used more than `W` there. Its share is the sum over
+//! the intervals it was busy in, divided by the job's runnable time (run +
+//! wait) in the same intervals. An estimate: `f` is sampled ten times a
+//! second, and CPU used on the job's CPUs while the job had nothing
+//! waiting (between its bursts within the second) is counted as taken.
 
 use std::collections::BTreeMap;
 
@@ -26,8 +25,34 @@ pub struct Interval {
     pub to: MonoNs,
     pub run_ns: u64,
     pub wait_ns: u64,
-    /// (process, CPU ns) of the others listed.
-    pub others: Vec<(Pid, u64)>,
+    /// (process, CPU ns, share of its time on the job's CPUs) of the
+    /// others listed.
+    pub others: Vec<(Pid, u64, f64)>,
+    /// What each of them took from the job (ns), once the job's own
+    /// processes are known (see [`Interval::takes`]).
+    pub took: Vec<(Pid, f64)>,
+}
+
+impl Interval {
+    /// What each other process took from the job in this interval (ns): its
+    /// CPU time on the job's CPUs, scaled down when together they used
+    /// more there than the job waited (see the module).
+    pub fn takes<'a>(
+        &'a self,
+        job: &'a dyn Fn(Pid) -> bool,
+    ) -> impl Iterator<Item = (Pid, f64)> + 'a {
+        let on = |o: &(Pid, u64, f64)| o.1 as f64 * o.2.clamp(0.0, 1.0);
+        let sum: f64 = self.others.iter().filter(|o| !job(o.0)).map(on).sum();
+        let scale = if sum > self.wait_ns as f64 {
+            self.wait_ns as f64 / sum
+        } else {
+            1.0
+        };
+        self.others
+            .iter()
+            .filter(move |o| !job(o.0))
+            .map(move |o| (o.0, on(o) * scale))
+    }
 }
 
 /// One process outside the job (report.json `other_programs.processes`).
@@ -40,7 +65,8 @@ pub struct OtherProgram {
     pub command: String,
     /// CPU it used while listed, in seconds.
     pub cpu_s: f64,
-    /// Of the job's runnable time, what it took at most (see the module).
+    /// Of the job's runnable time, what it took (an estimate: see the
+    /// module).
     pub took_s: f64,
     /// The job's runnable time (run + wait) in the intervals it was listed.
     pub job_runnable_s: f64,
@@ -98,7 +124,11 @@ impl Builder {
             to: *t,
             run_ns: *job_run_ns,
             wait_ns: *job_wait_ns,
-            others: procs.iter().map(|p| (p.pid, p.cpu_ns)).collect(),
+            others: procs
+                .iter()
+                .map(|p| (p.pid, p.cpu_ns, p.on_job_cpus as f64))
+                .collect(),
+            took: Vec::new(),
         });
     }
 
@@ -106,11 +136,14 @@ impl Builder {
     /// job's own (a pid the tree learnt of late is never blamed).
     pub fn finish(self, window: (MonoNs, MonoNs), job: &dyn Fn(Pid) -> bool) -> OtherPrograms {
         let s = |ns: u64| ns as f64 / 1e9;
-        let intervals: Vec<Interval> = self
+        let mut intervals: Vec<Interval> = self
             .intervals
             .into_iter()
             .filter(|i| i.to > window.0 && i.from < window.1)
             .collect();
+        for i in &mut intervals {
+            i.took = i.takes(job).collect();
+        }
         let mut out = OtherPrograms {
             measured: !intervals.is_empty(),
             job_run_s: s(intervals.iter().map(|i| i.run_ns).sum()),
@@ -119,10 +152,8 @@ impl Builder {
         };
         let mut per: BTreeMap<Pid, OtherProgram> = BTreeMap::new();
         for i in &intervals {
-            for &(pid, cpu) in &i.others {
-                if job(pid) {
-                    continue;
-                }
+            for &(pid, took) in &i.took {
+                let cpu = i.others.iter().find(|o| o.0 == pid).map_or(0, |o| o.1);
                 let p = per.entry(pid).or_insert_with(|| {
                     let n = self.names.get(&pid).cloned().unwrap_or(OtherProc {
                         pid,
@@ -130,6 +161,7 @@ impl Builder {
                         user: String::new(),
                         cmdline: String::new(),
                         cpu_ns: 0,
+                        on_job_cpus: 1.0,
                     });
                     OtherProgram {
                         pid,
@@ -141,7 +173,7 @@ impl Builder {
                     }
                 });
                 p.cpu_s += s(cpu);
-                p.took_s += s(cpu.min(i.wait_ns));
+                p.took_s += took / 1e9;
                 p.job_runnable_s += s(i.run_ns + i.wait_ns);
                 p.to_s = i.to.secs_since(window.0).max(0.0);
             }
@@ -182,8 +214,8 @@ impl OtherPrograms {
             .map(|i| {
                 let len = i.to.0.saturating_sub(i.from.0).max(1) as f64;
                 let inside = i.to.0.min(to.0).saturating_sub(i.from.0.max(from.0)) as f64;
-                let cpu = i.others.iter().find(|o| o.0 == pid).map_or(0, |o| o.1);
-                cpu.min(i.wait_ns) as f64 / 1e9 * inside / len
+                let took = i.took.iter().find(|o| o.0 == pid).map_or(0.0, |o| o.1);
+                took / 1e9 * inside / len
             })
             .sum()
     }
@@ -225,7 +257,7 @@ pub fn annotate_slow_steps(steps: &mut super::steps::Steps, others: &OtherProgra
                 found.push(super::steps::Cause {
                     kind: "other-program",
                     text: format!(
-                        "another program, {}, took up to {took:.2} s of the job's CPU time in this step",
+                        "another program, {}, took ~{took:.2} s of the job's CPU time in this step",
                         OtherPrograms::label(p)
                     ),
                     excess_s: Some(round4(took)),
@@ -276,6 +308,7 @@ mod tests {
                     user: "root".into(),
                     cmdline: format!("prog {pid}"),
                     cpu_ns: ms * 1_000_000,
+                    on_job_cpus: if pid == 6 { 0.0 } else { 1.0 },
                 })
                 .collect(),
         }
@@ -290,13 +323,17 @@ mod tests {
         b.add(&ev(2, 500, 500, &[(9, 500), (8, 900)]));
         b.add(&ev(3, 1000, 0, &[(9, 1000)]));
         b.add(&ev(4, 1000, 0, &[(7, 50)]));
-        let o = b.finish((MonoNs(0), MonoNs(5_000_000_000)), &|p| p.0 == 8);
+        // Two on the job's CPUs using twice what the job waited: half each;
+        // one on other CPUs only (pid 6): nothing.
+        b.add(&ev(5, 400, 600, &[(9, 600), (5, 600), (6, 900)]));
+        let o = b.finish((MonoNs(0), MonoNs(6_000_000_000)), &|p| p.0 == 8);
         assert!(o.measured);
-        assert_eq!(o.processes.len(), 1, "{:?}", o.processes);
+        assert_eq!(o.processes.len(), 2, "{:?}", o.processes);
         let p = &o.processes[0];
-        assert_eq!((p.pid, p.cpu_s, p.took_s), (Pid(9), 2.0, 1.0));
-        assert_eq!(p.job_runnable_s, 3.0);
-        assert_eq!(p.share_of_runnable, 0.3333);
+        assert_eq!((p.pid, p.cpu_s, p.took_s), (Pid(9), 2.6, 1.3));
+        assert_eq!(p.job_runnable_s, 4.0);
+        assert_eq!(p.share_of_runnable, 0.325);
+        assert_eq!((o.processes[1].pid, o.processes[1].took_s), (Pid(5), 0.3));
         assert_eq!(OtherPrograms::label(p), "`prog 9` (pid 9, user root)");
         let half = o.took_between(Pid(9), MonoNs(500_000_000), MonoNs(1_000_000_000));
         assert!((half - 0.25).abs() < 1e-9, "{half}");

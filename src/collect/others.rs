@@ -10,11 +10,17 @@
 //!   the job's when it is one of the tree's live processes or their child
 //!   (a fork the tree has not read yet); gpuprof itself is left out. The
 //!   ones that used at least [`MIN_SHARE`] of a CPU in the interval are
-//!   recorded, with their owner and, the first time, their command line.
+//!   recorded, with their owner and, the first time, their command line,
+//!   and which share of the time they were on one of the CPUs the job's
+//!   threads may run on (`Cpus_allowed_list`): the CPU of each of their
+//!   threads that used CPU is looked at at every sampling tick while they
+//!   stay busy, when it is running or runnable.
 //!
-//! Cost: one `stat` read per process of the machine and one `schedstat`
-//! read per thread of the job, once a second (a few ms on a machine with
-//! a thousand processes).
+//! Cost: one `stat` read per process of the machine and a `schedstat` and
+//! a `status` read per thread of the job, once a second (a few ms on a
+//! machine with a thousand processes), and a `stat` read per busy thread
+//! of the busy other processes (16 processes, 32 threads each at most) at
+//! every sampling tick.
 
 use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::MetadataExt;
@@ -42,6 +48,11 @@ pub struct OthersCollector {
     last_t: MonoNs,
     /// Per job thread: (run, wait) ns at the last pass.
     threads: HashMap<i32, (u64, u64)>,
+    /// The CPUs the job's threads that ran or waited in the last interval
+    /// may run on.
+    job_cpus: Cpus,
+    /// Busy other processes, watched at every tick.
+    watch: HashMap<i32, Watched>,
     /// Per other process: (starttime, utime + stime in ticks).
     others: HashMap<i32, (u64, u64)>,
     /// Processes whose command line was recorded.
@@ -59,14 +70,18 @@ impl OthersCollector {
             last: None,
             last_t: MonoNs(0),
             threads: HashMap::new(),
+            job_cpus: Cpus::default(),
+            watch: HashMap::new(),
             others: HashMap::new(),
             named: HashSet::new(),
             users: read_users(),
         }
     }
 
-    /// Called at every sampling tick; works once a [`PERIOD`].
+    /// Called at every sampling tick: looks at which CPU the busy other
+    /// processes are on, and once a [`PERIOD`] takes the figures.
     pub fn tick(&mut self, job: &[i32]) {
+        self.look_at_watched();
         if self.last.is_some_and(|l| l.elapsed() < PERIOD) {
             return;
         }
@@ -89,11 +104,33 @@ impl OthersCollector {
         });
     }
 
+    /// Whether each watched process's busy threads that are running or
+    /// runnable now are on one of the job's CPUs (a sleeping thread's
+    /// last CPU says nothing).
+    fn look_at_watched(&mut self) {
+        for (pid, w) in self.watch.iter_mut() {
+            for tid in &w.busy {
+                let Ok(buf) = std::fs::read(format!("/proc/{pid}/task/{tid}/stat")) else {
+                    continue;
+                };
+                let Some(st) = TaskStat::parse(&buf) else {
+                    continue;
+                };
+                if let (Some(cpu), 'R') = (st.processor, st.state) {
+                    w.seen += 1;
+                    w.on += u32::from(self.job_cpus.has(cpu));
+                }
+            }
+        }
+    }
+
     /// The increase of the job's threads' run and wait time since the last
-    /// pass (threads seen for the first time count from now).
+    /// pass (threads seen for the first time count from now); the CPUs of
+    /// those that ran or waited become [`Self::job_cpus`].
     fn job_sched(&mut self, job: &[i32]) -> (u64, u64) {
         let mut seen = HashMap::with_capacity(self.threads.len());
         let (mut run, mut wait) = (0u64, 0u64);
+        let mut cpus = Cpus::default();
         for pid in job {
             let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
                 continue;
@@ -106,14 +143,24 @@ impl OthersCollector {
                 else {
                     continue;
                 };
-                if let Some(&(r0, w0)) = self.threads.get(&tid) {
-                    run += r.saturating_sub(r0);
-                    wait += w.saturating_sub(w0);
+                let moved = match self.threads.get(&tid) {
+                    Some(&(r0, w0)) => {
+                        run += r.saturating_sub(r0);
+                        wait += w.saturating_sub(w0);
+                        r > r0 || w > w0
+                    }
+                    None => true,
+                };
+                // Read afresh: a launcher (`taskset`, `numactl`) sets it
+                // just before it execs the job's program.
+                if moved {
+                    cpus.add(&Cpus::of_task(*pid, tid));
                 }
                 seen.insert(tid, (r, w));
             }
         }
         self.threads = seen;
+        self.job_cpus = cpus;
         (run, wait)
     }
 
@@ -159,8 +206,19 @@ impl OthersCollector {
         self.others = seen;
         busy.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
         busy.truncate(MAX_PROCS);
+        let mut watched = std::mem::take(&mut self.watch);
+        for b in &busy {
+            let old = watched.get_mut(&b.1).map(|w| std::mem::take(&mut w.ticks));
+            self.watch.insert(b.1, Watched::start(b.1, old));
+        }
         busy.into_iter()
             .map(|(cpu_ns, pid, start, st, uid)| {
+                // Where it ran: its CPU at each tick of the interval when it
+                // was watched, else its CPU now.
+                let on_job_cpus = match watched.get(&pid) {
+                    Some(w) if w.seen > 0 => w.on as f32 / w.seen as f32,
+                    _ => f32::from(u8::from(st.processor.is_some_and(|c| self.job_cpus.has(c)))),
+                };
                 let cmdline = if self.named.insert((pid, start)) {
                     read_cmdline(pid)
                 } else {
@@ -176,9 +234,128 @@ impl OthersCollector {
                         .unwrap_or_else(|| uid.to_string()),
                     cmdline,
                     cpu_ns,
+                    on_job_cpus,
                 }
             })
             .collect()
+    }
+}
+
+/// At most this many threads of a busy process are looked at per tick.
+const WATCH_THREADS: usize = 32;
+
+/// A busy other process: its threads that used CPU in the last interval,
+/// and how often one of them, running or runnable, was on the job's CPUs.
+#[derive(Default)]
+struct Watched {
+    busy: Vec<i32>,
+    /// Per thread: utime + stime (ticks) at the last pass.
+    ticks: HashMap<i32, u64>,
+    on: u32,
+    seen: u32,
+}
+
+impl Watched {
+    /// Its threads now; those that used CPU since `old` (all of them the
+    /// first time), the busiest first.
+    fn start(pid: i32, old: Option<HashMap<i32, u64>>) -> Watched {
+        let mut w = Watched::default();
+        let mut used: Vec<(u64, i32)> = Vec::new();
+        if let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+            for e in dir.flatten() {
+                let Some(tid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+                    continue;
+                };
+                let Ok(buf) = std::fs::read(format!("/proc/{pid}/task/{tid}/stat")) else {
+                    continue;
+                };
+                let Some(st) = TaskStat::parse(&buf) else {
+                    continue;
+                };
+                let t = st.utime + st.stime;
+                let d = match &old {
+                    Some(o) => t.saturating_sub(o.get(&tid).copied().unwrap_or(0)),
+                    None => t.max(1),
+                };
+                w.ticks.insert(tid, t);
+                if d > 0 || st.state == 'R' {
+                    used.push((d, tid));
+                }
+            }
+        }
+        used.sort_by(|a, b| b.cmp(a));
+        w.busy = used.into_iter().take(WATCH_THREADS).map(|x| x.1).collect();
+        w
+    }
+}
+
+/// A set of CPUs (`Cpus_allowed_list`).
+#[derive(Clone, Debug, Default, PartialEq)]
+struct Cpus(Vec<u64>);
+
+impl Cpus {
+    fn has(&self, cpu: i32) -> bool {
+        let c = cpu.max(0) as usize;
+        self.0.get(c / 64).is_some_and(|w| w & (1 << (c % 64)) != 0)
+    }
+
+    fn add(&mut self, o: &Cpus) {
+        if self.0.len() < o.0.len() {
+            self.0.resize(o.0.len(), 0);
+        }
+        for (a, b) in self.0.iter_mut().zip(&o.0) {
+            *a |= b;
+        }
+    }
+
+    fn insert(&mut self, c: usize) {
+        if self.0.len() <= c / 64 {
+            self.0.resize(c / 64 + 1, 0);
+        }
+        self.0[c / 64] |= 1 << (c % 64);
+    }
+
+    /// A task's allowed CPUs; every CPU when they cannot be read.
+    fn of_task(pid: i32, tid: i32) -> Cpus {
+        std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status"))
+            .ok()
+            .and_then(|s| {
+                let l = s
+                    .lines()
+                    .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))?;
+                Cpus::parse_list(l.trim())
+            })
+            .unwrap_or_else(Cpus::all)
+    }
+
+    fn all() -> Cpus {
+        let mut c = Cpus::default();
+        let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+        for i in 0..n.max(1024) {
+            c.insert(i);
+        }
+        c
+    }
+
+    /// `0-3,8,10-11`.
+    fn parse_list(s: &str) -> Option<Cpus> {
+        let mut c = Cpus::default();
+        for part in s.split(',').filter(|p| !p.is_empty()) {
+            let (a, b) = match part.split_once('-') {
+                Some((a, b)) => (a.parse::<usize>().ok()?, b.parse::<usize>().ok()?),
+                None => {
+                    let a = part.parse::<usize>().ok()?;
+                    (a, a)
+                }
+            };
+            if b < a || b > 1 << 16 {
+                return None;
+            }
+            for i in a..=b {
+                c.insert(i);
+            }
+        }
+        Some(c)
     }
 }
 
@@ -240,6 +417,10 @@ mod tests {
         assert_eq!(u.get(&0).map(String::as_str), Some("root"));
         assert_eq!(u.get(&65534).map(String::as_str), Some("nobody"));
         assert_eq!(u.len(), 2);
+        let c = Cpus::parse_list("0-2,5,64").unwrap();
+        assert!(c.has(0) && c.has(2) && c.has(5) && c.has(64));
+        assert!(!c.has(3) && !c.has(63) && !c.has(65));
+        assert_eq!(Cpus::parse_list("3-1"), None);
     }
 
     /// A busy child of this test process (not of the "job") is listed with

@@ -33,7 +33,7 @@ pub(super) fn other_programs(a: &Analysis) -> Option<Finding> {
     let mut ev = Vec::new();
     for p in &hogs {
         ev.push(format!(
-            "{} used {:.1} CPU-s between {:.0} s and {:.0} s into the run; in those seconds the job's threads waited {} of their runnable time for a CPU, and it took up to {:.1} s of it: {} of the job's runnable time ({:.1} s).",
+            "{} used {:.1} CPU-s between {:.0} s and {:.0} s into the run; in those seconds the job's threads waited {} of their runnable time for a CPU, and it took about {:.1} s of it: {} of the job's runnable time ({:.1} s).",
             OtherPrograms::label(p),
             p.cpu_s,
             p.from_s,
@@ -45,7 +45,7 @@ pub(super) fn other_programs(a: &Analysis) -> Option<Finding> {
         ));
     }
     ev.push(format!(
-        "Over the run the job's threads ran {:.1} CPU-s and waited {:.1} s runnable (/proc/PID/task/TID/schedstat). Each second, a process is said to take at most the lesser of its CPU time and the job's wait: an upper bound (the processes above may together exceed the job's wait, and the wait may also be the job's own threads queueing behind each other).",
+        "Over the run the job's threads ran {:.1} CPU-s and waited {:.1} s runnable (/proc/PID/task/TID/schedstat). Estimated each second: a process's CPU time on the CPUs the job may use (where it ran, looked at ten times a second), scaled down when the others together used more there than the job waited.",
         o.job_run_s, o.job_wait_s
     ));
     if let Some(line) = steps_line(a, &hogs) {
@@ -63,8 +63,7 @@ pub(super) fn other_programs(a: &Analysis) -> Option<Finding> {
         .iter()
         .map(|p| taken_while_gpu_idle(a, p, gpu))
         .sum::<f64>()
-        // Each is an upper bound: together they cannot take more than the
-        // job waited.
+        // Together they cannot take more than the job waited.
         .min(o.job_wait_s)
         / runnable_threads;
     let share = if dur > 0.0 {
@@ -78,7 +77,7 @@ pub(super) fn other_programs(a: &Analysis) -> Option<Finding> {
         support: None,
         severity: Severity::from_share(share),
         title: format!(
-            "Another program took CPU the job was waiting for: {} took up to {} of the job's runnable time",
+            "Another program took CPU the job was waiting for: {} took ~{} of the job's runnable time",
             OtherPrograms::label(top),
             pct(top.share_of_runnable)
         ),
@@ -114,7 +113,7 @@ fn taken_while_gpu_idle(a: &Analysis, p: &OtherProgram, gpu: bool) -> f64 {
     const POINTS: u64 = 10;
     let mut sum = 0.0;
     for i in &a.others.intervals {
-        let Some(&(_, cpu)) = i.others.iter().find(|o| o.0 == p.pid) else {
+        let Some(&(_, took)) = i.took.iter().find(|o| o.0 == p.pid) else {
             continue;
         };
         let len = i.to.0.saturating_sub(i.from.0);
@@ -125,7 +124,7 @@ fn taken_while_gpu_idle(a: &Analysis, p: &OtherProgram, gpu: bool) -> f64 {
             })
             .sum::<f64>()
             / POINTS as f64;
-        sum += cpu.min(i.wait_ns) as f64 / 1e9 * idle;
+        sum += took / 1e9 * idle;
     }
     sum
 }
