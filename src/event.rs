@@ -763,6 +763,23 @@ pub enum Event {
         wchar: u64,
         threads: u32,
     },
+    /// Once a second: how long the job's threads ran and waited runnable
+    /// (`/proc/PID/task/TID/schedstat`) over the last interval, and the
+    /// processes outside the job that used CPU meanwhile.
+    OtherCpu {
+        t: MonoNs,
+        /// The interval these figures cover, ending at `t`.
+        interval_ns: u64,
+        /// Sum over the job's threads: time on a CPU, and time runnable
+        /// but waiting for one (the scheduler's run-queue delay).
+        job_run_ns: u64,
+        job_wait_ns: u64,
+        /// Processes outside the job's tree (gpuprof excluded) that used at
+        /// least [`crate::collect::others::MIN_SHARE`] of a CPU in the
+        /// interval, most first, at most
+        /// [`crate::collect::others::MAX_PROCS`].
+        procs: Vec<OtherProc>,
+    },
     /// `/proc/stat`: total and per-CPU cumulative times, runnable and
     /// blocked task counts.
     SystemCpu {
@@ -1097,6 +1114,7 @@ impl Event {
             | ThreadCpu { t, .. }
             | ProcessSample { t, .. }
             | SystemCpu { t, .. }
+            | OtherCpu { t, .. }
             | Disks { t, .. }
             | Pressure { t, .. }
             | Cgroup { t, .. }
@@ -1119,6 +1137,30 @@ impl Event {
             | NvtxInstance { t, .. } => Some(*t),
         }
     }
+}
+
+/// A process outside the job, in [`Event::OtherCpu`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OtherProc {
+    pub pid: Pid,
+    /// `/proc/PID/comm`.
+    pub comm: String,
+    /// Its owner's name (the uid as a number when it has none).
+    pub user: String,
+    /// Its command line, the first time the process is listed (empty
+    /// afterwards, and for kernel threads); at most 200 characters.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub cmdline: String,
+    /// CPU time it used in the interval (user + system).
+    pub cpu_ns: u64,
+    /// Share of the interval's looks (one per sampling tick) that found it
+    /// on a CPU the job's threads may run on (1 in recordings before it).
+    #[serde(default = "one")]
+    pub on_job_cpus: f32,
+}
+
+fn one() -> f32 {
+    1.0
 }
 
 #[cfg(test)]

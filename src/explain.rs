@@ -92,6 +92,7 @@ mod tests {
             | TooFewWorkers
             | InputPipelineBound
             | CpuOversubscribed
+            | OtherProgramsCpu
             | GpuMemoryPressure
             | PcieDegraded
             | StragglerRank

@@ -87,6 +87,13 @@ impl Sink {
     pub fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
     }
+
+    /// A sink onto a channel of the caller's (a collector's unit test reads
+    /// what it sends).
+    #[cfg(test)]
+    pub(crate) fn from_parts(tx: SyncSender<Event>, dropped: Arc<AtomicU64>) -> Sink {
+        Sink { tx, dropped }
+    }
 }
 
 /// The writer thread's handle.

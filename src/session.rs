@@ -17,6 +17,7 @@ use crate::collect::cgroup::CgroupCollector;
 use crate::collect::files::FilesCollector;
 use crate::collect::gpu::{GpuCollector, GpuOptions};
 use crate::collect::nvtx::{self, NvtxCollector, NvtxPlan};
+use crate::collect::others::OthersCollector;
 use crate::collect::procfs::TreeCollector;
 use crate::collect::stacks::{AgentPlan, StackCollectors};
 use crate::collect::system::SystemCollector;
@@ -33,6 +34,7 @@ pub(crate) struct Samplers {
     system: SystemCollector,
     files: FilesCollector,
     cgroup: CgroupCollector,
+    others: OthersCollector,
     /// The perf reader's news of new processes and libraries, once stacks
     /// are sampled: the tree and the libraries are then re-read on news.
     news: Option<Arc<TreeNews>>,
@@ -46,6 +48,7 @@ impl Samplers {
         let live = self.tree.live_pids();
         self.files.tick(&live, news);
         self.cgroup.tick(&live);
+        self.others.tick(&live);
     }
 }
 
@@ -74,6 +77,7 @@ impl SamplerThread {
             system: SystemCollector::new(sink.clone()),
             files: FilesCollector::new(sink.clone()),
             cgroup: CgroupCollector::new(sink.clone()),
+            others: OthersCollector::new(sink.clone()),
             news: None,
         })));
         let stop = Arc::new(AtomicBool::new(false));

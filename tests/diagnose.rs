@@ -118,10 +118,13 @@ fn top(report: &Value) -> (String, String) {
         .unwrap_or_else(|| ("none".into(), "none".into()))
 }
 
+/// `cpu-taken-by-other-programs` is left out: it is about the machine (on
+/// a shared development machine another engineer's build does take CPU
+/// from the job), and has a test of its own.
 fn no_alarm(report: &Value) {
     for (id, sev) in findings(report) {
         assert!(
-            sev == "info",
+            sev == "info" || id == "cpu-taken-by-other-programs",
             "false alarm on a healthy run: {id} ({sev}): {}",
             serde_json::to_string_pretty(&report["findings"]).unwrap()
         );
@@ -698,4 +701,75 @@ fn libraries_and_data_files_of_the_job_are_recorded() {
     let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
     assert!(summary.contains("## Software and data"), "{summary}");
     assert!(summary.contains("CUDA runtime 12.4"), "{summary}");
+}
+
+/// A busy loop started outside the job's tree, pinned to the job's CPU,
+/// takes about half of the job's runnable time. The diagnosis names it
+/// (its command, pid and user) with the share it took, within 15 points of
+/// what the hog's own CPU time over the job's window implies (the job
+/// reads the hog's /proc/PID/stat at its start and end; it is always
+/// runnable, so the hog's CPU share of that window is the share it took).
+/// Both are pinned to one CPU so that the hog's CPU was the job's to lose;
+/// other load on that CPU (builds) lowers both figures alike. ~8 s.
+#[test]
+fn a_cpu_hog_outside_the_job_is_named_with_its_share() {
+    let _g = serial();
+    let cpu = (std::thread::available_parallelism().map_or(1, |n| n.get()) - 1).to_string();
+    let mut hog = Command::new("taskset")
+        .args(["-c", &cpu, "sh", "-c", "while :; do :; done"])
+        .spawn()
+        .expect("taskset runs");
+    let hog_pid = hog.id().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("hogged");
+    let script = test_script("hogged_job.py");
+    let (o, r) = record_cmd(
+        &out,
+        &[
+            OsStr::new("taskset"),
+            OsStr::new("-c"),
+            OsStr::new(&cpu),
+            OsStr::new("python3"),
+            script.as_os_str(),
+            OsStr::new(&hog_pid),
+            OsStr::new("6"),
+        ],
+    );
+    let _ = hog.kill();
+    let _ = hog.wait();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let implied: f64 = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("hog share "))
+        .and_then(|x| x.trim().parse().ok())
+        .unwrap_or_else(|| panic!("the job prints the hog's share: {stdout}"));
+    let f = r["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["id"] == "cpu-taken-by-other-programs")
+        .unwrap_or_else(|| panic!("no finding for the hog: {}", r["findings"]));
+    // Named among the (at most three) processes of the finding: on a shared
+    // machine another tenant's build may have taken more.
+    let named = f["evidence"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e.as_str())
+        .any(|e| {
+            e.contains(&format!("(pid {hog_pid}, user ")) && e.contains("while :; do :; done")
+        });
+    assert!(named, "{f}");
+    let p = r["other_programs"]["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"].as_i64().map(|x| x.to_string()) == Some(hog_pid.clone()))
+        .unwrap_or_else(|| panic!("{}", r["other_programs"]));
+    let share = p["share_of_runnable"].as_f64().unwrap();
+    assert!(
+        (share - implied).abs() <= 0.15,
+        "reported {share}, the hog's own CPU implies {implied}: {p}"
+    );
+    well_formed(&r);
 }

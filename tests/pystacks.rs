@@ -282,7 +282,7 @@ fn native_leaves_lie_under_the_python_function_that_ran_them() {
         assert!(p["by_version"][format!("3.{minor}")]["same_instant"].as_u64() > Some(100));
         // The flamegraph says what happened.
         let svg = std::fs::read_to_string(out.join("flame-all.svg")).unwrap();
-        assert!(svg.contains("frames of the same instant"), "subtitle");
+        assert!(svg.contains("Python frames: same instant "), "subtitle");
         // py-spy left the sampled processes alone: no Python-only view.
         assert!(!out.join("stacks-python-only.folded").exists());
         let _ = std::fs::remove_dir_all(&out);

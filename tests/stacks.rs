@@ -877,3 +877,98 @@ fn perf_trampolines_unwind_on_python_3_12() {
 fn perf_trampolines_unwind_on_python_3_13() {
     trampolines_unwind(13);
 }
+
+/// A conv net with two intra-op threads (`torch.set_num_threads(2)`, no
+/// DataLoader): PyTorch's OpenMP pool thread runs half of each
+/// convolution and spins between them. Its samples have no Python frames
+/// of their own; the Python view puts them under the main thread's frames
+/// of the operator that started the parallel region (`[pool thread of the
+/// main thread]`), counts them as `pool_thread`, and the subtitle's shares
+/// add up to 100%. Slow-ish (~10 s on two idle cores): importing torch
+/// alone is ~4 CPU-s, and 40 steps give the pool ~200 samples.
+#[test]
+fn pytorch_pool_threads_sit_under_the_python_op_that_started_them() {
+    need_perf!();
+    let Some(torch) = common::torch_python() else {
+        skip!("no PyTorch venv (GPUPROF_TEST_TORCH_PYTHON or ~/.cache/gpuprof-ci/torch-venv)");
+    };
+    let script = scripts().join("torch_pool.py");
+    let (out, code) = record(
+        "pool-torch",
+        &[],
+        &[torch.to_str().unwrap(), script.to_str().unwrap(), "40", "2"],
+    );
+    assert_eq!(code, 0);
+    let r = report(&out);
+    let procs = r["stacks"]["python"]["processes"].as_array().unwrap();
+    assert_eq!(procs.len(), 1, "{procs:?}");
+    let p = &procs[0];
+    let n = |k: &str| p[k].as_u64().unwrap_or_else(|| panic!("{k}: {p}"));
+    let py = folded(&out.join("stacks-main.folded"));
+    let total: u64 = py.iter().map(|x| x.1).sum();
+    // Every sample of the process is counted once, by how it got its
+    // Python frames.
+    let kinds = [
+        "same_instant",
+        "same_instant_partial",
+        "native_unknown",
+        "unattributed",
+        "pool_thread",
+        "native_only",
+    ];
+    assert_eq!(kinds.iter().map(|k| n(k)).sum::<u64>(), total, "{p}");
+    let pool: u64 = py
+        .iter()
+        .filter(|(s, _)| s.contains(";[pool thread of the main thread];"))
+        .map(|x| x.1)
+        .sum();
+    assert_eq!(pool, n("pool_thread"));
+    // The pool thread works for the convolutions, forward and backward: at
+    // 99 Hz over 40 steps it has a few hundred samples here; 5% of the
+    // process is a floor no run with a working pool goes under.
+    assert!(pool * 20 >= total, "{pool} of {total} under the pool label");
+    let under_op = py
+        .iter()
+        .filter(|(s, _)| {
+            s.contains(";[pool thread of the main thread];")
+                && (s.contains(";Conv2d.forward (conv.py);")
+                    || s.contains(";Tensor.backward (_tensor.py);"))
+        })
+        .map(|x| x.1)
+        .sum::<u64>();
+    assert!(under_op * 2 >= pool, "{under_op} of {pool} under the ops");
+    // What is left without any Python frame: the interpreter's start-up and
+    // shutdown (`[python interpreter]`, said as such), and a few samples
+    // (library destructors at exit, pool samples with no main-thread
+    // sample near them) — at most 5% of the process.
+    let rootless: Vec<&(String, u64)> = py
+        .iter()
+        .filter(|(s, _)| {
+            !s.contains(".py);") && !s.ends_with(".py)") && !s.contains(";[python interpreter]")
+        })
+        .collect();
+    let rootless_n: u64 = rootless.iter().map(|x| x.1).sum();
+    assert!(
+        rootless_n * 20 <= total,
+        "{rootless_n} of {total} without Python frames: {rootless:?}"
+    );
+    // The subtitle states the estimated share, and its shares add up.
+    let svg = std::fs::read_to_string(out.join("flame-main.svg")).unwrap();
+    let sub = svg
+        .split("id=\"subtitle\"")
+        .nth(1)
+        .and_then(|s| s.split('>').nth(1))
+        .and_then(|s| s.split('<').next())
+        .unwrap();
+    assert!(
+        sub.contains("pool threads under their caller (estimated) "),
+        "{sub}"
+    );
+    let shares: f64 = sub
+        .split([',', '·'])
+        .filter_map(|part| part.trim().strip_suffix('%'))
+        .filter_map(|part| part.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!((shares - 100.0).abs() < 0.05, "{shares}: {sub}");
+    let _ = std::fs::remove_dir_all(&out);
+}

@@ -83,6 +83,11 @@ pub const NOT_SAMPLED: &str = "[python: not sampled]";
 /// when the Python view shows its thread's py-spy stack, read the same just
 /// before and just after the sample.
 pub const PYSPY_BRACKETED: &str = "[python: py-spy, same stack before and after]";
+/// Between a sample's same-instant Python frames and the native frames
+/// that were unwound, when unwinding stopped before the interpreter.
+pub const NATIVE_UNKNOWN: &str = "[native frames unknown]";
+/// The pseudo file of addresses outside every mapping.
+const UNKNOWN_FILE: &str = "[unknown]";
 /// Shown for the interpreter running no Python code (start-up, shutdown).
 pub const INTERPRETER_ONLY: &str = "[python interpreter]";
 
@@ -197,7 +202,15 @@ pub fn python_view(frames: &[FoldFrame]) -> (Vec<ViewFrame>, FoldNotes) {
         // take seconds in a big program.
         out.push(ViewFrame::Made(INTERPRETER_ONLY));
     }
+    let mut after_unknown = false;
     for (i, f) in frames.iter().enumerate().skip(k) {
+        // Addresses outside every mapping just below `[native frames
+        // unknown]` are where the unwinder lost its way: that frame says so.
+        let lost = after_unknown && f.name.is_empty() && f.file == UNKNOWN_FILE;
+        after_unknown = (f.class == Marker && f.name == NATIVE_UNKNOWN) || lost;
+        if lost {
+            continue;
+        }
         if f.class == Interpreter {
             notes.interpreter = true;
         } else if f.name.is_empty() && f.class != Python && f.class != Marker {
@@ -410,6 +423,30 @@ mod tests {
         ];
         let (v, _) = python_view(&fr2);
         assert_eq!(names(&fr2, &v), [NOT_SAMPLED]);
+    }
+
+    #[test]
+    fn addresses_where_unwinding_lost_its_way_fold_into_the_unknown_marker() {
+        let fr = [
+            f(Python, "main", "train.py"),
+            f(Python, "relu", "functional.py"),
+            f(Marker, NATIVE_UNKNOWN, ""),
+            f(Native, "", UNKNOWN_FILE),
+            f(Native, "", UNKNOWN_FILE),
+            f(Native, "at::native::relu", "/lib/libtorch_cpu.so"),
+            f(Native, "", UNKNOWN_FILE),
+        ];
+        let (v, _) = python_view(&fr);
+        assert_eq!(
+            names(&fr, &v),
+            [
+                "main",
+                "relu",
+                NATIVE_UNKNOWN,
+                "at::native::relu",
+                "[[unknown]]"
+            ]
+        );
     }
 
     #[test]

@@ -7,6 +7,7 @@ pub mod environment;
 pub mod fold;
 pub mod gpu;
 pub mod nvtx;
+pub mod others;
 pub mod roles;
 pub mod series;
 pub mod stacks;
@@ -385,6 +386,8 @@ pub struct Analysis {
     pub collectives: collectives::Collectives,
     /// Training steps and the slow ones.
     pub steps: steps::Steps,
+    /// CPU that processes outside the job took from it.
+    pub others: others::OtherPrograms,
 }
 
 /// Choices that change the analysis of a recording, and what the caller
@@ -524,6 +527,7 @@ struct Builder {
     gpu: Option<gpu::GpuBuilder>,
     stack_data: stacks::StackData,
     nvtx: nvtx::NvtxBuilder,
+    others: others::Builder,
 }
 
 impl Builder {
@@ -553,6 +557,7 @@ impl Builder {
                 nvtx: Default::default(),
                 collectives: Default::default(),
                 steps: Default::default(),
+                others: Default::default(),
             },
             interval,
             window_started: None,
@@ -563,6 +568,7 @@ impl Builder {
             gpu: None,
             stack_data: stacks::StackData::new(),
             nvtx: nvtx::NvtxBuilder::default(),
+            others: others::Builder::default(),
         }
     }
 
@@ -953,6 +959,7 @@ impl Builder {
             ev @ Event::ThreadCpu { .. } => self.thread_cpu(ev),
             ev @ Event::ProcessSample { .. } => self.process_sample(ev),
             ev @ Event::SystemCpu { .. } => self.system_cpu(ev),
+            ev @ Event::OtherCpu { .. } => self.others.add(&ev),
             ev @ Event::Disks { .. } => self.disks(ev),
             ev @ Event::Cgroup { .. } => self.cgroup(ev),
             ev @ Event::Pressure { .. } => self.pressure(ev),
@@ -1257,7 +1264,11 @@ impl Builder {
             .step_range
             .clone()
             .or_else(|| self.a.header.step_range.clone());
+        let procs = &self.a.processes;
+        self.a.others =
+            std::mem::take(&mut self.others).finish(window, &|p| procs.contains_key(&p));
         self.a.steps = steps::analyze(&self.a, step_range.as_deref());
+        others::annotate_slow_steps(&mut self.a.steps, &self.a.others);
         self.a
     }
 }

@@ -20,6 +20,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use serde::Serialize;
 
+mod pools;
+
 use super::fold::{self, FoldFrame, FoldNotes, FrameClass, Launcher, ViewFrame};
 use super::Role;
 use crate::event::{Event, MonoNs, Pid, SampleBatch, SampleSource, StackKind, StackStats, Tid};
@@ -34,6 +36,7 @@ pub const EVAL_FRAMES: &[&str] = &["_PyEval_EvalFrameDefault", "PyEval_EvalFrame
 const EVAL_LOOP: &str = "_PyEval_EvalFrameDefault";
 /// Same-instant Python frames that do not fit the native stack.
 pub const UNMATCHED: &str = "[python: unmatched]";
+pub use super::fold::NATIVE_UNKNOWN;
 /// Deepest stack drawn in the trace (Perfetto keeps slices up to depth
 /// 512): deeper stacks keep their innermost frames under a marker frame.
 pub const TRACE_MAX_DEPTH: usize = 500;
@@ -785,6 +788,17 @@ pub enum Attribution {
     /// stack copy, or more Python frames than the agent keeps): the
     /// innermost frames are placed, the cut is marked.
     SameInstantPartial,
+    /// Python frames of the same instant, but the native stack ends before
+    /// any interpreter frame (unwinding stopped early: JIT-generated
+    /// kernels, hand-written assembly without unwind information): the
+    /// Python frames stay, a `[native frames unknown]` frame stands for the
+    /// native frames between them and the native frames that were unwound.
+    NativeUnknown,
+    /// A native thread of a framework pool (OpenMP, TBB, OpenBLAS,
+    /// `c10::ThreadPool`), shown in the Python view under the Python frames
+    /// of the thread that started its work, at that thread's sample nearest
+    /// in time (an estimate: see [`pools`]).
+    PoolThread,
     /// Python code ran, but its frames are not known for this instant.
     Unattributed(Unattributed),
 }
@@ -840,6 +854,15 @@ pub struct AttributionCounts {
     pub same_instant: u64,
     /// Same instant, innermost frames only (one side was cut).
     pub same_instant_partial: u64,
+    /// Same-instant Python frames over native frames whose callers were
+    /// not unwound (the stack stopped before the interpreter): shown as
+    /// `Python frames;[native frames unknown];native frames unwound`.
+    pub native_unknown: u64,
+    /// Samples of framework pool threads (no Python of their own) that the
+    /// Python view shows under the frames of the thread that started
+    /// their work, at its sample nearest in time: an estimate, under a
+    /// `[pool thread of …]` frame.
+    pub pool_thread: u64,
     /// Python code ran but its frames are unknown for that instant: the
     /// native leaf stays under a `[python: …]` frame.
     pub unattributed: u64,
@@ -861,6 +884,8 @@ impl AttributionCounts {
             Attribution::NativeOnly => self.native_only += n,
             Attribution::SameInstant => self.same_instant += n,
             Attribution::SameInstantPartial => self.same_instant_partial += n,
+            Attribution::NativeUnknown => self.native_unknown += n,
+            Attribution::PoolThread => self.pool_thread += n,
             Attribution::Unattributed(r) => {
                 self.unattributed += n;
                 *self
@@ -874,6 +899,8 @@ impl AttributionCounts {
     fn merge(&mut self, o: &AttributionCounts) {
         self.same_instant += o.same_instant;
         self.same_instant_partial += o.same_instant_partial;
+        self.native_unknown += o.native_unknown;
+        self.pool_thread += o.pool_thread;
         self.unattributed += o.unattributed;
         self.native_only += o.native_only;
         for (r, n) in &o.unattributed_by_reason {
@@ -883,7 +910,7 @@ impl AttributionCounts {
 
     /// Samples that ran Python code (all but native-only).
     pub fn python(&self) -> u64 {
-        self.same_instant + self.same_instant_partial + self.unattributed
+        self.same_instant + self.same_instant_partial + self.native_unknown + self.unattributed
     }
 }
 
@@ -1350,6 +1377,7 @@ const ESTIMATE_MIN_PAIRS: usize = 3;
 struct Markers {
     unmatched: u32,
     truncated: u32,
+    native_unknown: u32,
 }
 
 /// An agent sample: its native frames and its Python frames of the same
@@ -1418,14 +1446,22 @@ fn merge_same_instant(
     let outer_evals = evals.len() - k;
     // Unpaired outer runs need a cut native stack; unpaired outer
     // interpreter frames need cut Python frames.
-    if (outer_runs > 0 && complete) || (outer_evals > 0 && !truncated) || k == 0 {
-        if k == 0 && !complete && evals.is_empty() && !truncated {
-            // The native stack was cut above the interpreter: the Python
-            // frames are the outer part of the same instant.
-            let mut out: Vec<u32> = python.iter().map(|f| f.0).collect();
-            out.extend_from_slice(&names);
-            return (out, Attribution::SameInstantPartial);
+    if evals.is_empty() {
+        // Python frames, and yet no interpreter frame on the native stack:
+        // the unwinder stopped before reaching it (code without unwind
+        // information; it may even take a garbage return address for the
+        // end of the stack, so `complete` is no proof). The Python frames
+        // are the outer part of the same instant; what lies between is
+        // said to be unknown.
+        let mut out: Vec<u32> = python.iter().map(|f| f.0).collect();
+        if truncated {
+            out.insert(0, m.truncated);
         }
+        out.push(m.native_unknown);
+        out.extend_from_slice(&names);
+        return (out, Attribution::NativeUnknown);
+    }
+    if (outer_runs > 0 && complete) || (outer_evals > 0 && !truncated) || k == 0 {
         return unattributed(Unattributed::Unmatched, m.unmatched);
     }
     let mut out = Vec::with_capacity(names.len() + python.len() + 1);
@@ -1514,7 +1550,6 @@ pub fn analyze(
         if perf_map {
             rep.python_from_perf_map += w;
         }
-        per_proc.entry(s.pid).or_default().add_n(attribution, w);
         samples.push(Sample {
             t: s.t,
             pid: s.pid,
@@ -1539,6 +1574,17 @@ pub fn analyze(
     } = m;
     classify_native_frames(&mut frames);
     let frame_offsets = lowest_offsets(d, &native_name, &frames);
+    let period_ns = sampler_figures(&mut rep, d, &samples, bucket_ns);
+    let pool_links = pools::link(&samples, &frames, &stacks, period_ns, bucket_ns);
+    for l in &pool_links {
+        samples[l.sample].attribution = Attribution::PoolThread;
+    }
+    for s in &samples {
+        per_proc
+            .entry(s.pid)
+            .or_default()
+            .add_n(s.attribution, s.weight as u64);
+    }
 
     let mut procs = BTreeMap::new();
     for s in samples.iter().chain(&python_only) {
@@ -1551,7 +1597,6 @@ pub fn analyze(
     } else {
         round4(rooted as f64 / weights as f64)
     };
-    let period_ns = sampler_figures(&mut rep, d, &samples, bucket_ns);
 
     let mut st = Stacks {
         frames,
@@ -1573,6 +1618,7 @@ pub fn analyze(
     };
     st.report.analysis_bucket_ms = round4(bucket_ns as f64 / 1e6);
     st.build_python_view();
+    st.place_pool_samples(&pool_links);
     st.estimate_python_frames();
     st.summarize_roles();
     st
@@ -1781,6 +1827,7 @@ impl<'a> Merger<'a> {
         let markers = Markers {
             unmatched: marker(UNMATCHED),
             truncated: marker(crate::collect::perf::MARKER_TRUNCATED),
+            native_unknown: marker(NATIVE_UNKNOWN),
         };
         Merger {
             r,
@@ -3252,6 +3299,7 @@ mod tests {
         let m = Markers {
             unmatched: 900,
             truncated: 901,
+            native_unknown: 902,
         };
         let is_eval = |n: u32| (100..200).contains(&n);
         let no_pm = |_: u32| false;
@@ -3277,6 +3325,15 @@ mod tests {
         let (out, how) = merge(&f, false);
         assert_eq!(how, Attribution::SameInstantPartial);
         assert_eq!(out, vec![4, 5, 0, 101, 6, 7, 2, 3]);
+        // Python frames over a native stack that stops before any
+        // interpreter frame, whether or not the unwinder took its last
+        // address for the end of the stack: the Python frames stay, above
+        // `[native frames unknown]` and the native frames unwound.
+        for complete in [true, false] {
+            let (out, how) = merge(&kinds("N N P* P P* P"), complete);
+            assert_eq!(how, Attribution::NativeUnknown);
+            assert_eq!(out, vec![2, 3, 4, 5, 902, 0, 1]);
+        }
         // Python frames cut (the outer run lost): the inner run is placed
         // under the truncation marker.
         let mut f = kinds("N E N E N P* P M");

@@ -12,6 +12,7 @@ pub mod intern;
 pub mod loss;
 pub mod memory;
 pub mod nvtx;
+pub mod others;
 pub mod perf;
 pub mod procfs;
 pub mod python;

@@ -7,6 +7,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use crate::analysis::stacks::Attribution;
 use crate::analysis::{Analysis, Role};
 use crate::event::Pid;
 use crate::units::{bytes, pct, plural, rate};
@@ -72,7 +73,14 @@ pub(super) fn functions_in(
         if py_spy.contains(&s.pid) {
             continue;
         }
-        if let Some(name) = function_of(st.stack(s.stack)) {
+        // A pool thread's sample is named as the Python view places it:
+        // under the frames of the thread that started its work.
+        let stack = if s.attribution == Attribution::PoolThread {
+            s.py_stack
+        } else {
+            s.stack
+        };
+        if let Some(name) = function_of(st.stack(stack)) {
             *e.0.entry(name).or_default() += weight;
         }
     }
@@ -116,6 +124,10 @@ pub(super) fn functions_in(
 /// (`augment (train.py) ← __getitem__ ← fetch`), or
 /// its innermost native frames when it has none (`gc_collect_main ←
 /// _PyGC_CollectNoFail ← Py_FinalizeEx` says what a leaf alone does not).
+/// A pool thread's sample placed under its starter's frames says so first
+/// (`[pool thread of the main thread] ← Conv2d._conv_forward (conv.py) ←
+/// forward`). Code that its file does not name is shown as its library
+/// (`[libgomp.so.1]`), never as an address.
 fn function_of<'a>(frames: impl Iterator<Item = &'a str>) -> Option<String> {
     let frames: Vec<&str> = frames.collect();
     let py: Vec<&str> = frames
@@ -123,33 +135,58 @@ fn function_of<'a>(frames: impl Iterator<Item = &'a str>) -> Option<String> {
         .copied()
         .filter(|f| is_python_frame(f))
         .collect();
-    let chain: Vec<String> = if py.is_empty() {
-        // Code its file does not name by its library (`[libgomp.so.1]`),
-        // a run of such frames as one: an address says nothing here.
-        let mut v: Vec<String> = Vec::new();
-        for f in frames.iter().rev() {
-            let f = match crate::export::folded_budget::library_of(f) {
-                Some(lib) => format!("[{lib}]"),
-                None => f.to_string(),
-            };
-            if v.last() != Some(&f) {
-                if v.len() == FUNCTION_CHAIN {
-                    break;
-                }
-                v.push(f);
+    let pool = frames
+        .iter()
+        .copied()
+        .find(|f| f.starts_with(POOL_THREAD_PREFIX));
+    let mut chain: Vec<&str> = Vec::new();
+    if py.is_empty() {
+        for f in frames.iter().rev().map(|f| library_of(f)) {
+            if chain.last() != Some(&f) {
+                chain.push(f);
+            }
+            if chain.len() == FUNCTION_CHAIN {
+                break;
             }
         }
-        v
     } else {
+        chain.extend(pool);
         // The function with its file, its callers by name.
-        py.iter()
-            .rev()
-            .take(FUNCTION_CHAIN)
-            .enumerate()
-            .map(|(i, f)| if i == 0 { f } else { chain_name(f) }.to_string())
-            .collect()
-    };
-    (!chain.is_empty()).then(|| chain.join(" ← "))
+        chain.extend(
+            py.iter()
+                .rev()
+                .take(FUNCTION_CHAIN - chain.len())
+                .enumerate()
+                .map(|(i, f)| if i == 0 { *f } else { chain_name(f) }),
+        );
+    }
+    (!chain.is_empty()).then(|| {
+        chain
+            .iter()
+            .map(|f| library_label(f))
+            .collect::<Vec<_>>()
+            .join(" ← ")
+    })
+}
+
+/// The frame the Python view puts above a pool thread's own frames.
+const POOL_THREAD_PREFIX: &str = "[pool thread of ";
+
+/// An unnamed native frame, `[libgomp.so.1+0x1de62]`, as its library
+/// `[libgomp.so.1` (closed by [`library_label`]); other frames as they are.
+fn library_of(frame: &str) -> &str {
+    match frame.rfind("+0x") {
+        Some(i) if frame.starts_with('[') && frame.ends_with(']') => &frame[..i],
+        _ => frame,
+    }
+}
+
+fn library_label(frame: &str) -> String {
+    if frame.starts_with('[') && !frame.ends_with(']') {
+        format!("{frame}]")
+    } else {
+        frame.to_string()
+    }
 }
 
 /// A Python frame in a chain: its function without the file, except a
@@ -754,16 +791,28 @@ mod tests {
     use super::function_of;
 
     #[test]
-    fn unnamed_code_is_named_by_its_library() {
-        let frames = [
-            "_start",
+    fn evidence_names_libraries_not_addresses_and_says_pool_threads() {
+        let native = [
+            "python (7)",
             "[libc.so.6+0x891f4]",
             "[libgomp.so.1+0x1b497]",
             "[libgomp.so.1+0x1de62]",
         ];
         assert_eq!(
-            function_of(frames.into_iter()).unwrap(),
-            "[libgomp.so.1] ← [libc.so.6] ← _start"
+            function_of(native.into_iter()).unwrap(),
+            "[libgomp.so.1] ← [libc.so.6] ← python (7)"
+        );
+        let pool = [
+            "main (train.py)",
+            "Conv2d.forward (conv.py)",
+            "Conv2d._conv_forward (conv.py)",
+            "at::native::conv",
+            "[pool thread of the main thread]",
+            "[libgomp.so.1]",
+        ];
+        assert_eq!(
+            function_of(pool.into_iter()).unwrap(),
+            "[pool thread of the main thread] ← Conv2d._conv_forward (conv.py) ← Conv2d.forward"
         );
     }
 }

@@ -20,6 +20,7 @@ mod accounting;
 mod causes;
 mod edges;
 mod evidence;
+mod others;
 pub mod ranks;
 mod rules;
 pub mod support;
@@ -56,6 +57,7 @@ pub enum FindingKind {
     TooFewWorkers,
     InputPipelineBound,
     CpuOversubscribed,
+    OtherProgramsCpu,
     TrainingLoop,
     GpuMemoryPressure,
     PcieDegraded,
@@ -64,7 +66,7 @@ pub enum FindingKind {
 }
 
 impl FindingKind {
-    pub const ALL: [FindingKind; 20] = [
+    pub const ALL: [FindingKind; 21] = [
         FindingKind::CudaDriverMismatch,
         FindingKind::GpuNotUsed,
         FindingKind::StragglerRank,
@@ -80,6 +82,7 @@ impl FindingKind {
         FindingKind::TooFewWorkers,
         FindingKind::InputPipelineBound,
         FindingKind::CpuOversubscribed,
+        FindingKind::OtherProgramsCpu,
         FindingKind::TrainingLoop,
         FindingKind::GpuMemoryPressure,
         FindingKind::PcieDegraded,
@@ -102,6 +105,7 @@ impl FindingKind {
             FindingKind::CudaDriverMismatch => "cuda-driver-mismatch",
             FindingKind::PcieDegraded => "pcie-degraded",
             FindingKind::CpuOversubscribed => "cpu-oversubscribed",
+            FindingKind::OtherProgramsCpu => "cpu-taken-by-other-programs",
             FindingKind::LowSampleCoverage => "low-sample-coverage",
             FindingKind::StragglerRank => "straggler-rank",
             FindingKind::CpuLimit => "cpu-limit",

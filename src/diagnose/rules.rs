@@ -81,6 +81,7 @@ pub fn all(
         .cloned();
     out.extend(slow_storage(a, tl, io.as_ref()));
     out.extend(oversubscribed(a, tl, gpu));
+    out.extend(super::others::other_programs(a));
     out.extend(causes::cpu_limit(a, tl, gpu));
     out.extend(causes::host_memory(a, tl, gpu));
     if let Some(g) = gpu {

@@ -357,6 +357,7 @@ pub fn build(a: &Analysis) -> Value {
         "stacks": a.stacks.report,
         "nvtx": super::report_nvtx::nvtx(a),
         "steps": super::report_nvtx::steps(a),
+        "other_programs": &a.others,
         "profiler": profiler,
         "warnings": a.warnings,
     })

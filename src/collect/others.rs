@@ -1,0 +1,456 @@
+//! Other programs' CPU: once a second, how long the job's threads waited
+//! runnable for a CPU, and which processes outside the job used CPU
+//! meanwhile (another tenant's training, a build, a busy loop left
+//! running), so that the diagnosis can name what took CPU the job wanted.
+//!
+//! - The job's threads: `/proc/PID/task/TID/schedstat` (time on a CPU,
+//!   time waiting on a run queue, in ns) of every live process of the
+//!   job; the sum of each thread's increase.
+//! - Every other process: `/proc/PID/stat` (utime + stime). A process is
+//!   the job's when it is one of the tree's live processes or their child
+//!   (a fork the tree has not read yet); gpuprof itself is left out. The
+//!   ones that used at least [`MIN_SHARE`] of a CPU in the interval are
+//!   recorded, with their owner and, the first time, their command line,
+//!   and which share of the time they were on one of the CPUs the job's
+//!   threads may run on (`Cpus_allowed_list`): the CPU of each of their
+//!   threads that used CPU is looked at at every sampling tick while they
+//!   stay busy, when it is running or runnable.
+//!
+//! Cost: one `stat` read per process of the machine and a `schedstat` and
+//! a `status` read per thread of the job, once a second (a few ms on a
+//! machine with a thousand processes), and a `stat` read per busy thread
+//! of the busy other processes (16 processes, 32 threads each at most) at
+//! every sampling tick.
+
+use std::collections::{HashMap, HashSet};
+use std::os::unix::fs::MetadataExt;
+use std::time::{Duration, Instant};
+
+use crate::collect::procfs::TaskStat;
+use crate::event::{Event, MonoNs, OtherProc, Pid};
+use crate::record::Sink;
+
+/// How often the figures are taken.
+const PERIOD: Duration = Duration::from_secs(1);
+/// A process outside the job is recorded when it used at least this share
+/// of one CPU in the interval.
+pub const MIN_SHARE: f64 = 0.02;
+/// At most this many processes per interval, the busiest.
+pub const MAX_PROCS: usize = 16;
+/// Command lines are cut to this many characters.
+const CMDLINE_MAX: usize = 200;
+
+pub struct OthersCollector {
+    sink: Sink,
+    ns_per_tick: u64,
+    own: i32,
+    last: Option<Instant>,
+    last_t: MonoNs,
+    /// Per job thread: (run, wait) ns at the last pass.
+    threads: HashMap<i32, (u64, u64)>,
+    /// The CPUs the job's threads that ran or waited in the last interval
+    /// may run on.
+    job_cpus: Cpus,
+    /// Busy other processes, watched at every tick.
+    watch: HashMap<i32, Watched>,
+    /// Per other process: (starttime, utime + stime in ticks).
+    others: HashMap<i32, (u64, u64)>,
+    /// Processes whose command line was recorded.
+    named: HashSet<(i32, u64)>,
+    users: HashMap<u32, String>,
+}
+
+impl OthersCollector {
+    pub fn new(sink: Sink) -> OthersCollector {
+        let tps = procfs::ticks_per_second().max(1);
+        OthersCollector {
+            sink,
+            ns_per_tick: 1_000_000_000 / tps,
+            own: std::process::id() as i32,
+            last: None,
+            last_t: MonoNs(0),
+            threads: HashMap::new(),
+            job_cpus: Cpus::default(),
+            watch: HashMap::new(),
+            others: HashMap::new(),
+            named: HashSet::new(),
+            users: read_users(),
+        }
+    }
+
+    /// Called at every sampling tick: looks at which CPU the busy other
+    /// processes are on, and once a [`PERIOD`] takes the figures.
+    pub fn tick(&mut self, job: &[i32]) {
+        self.look_at_watched();
+        if self.last.is_some_and(|l| l.elapsed() < PERIOD) {
+            return;
+        }
+        let first = self.last.is_none();
+        self.last = Some(Instant::now());
+        let now = MonoNs::now();
+        let (run, wait) = self.job_sched(job);
+        let procs = self.other_procs(job, now);
+        let interval_ns = now.0.saturating_sub(self.last_t.0);
+        self.last_t = now;
+        if first || interval_ns == 0 {
+            return;
+        }
+        self.sink.send(Event::OtherCpu {
+            t: now,
+            interval_ns,
+            job_run_ns: run,
+            job_wait_ns: wait,
+            procs,
+        });
+    }
+
+    /// Whether each watched process's busy threads that are running or
+    /// runnable now are on one of the job's CPUs (a sleeping thread's
+    /// last CPU says nothing).
+    fn look_at_watched(&mut self) {
+        for (pid, w) in self.watch.iter_mut() {
+            for tid in &w.busy {
+                let Ok(buf) = std::fs::read(format!("/proc/{pid}/task/{tid}/stat")) else {
+                    continue;
+                };
+                let Some(st) = TaskStat::parse(&buf) else {
+                    continue;
+                };
+                if let (Some(cpu), 'R') = (st.processor, st.state) {
+                    w.seen += 1;
+                    w.on += u32::from(self.job_cpus.has(cpu));
+                }
+            }
+        }
+    }
+
+    /// The increase of the job's threads' run and wait time since the last
+    /// pass (threads seen for the first time count from now); the CPUs of
+    /// those that ran or waited become [`Self::job_cpus`].
+    fn job_sched(&mut self, job: &[i32]) -> (u64, u64) {
+        let mut seen = HashMap::with_capacity(self.threads.len());
+        let (mut run, mut wait) = (0u64, 0u64);
+        let mut cpus = Cpus::default();
+        for pid in job {
+            let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+                continue;
+            };
+            for e in dir.flatten() {
+                let Some(tid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+                    continue;
+                };
+                let Some((r, w)) = read_schedstat(&format!("/proc/{pid}/task/{tid}/schedstat"))
+                else {
+                    continue;
+                };
+                let moved = match self.threads.get(&tid) {
+                    Some(&(r0, w0)) => {
+                        run += r.saturating_sub(r0);
+                        wait += w.saturating_sub(w0);
+                        r > r0 || w > w0
+                    }
+                    None => true,
+                };
+                // Read afresh: a launcher (`taskset`, `numactl`) sets it
+                // just before it execs the job's program.
+                if moved {
+                    cpus.add(&Cpus::of_task(*pid, tid));
+                }
+                seen.insert(tid, (r, w));
+            }
+        }
+        self.threads = seen;
+        self.job_cpus = cpus;
+        (run, wait)
+    }
+
+    /// Processes outside the job that used CPU since the last pass.
+    fn other_procs(&mut self, job: &[i32], now: MonoNs) -> Vec<OtherProc> {
+        let job: HashSet<i32> = job.iter().copied().collect();
+        let dt = now.0.saturating_sub(self.last_t.0).max(1);
+        let mut seen = HashMap::with_capacity(self.others.len());
+        let mut busy: Vec<(u64, i32, u64, TaskStat, u32)> = Vec::new();
+        let Ok(dir) = std::fs::read_dir("/proc") else {
+            return Vec::new();
+        };
+        for e in dir.flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+                continue;
+            };
+            if pid == self.own || job.contains(&pid) {
+                continue;
+            }
+            let Ok(buf) = std::fs::read(format!("/proc/{pid}/stat")) else {
+                continue;
+            };
+            let Some(st) = TaskStat::parse(&buf) else {
+                continue;
+            };
+            if job.contains(&st.ppid) || st.ppid == self.own {
+                continue;
+            }
+            let ticks = st.utime + st.stime;
+            let prev = self.others.get(&pid).copied();
+            seen.insert(pid, (st.starttime, ticks));
+            let used = match prev {
+                Some((start, t0)) if start == st.starttime => ticks.saturating_sub(t0),
+                // Started since the last pass: all of its CPU is new.
+                _ if !self.others.is_empty() => ticks,
+                _ => 0,
+            } * self.ns_per_tick;
+            if used as f64 >= MIN_SHARE * dt as f64 {
+                let uid = e.metadata().map(|m| m.uid()).unwrap_or(u32::MAX);
+                busy.push((used, pid, st.starttime, st, uid));
+            }
+        }
+        self.others = seen;
+        busy.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        busy.truncate(MAX_PROCS);
+        let mut watched = std::mem::take(&mut self.watch);
+        for b in &busy {
+            let old = watched.get_mut(&b.1).map(|w| std::mem::take(&mut w.ticks));
+            self.watch.insert(b.1, Watched::start(b.1, old));
+        }
+        busy.into_iter()
+            .map(|(cpu_ns, pid, start, st, uid)| {
+                // Where it ran: its CPU at each tick of the interval when it
+                // was watched, else its CPU now.
+                let on_job_cpus = match watched.get(&pid) {
+                    Some(w) if w.seen > 0 => w.on as f32 / w.seen as f32,
+                    _ => f32::from(u8::from(st.processor.is_some_and(|c| self.job_cpus.has(c)))),
+                };
+                let cmdline = if self.named.insert((pid, start)) {
+                    read_cmdline(pid)
+                } else {
+                    String::new()
+                };
+                OtherProc {
+                    pid: Pid(pid),
+                    comm: st.comm,
+                    user: self
+                        .users
+                        .get(&uid)
+                        .cloned()
+                        .unwrap_or_else(|| uid.to_string()),
+                    cmdline,
+                    cpu_ns,
+                    on_job_cpus,
+                }
+            })
+            .collect()
+    }
+}
+
+/// At most this many threads of a busy process are looked at per tick.
+const WATCH_THREADS: usize = 32;
+
+/// A busy other process: its threads that used CPU in the last interval,
+/// and how often one of them, running or runnable, was on the job's CPUs.
+#[derive(Default)]
+struct Watched {
+    busy: Vec<i32>,
+    /// Per thread: utime + stime (ticks) at the last pass.
+    ticks: HashMap<i32, u64>,
+    on: u32,
+    seen: u32,
+}
+
+impl Watched {
+    /// Its threads now; those that used CPU since `old` (all of them the
+    /// first time), the busiest first.
+    fn start(pid: i32, old: Option<HashMap<i32, u64>>) -> Watched {
+        let mut w = Watched::default();
+        let mut used: Vec<(u64, i32)> = Vec::new();
+        if let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+            for e in dir.flatten() {
+                let Some(tid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+                    continue;
+                };
+                let Ok(buf) = std::fs::read(format!("/proc/{pid}/task/{tid}/stat")) else {
+                    continue;
+                };
+                let Some(st) = TaskStat::parse(&buf) else {
+                    continue;
+                };
+                let t = st.utime + st.stime;
+                let d = match &old {
+                    Some(o) => t.saturating_sub(o.get(&tid).copied().unwrap_or(0)),
+                    None => t.max(1),
+                };
+                w.ticks.insert(tid, t);
+                if d > 0 || st.state == 'R' {
+                    used.push((d, tid));
+                }
+            }
+        }
+        used.sort_by(|a, b| b.cmp(a));
+        w.busy = used.into_iter().take(WATCH_THREADS).map(|x| x.1).collect();
+        w
+    }
+}
+
+/// A set of CPUs (`Cpus_allowed_list`).
+#[derive(Clone, Debug, Default, PartialEq)]
+struct Cpus(Vec<u64>);
+
+impl Cpus {
+    fn has(&self, cpu: i32) -> bool {
+        let c = cpu.max(0) as usize;
+        self.0.get(c / 64).is_some_and(|w| w & (1 << (c % 64)) != 0)
+    }
+
+    fn add(&mut self, o: &Cpus) {
+        if self.0.len() < o.0.len() {
+            self.0.resize(o.0.len(), 0);
+        }
+        for (a, b) in self.0.iter_mut().zip(&o.0) {
+            *a |= b;
+        }
+    }
+
+    fn insert(&mut self, c: usize) {
+        if self.0.len() <= c / 64 {
+            self.0.resize(c / 64 + 1, 0);
+        }
+        self.0[c / 64] |= 1 << (c % 64);
+    }
+
+    /// A task's allowed CPUs; every CPU when they cannot be read.
+    fn of_task(pid: i32, tid: i32) -> Cpus {
+        std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status"))
+            .ok()
+            .and_then(|s| {
+                let l = s
+                    .lines()
+                    .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))?;
+                Cpus::parse_list(l.trim())
+            })
+            .unwrap_or_else(Cpus::all)
+    }
+
+    fn all() -> Cpus {
+        let mut c = Cpus::default();
+        let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+        for i in 0..n.max(1024) {
+            c.insert(i);
+        }
+        c
+    }
+
+    /// `0-3,8,10-11`.
+    fn parse_list(s: &str) -> Option<Cpus> {
+        let mut c = Cpus::default();
+        for part in s.split(',').filter(|p| !p.is_empty()) {
+            let (a, b) = match part.split_once('-') {
+                Some((a, b)) => (a.parse::<usize>().ok()?, b.parse::<usize>().ok()?),
+                None => {
+                    let a = part.parse::<usize>().ok()?;
+                    (a, a)
+                }
+            };
+            if b < a || b > 1 << 16 {
+                return None;
+            }
+            for i in a..=b {
+                c.insert(i);
+            }
+        }
+        Some(c)
+    }
+}
+
+/// `schedstat`: time on a CPU and time waiting on a run queue (ns).
+fn read_schedstat(path: &str) -> Option<(u64, u64)> {
+    parse_schedstat(&std::fs::read_to_string(path).ok()?)
+}
+
+fn parse_schedstat(s: &str) -> Option<(u64, u64)> {
+    let mut f = s.split_ascii_whitespace();
+    Some((f.next()?.parse().ok()?, f.next()?.parse().ok()?))
+}
+
+/// A process's command line, arguments joined by spaces, at most
+/// [`CMDLINE_MAX`] characters.
+fn read_cmdline(pid: i32) -> String {
+    let Ok(b) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return String::new();
+    };
+    let s = String::from_utf8_lossy(&b)
+        .trim_end_matches('\0')
+        .replace('\0', " ");
+    match s.char_indices().nth(CMDLINE_MAX) {
+        Some((i, _)) => format!("{}…", &s[..i]),
+        None => s,
+    }
+}
+
+/// uid → user name from `/etc/passwd` (read once; users of a directory
+/// service are shown by number).
+fn read_users() -> HashMap<u32, String> {
+    let text = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
+    parse_passwd(&text)
+}
+
+fn parse_passwd(text: &str) -> HashMap<u32, String> {
+    text.lines()
+        .filter_map(|l| {
+            let mut f = l.split(':');
+            let name = f.next()?;
+            let uid = f.nth(1)?.parse().ok()?;
+            Some((uid, name.to_string()))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schedstat_and_passwd_parse() {
+        assert_eq!(
+            parse_schedstat("2351963462 105361009 4012\n"),
+            Some((2351963462, 105361009))
+        );
+        assert_eq!(parse_schedstat("12\n"), None);
+        let u = parse_passwd("root:x:0:0:root:/root:/bin/bash\nbad\nnobody:x:65534:65534::/:/x\n");
+        assert_eq!(u.get(&0).map(String::as_str), Some("root"));
+        assert_eq!(u.get(&65534).map(String::as_str), Some("nobody"));
+        assert_eq!(u.len(), 2);
+        let c = Cpus::parse_list("0-2,5,64").unwrap();
+        assert!(c.has(0) && c.has(2) && c.has(5) && c.has(64));
+        assert!(!c.has(3) && !c.has(63) && !c.has(65));
+        assert_eq!(Cpus::parse_list("3-1"), None);
+    }
+
+    /// A busy child of this test process (not of the "job") is listed with
+    /// its CPU; the job's own processes never are.
+    #[test]
+    fn a_busy_process_outside_the_job_is_listed() {
+        let (tx, rx) = std::sync::mpsc::sync_channel(16);
+        let sink = crate::record::Sink::from_parts(tx, Default::default());
+        let mut c = OthersCollector::new(sink);
+        let mut hog = std::process::Command::new("sh")
+            .args(["-c", "while :; do :; done"])
+            .spawn()
+            .unwrap();
+        let hog_pid = hog.id() as i32;
+        // The job: this test process's parent stands in (never the hog).
+        let job = [std::os::unix::process::parent_id() as i32];
+        c.own = -1;
+        c.tick(&job);
+        std::thread::sleep(Duration::from_millis(1100));
+        c.tick(&job);
+        let _ = hog.kill();
+        let _ = hog.wait();
+        let evs: Vec<Event> = rx.try_iter().collect();
+        let Some(Event::OtherCpu { procs, .. }) = evs.last() else {
+            panic!("{evs:?}");
+        };
+        let p = procs.iter().find(|p| p.pid.0 == hog_pid);
+        let p = p.unwrap_or_else(|| panic!("{procs:?}"));
+        assert_eq!(p.comm, "sh");
+        assert!(p.cmdline.contains("while :; do :; done"), "{p:?}");
+        assert!(p.cpu_ns > 50_000_000, "{p:?}");
+    }
+}
