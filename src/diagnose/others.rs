@@ -20,6 +20,11 @@ fn named(p: &OtherProgram) -> bool {
     p.share_of_runnable >= MIN_SHARE_OF_RUNNABLE && p.took_s >= MIN_TOOK_S
 }
 
+/// Whether the finding names at least one process.
+pub(super) fn names_any(a: &Analysis) -> bool {
+    a.others.processes.iter().any(named)
+}
+
 pub(super) fn other_programs(a: &Analysis) -> Option<Finding> {
     let o = &a.others;
     let hogs: Vec<&OtherProgram> = o

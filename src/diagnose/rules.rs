@@ -632,6 +632,14 @@ fn pipeline(a: &Analysis, tl: &Timeline, gpu: Option<&GpuEvidence>) -> Option<Fi
     let cpu_sat = tl
         .mean_of(Cause::PipelineSaturated, &tl.workers_cpu)
         .unwrap_or(0.0);
+    // Saturated by waiting: runnable throughout but given less than half
+    // of it, while other programs used more of the machine than the job.
+    // Then the cause is the CPU they took (cpu-taken-by-other-programs
+    // names them and costs the GPU time), not what a batch costs: making
+    // batches cheaper or adding workers would not help.
+    if cpu_sat < 0.5 * r_sat && others > job_cores && super::others::names_any(a) {
+        return None;
+    }
     let mut ev = vec![
         format!(
             "{} {} saturated for {:.1} s ({} of the run): in that time running or waiting for a CPU {} of it and using {} of a core each (over the whole run: {} and {}).",
