@@ -111,11 +111,30 @@ fn findings(report: &Value) -> Vec<(String, String)> {
         .collect()
 }
 
+/// The first finding about the job itself: `cpu-taken-by-other-programs`
+/// (a true finding on a busy machine, e.g. under scripts/ci-under-load.sh,
+/// and possibly the costlier one there) is passed over, so a test of what
+/// the job does asserts it whatever else runs on the machine.
 fn top(report: &Value) -> (String, String) {
-    findings(report)
+    let (id, sev, _) = top_finding(report);
+    (id, sev)
+}
+
+/// [`top`] with the finding itself.
+fn top_finding(report: &Value) -> (String, String, Value) {
+    let f = report["findings"]
+        .as_array()
         .into_iter()
-        .next()
-        .unwrap_or_else(|| ("none".into(), "none".into()))
+        .flatten()
+        .find(|f| f["id"] != "cpu-taken-by-other-programs");
+    match f {
+        Some(f) => (
+            f["id"].as_str().unwrap_or("").to_string(),
+            f["severity"].as_str().unwrap_or("").to_string(),
+            f.clone(),
+        ),
+        None => ("none".into(), "none".into(), Value::Null),
+    }
 }
 
 /// `cpu-taken-by-other-programs` is left out: it is about the machine (on
@@ -354,7 +373,13 @@ fn importing_torch_is_start_up_and_shutdown() {
     let (_, report) = record_cmd(&dir.path().join("torch"), &cmd);
     well_formed(&report);
     for (id, _) in findings(&report) {
-        assert_eq!(id, "low-sample-coverage", "{}", report["findings"]);
+        // Other programs' CPU is a true finding on a busy machine (as
+        // under scripts/ci-under-load.sh); nothing blames the job.
+        assert!(
+            ["low-sample-coverage", "cpu-taken-by-other-programs"].contains(&id.as_str()),
+            "{}",
+            report["findings"]
+        );
     }
     assert!(startup_note_s(&report) > 0.0, "{}", report["diagnosis"]);
 }
@@ -416,7 +441,7 @@ fn one_saturated_worker_is_input_bound_and_compare_shows_the_fix() {
     assert_eq!(sev, "critical", "{}", report["findings"]);
     // With stack samples, the evidence names the augmentation function.
     if report["diagnosis"]["stacks_measured"] == true {
-        let ev = report["findings"][0]["evidence"].to_string();
+        let ev = top_finding(&report).2["evidence"].to_string();
         assert!(ev.contains("augment"), "{ev}");
     } else {
         eprintln!("no stack samples (perf refused?): the function is not named");
@@ -493,7 +518,8 @@ fn more_busy_workers_than_cores_is_oversubscription() {
     let (id, sev) = top(&report);
     assert_eq!(id, "cpu-oversubscribed", "{}", report["findings"]);
     assert_ne!(sev, "info");
-    let fix = report["findings"][0]["fix"].as_str().unwrap();
+    let top = top_finding(&report).2;
+    let fix = top["fix"].as_str().unwrap();
     assert!(
         fix.contains(&format!("`num_workers` from {workers}")),
         "{fix}"
@@ -642,7 +668,7 @@ fn throttled_reads_are_io_bound() {
     let (id, sev) = top(&report);
     assert_eq!(id, "io-bound", "{}", report["findings"]);
     assert_eq!(sev, "critical", "{}", report["findings"]);
-    let f = &report["findings"][0];
+    let f = &top_finding(&report).2;
     let ev = f["evidence"].to_string();
     assert!(ev.contains("D state"), "{ev}");
     // The data file's filesystem is named from the open files.
@@ -768,8 +794,14 @@ fn a_cpu_hog_outside_the_job_is_named_with_its_share() {
         .iter()
         .find(|f| f["id"] == "cpu-taken-by-other-programs")
         .unwrap_or_else(|| panic!("no finding for the hog: {}", r["findings"]));
-    // Named among the (at most three) processes of the finding: on a shared
-    // machine another tenant's build may have taken more.
+    let all = r["other_programs"]["processes"].as_array().unwrap();
+    let p = all
+        .iter()
+        .find(|p| p["pid"].as_i64().map(|x| x.to_string()) == Some(hog_pid.clone()))
+        .unwrap_or_else(|| panic!("{}", r["other_programs"]));
+    // Named among the (at most three) processes of the finding, unless on
+    // a shared machine (or under scripts/ci-under-load.sh) three others
+    // took more than it did.
     let named = f["evidence"]
         .as_array()
         .unwrap()
@@ -778,13 +810,9 @@ fn a_cpu_hog_outside_the_job_is_named_with_its_share() {
         .any(|e| {
             e.contains(&format!("(pid {hog_pid}, user ")) && e.contains("while :; do :; done")
         });
-    assert!(named, "{f}");
-    let p = r["other_programs"]["processes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["pid"].as_i64().map(|x| x.to_string()) == Some(hog_pid.clone()))
-        .unwrap_or_else(|| panic!("{}", r["other_programs"]));
+    let took = |p: &Value| p["took_s"].as_f64().unwrap_or(0.0);
+    let above = all.iter().filter(|q| took(q) > took(p)).count();
+    assert!(named || above >= 3, "{above} took more: {f}");
     let share = p["share_of_runnable"].as_f64().unwrap();
     assert!(
         (share - implied).abs() <= 0.15,
