@@ -645,14 +645,14 @@ fn is_rank_main(pid: Pid) -> Option<bool> {
 }
 
 /// The executable of a process ("" when it cannot be read).
-fn exe_of(pid: i32) -> String {
+pub(crate) fn exe_of(pid: i32) -> String {
     std::fs::read_link(format!("/proc/{pid}/exe"))
         .map(|p| p.to_string_lossy().into_owned())
         .unwrap_or_default()
 }
 
 /// A cheap pre-check before asking py-spy (which scans the binary).
-fn looks_like_python(pid: Pid, exe: &str) -> bool {
+pub(crate) fn looks_like_python(pid: Pid, exe: &str) -> bool {
     let base = exe.rsplit('/').next().unwrap_or("");
     if base.starts_with("python") || base.starts_with("pypy") {
         return true;
