@@ -357,7 +357,11 @@ mod tests {
             .map(|(i, x)| (MonoNs(i as u64 * 10 * MS), *x))
             .collect();
         assert_eq!(steady_state(&marks), Some((8, 23)));
-        assert_eq!(steady_state(&marks[..14]), None, "two exits are no steady state");
+        assert_eq!(
+            steady_state(&marks[..14]),
+            None,
+            "two exits are no steady state"
+        );
     }
 
     #[test]

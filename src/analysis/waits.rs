@@ -2,10 +2,10 @@
 //! (`collect::perf::offcpu`), each one on a CPU or blocked with a stack,
 //! and each blocked one put in a wait class from its stack.
 //!
-//! The sampler looks at a thread at regular ticks whatever it is doing, so
-//! the share of its looks that fall in a class is the share of its wall
-//! time spent there (an estimate from a count of samples: ± about
-//! `sqrt(n)/N`). Seconds are that share of the time the looks span.
+//! The sampler looks at a thread at regular ticks whatever it is doing;
+//! each look stands for the time until the next one, so the time of the
+//! looks that fall in a class estimates the wall time spent there (from a
+//! count of samples: ± about `sqrt(n)/N` of the time counted).
 
 use std::collections::BTreeMap;
 
@@ -193,9 +193,12 @@ pub struct ClassTime {
 pub struct ThreadWall {
     pub pid: Pid,
     pub tid: Tid,
-    /// Looks at the thread, and the seconds they span.
+    /// Looks at the thread counted, and the seconds they span.
     pub samples: u64,
     pub span_s: f64,
+    /// Counted over its loop's steady state (see [`steady_span`]), else
+    /// over its whole life.
+    pub steady: bool,
     /// Looks that found it on a CPU.
     pub on_cpu: ClassTime,
     /// Looks whose read was dropped (it woke while read): unknown.
@@ -224,11 +227,41 @@ pub const MIN_LOOKS: u64 = 10;
 pub fn analyze(d: &StackData, window: (MonoNs, MonoNs)) -> Waits {
     let mut out = Waits::default();
     for ((pid, tid), samples) in d.wall_samples(window) {
-        let total: u64 = samples.iter().map(|s| s.1 as u64).sum();
+        let mut cache: BTreeMap<u32, Slot> = BTreeMap::new();
+        let slots: Vec<(MonoNs, u64, Slot)> = samples
+            .iter()
+            .map(|&(t, weight, stack)| {
+                let slot = cache
+                    .entry(stack)
+                    .or_insert_with(|| slot_of(d, stack))
+                    .clone();
+                (t, weight as u64, slot)
+            })
+            .collect();
+        let (lo, hi, steady) = match steady_span(&slots) {
+            Some((lo, hi)) => (lo, hi, true),
+            None => (0, slots.len(), false),
+        };
+        let slots = &slots[lo..hi];
+        let total: u64 = slots.iter().map(|s| s.1).sum();
         if total < MIN_LOOKS {
             continue;
         }
-        let span_s = match (samples.first(), samples.last()) {
+        // Each look stands for the time until the next one (capped at
+        // twice the median gap, so a pause of the sampler is not counted):
+        // a tick delayed by an expensive read (a blocked thread's stack
+        // and Python frames) does not shift time towards the cheap looks.
+        let mut gaps: Vec<u64> = slots.windows(2).map(|p| p[1].0 .0 - p[0].0 .0).collect();
+        gaps.sort_unstable();
+        let median = gaps.get(gaps.len() / 2).copied().unwrap_or(0);
+        let cap = (2 * median).max(1_000_000);
+        let weight_of = |i: usize| -> u64 {
+            slots
+                .get(i + 1)
+                .map_or(median.min(cap), |n| (n.0 .0 - slots[i].0 .0).min(cap))
+        };
+        let total_ns: u64 = (0..slots.len()).map(weight_of).sum::<u64>().max(1);
+        let span_s = match (slots.first(), slots.last()) {
             (Some(a), Some(b)) => (b.0 .0 - a.0 .0) as f64 / 1e9,
             _ => 0.0,
         };
@@ -237,38 +270,26 @@ pub fn analyze(d: &StackData, window: (MonoNs, MonoNs)) -> Waits {
             tid,
             samples: total,
             span_s,
+            steady,
             ..Default::default()
         };
-        let mut cache: BTreeMap<u32, Option<(WaitClass, String)>> = BTreeMap::new();
         let mut other: BTreeMap<String, u64> = BTreeMap::new();
-        for &(_, weight, stack) in &samples {
-            let c = cache
-                .entry(stack)
-                .or_insert_with(|| class_of(d, stack))
-                .clone();
-            let n = weight as u64;
-            let slot = match &c {
-                None => {
-                    let f = d.wall_frames(stack);
-                    if matches!(f.first(), Some(WallFrame::Marker(m)) if *m == crate::collect::perf::MARKER_ON_CPU)
-                    {
-                        &mut w.on_cpu
-                    } else {
-                        &mut w.unknown
-                    }
-                }
-                Some((class, top)) => {
+        for (i, (_, n, slot)) in slots.iter().enumerate() {
+            let c = match slot {
+                Slot::OnCpu => &mut w.on_cpu,
+                Slot::Unknown => &mut w.unknown,
+                Slot::Blocked(class, top) => {
                     if *class == WaitClass::Other {
                         *other.entry(top.clone()).or_default() += n;
                     }
                     w.waits.entry(*class).or_default()
                 }
             };
-            slot.samples += n;
+            c.samples += n;
+            c.seconds += weight_of(i) as f64 / 1e9;
         }
         let fill = |c: &mut ClassTime| {
-            c.share = c.samples as f64 / total as f64;
-            c.seconds = c.share * span_s;
+            c.share = c.seconds * 1e9 / total_ns as f64;
         };
         fill(&mut w.on_cpu);
         fill(&mut w.unknown);
@@ -280,6 +301,63 @@ pub fn analyze(d: &StackData, window: (MonoNs, MonoNs)) -> Waits {
         out.threads.push(w);
     }
     out
+}
+
+/// Where one look found a thread.
+#[derive(Clone, Debug, PartialEq)]
+enum Slot {
+    OnCpu,
+    /// Its read was dropped (it woke while read).
+    Unknown,
+    /// Blocked: its class, and its top frames.
+    Blocked(WaitClass, String),
+}
+
+/// Entries into one wait class that make a loop.
+pub const MIN_STEADY_ENTRIES: usize = 3;
+
+/// A loop's steady state: from the first to the last look in the wait
+/// class the thread entered most often (a loop waits for its batch, its
+/// collective or its GPU once per step), leaving out start-up (imports,
+/// set-up) and shutdown. None when no class was entered
+/// [`MIN_STEADY_ENTRIES`] times.
+fn steady_span(slots: &[(MonoNs, u64, Slot)]) -> Option<(usize, usize)> {
+    let class = |s: &Slot| match s {
+        Slot::Blocked(c, _) if *c != WaitClass::Other => Some(*c),
+        _ => None,
+    };
+    let mut entries: BTreeMap<WaitClass, (usize, usize, usize)> = BTreeMap::new();
+    let mut prev = None;
+    for (i, s) in slots.iter().enumerate() {
+        let c = class(&s.2);
+        if let Some(c) = c {
+            let e = entries.entry(c).or_insert((0, i, i));
+            if prev != Some(c) {
+                e.0 += 1;
+            }
+            e.2 = i;
+        }
+        prev = c;
+    }
+    let (_, (n, first, last)) = entries
+        .into_iter()
+        .max_by_key(|(c, e)| (e.0, std::cmp::Reverse(*c)))?;
+    (n >= MIN_STEADY_ENTRIES).then_some((first, last + 1))
+}
+
+fn slot_of(d: &StackData, stack: u32) -> Slot {
+    match class_of(d, stack) {
+        Some((c, top)) => Slot::Blocked(c, top),
+        None => {
+            let f = d.wall_frames(stack);
+            if matches!(f.first(), Some(WallFrame::Marker(m)) if *m == crate::collect::perf::MARKER_ON_CPU)
+            {
+                Slot::OnCpu
+            } else {
+                Slot::Unknown
+            }
+        }
+    }
 }
 
 /// The class of a wall-clock stack, or None for a one-marker stack (on a

@@ -383,6 +383,7 @@ fn waits(a: &Analysis) -> Value {
                 "main_thread": t.pid.0 == t.tid.0,
                 "samples": t.samples,
                 "span_s": r(t.span_s, 3),
+                "counted_over": if t.steady { "steady_state" } else { "thread_life" },
                 "on_cpu": share(&t.on_cpu),
                 "unknown": share(&t.unknown),
                 "blocked": classes,

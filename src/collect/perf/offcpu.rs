@@ -396,22 +396,23 @@ impl WallSampler {
                 .collect();
             tids.sort_unstable();
             threads.push((Pid(pid), tids));
-            let spy = self.spies.entry(Pid(pid)).or_insert_with(|| {
-                let exe = crate::collect::python::exe_of(pid);
+            // Decided once the process runs Python (not while it is still
+            // gpuprof's child before its exec) and is not a DataLoader
+            // worker (named at its start).
+            let spy = self.spies.entry(Pid(pid)).or_insert(Spy::Trying(0));
+            if let Spy::Trying(n) = spy {
                 let worker = std::fs::read_to_string(format!("/proc/{pid}/comm"))
                     .is_ok_and(|c| c.trim() == "pt_data_worker");
-                if !worker && crate::collect::python::looks_like_python(Pid(pid), &exe) {
-                    Spy::Trying(0)
-                } else {
-                    Spy::No
+                let exe = crate::collect::python::exe_of(pid);
+                if worker {
+                    *spy = Spy::No;
+                } else if crate::collect::python::looks_like_python(Pid(pid), &exe) {
+                    *spy = match PythonSpy::new(pid, &self.config) {
+                        Ok(s) => Spy::Ready(Box::new(s)),
+                        Err(_) if *n + 1 >= ATTACH_ATTEMPTS => Spy::No,
+                        Err(_) => Spy::Trying(*n + 1),
+                    };
                 }
-            });
-            if let Spy::Trying(n) = spy {
-                *spy = match PythonSpy::new(pid, &self.config) {
-                    Ok(s) => Spy::Ready(Box::new(s)),
-                    Err(_) if *n + 1 >= ATTACH_ATTEMPTS => Spy::No,
-                    Err(_) => Spy::Trying(*n + 1),
-                };
             }
         }
         let alive: std::collections::HashSet<Pid> = threads.iter().map(|t| t.0).collect();
