@@ -95,6 +95,7 @@ mod tests {
             | GpuMemoryPressure
             | PcieDegraded
             | StragglerRank
+            | GilContention
             | CpuLimit
             | HostMemoryPressure
             | WorkerRestarts

@@ -196,3 +196,38 @@ fn ddp_waits_inside_backward_count_as_collective_waits() {
     }
     let _ = std::fs::remove_dir_all(&tmp);
 }
+
+/// A pure-Python thread keeps the GIL while the loop comes back from
+/// blocking calls: the GIL-contention finding names the holder's function.
+/// ~4 s (3 s of loop).
+#[test]
+fn gil_contention_names_the_holders_function() {
+    if let Some(why) = perf_refused() {
+        skip!("{why}");
+    }
+    let tmp = tmpdir("gil");
+    let (out, o) = record(
+        &tmp,
+        "out",
+        &["--no-gpu"],
+        &["python3", &script("gil_job.py"), "3"],
+    );
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let r = report(&out);
+    let t = main_thread(&r, &job_process(&r)["pid"]);
+    assert!(share(t, "gil") >= 0.10, "{t}");
+    let f = r["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["id"] == "gil-contention")
+        .unwrap_or_else(|| panic!("no gil-contention finding: {:#}", r["findings"]));
+    let title = f["title"].as_str().unwrap();
+    assert!(title.contains("spin_in_python (gil_job.py)"), "{title}");
+    let _ = std::fs::remove_dir_all(&tmp);
+}

@@ -207,6 +207,10 @@ pub struct ThreadWall {
     pub waits: BTreeMap<WaitClass, ClassTime>,
     /// For `other`: its most frequent top frames, with their looks.
     pub other_top: Vec<(String, u64)>,
+    /// While it waited for the GIL: which thread held it, in which Python
+    /// function ("thread TID in FUNCTION (FILE)", or "not read"), with
+    /// seconds, most first.
+    pub gil_holders: Vec<(String, f64)>,
 }
 
 /// Every sampled thread's wall time.
@@ -274,13 +278,18 @@ pub fn analyze(d: &StackData, window: (MonoNs, MonoNs)) -> Waits {
             ..Default::default()
         };
         let mut other: BTreeMap<String, u64> = BTreeMap::new();
+        let mut holders: BTreeMap<String, f64> = BTreeMap::new();
         for (i, (_, n, slot)) in slots.iter().enumerate() {
             let c = match slot {
                 Slot::OnCpu => &mut w.on_cpu,
                 Slot::Unknown => &mut w.unknown,
-                Slot::Blocked(class, top) => {
+                Slot::Blocked(class, top, holder) => {
                     if *class == WaitClass::Other {
                         *other.entry(top.clone()).or_default() += n;
+                    }
+                    if *class == WaitClass::Gil {
+                        let h = holder.clone().unwrap_or_else(|| "not read".into());
+                        *holders.entry(h).or_default() += weight_of(i) as f64 / 1e9;
                     }
                     w.waits.entry(*class).or_default()
                 }
@@ -298,6 +307,10 @@ pub fn analyze(d: &StackData, window: (MonoNs, MonoNs)) -> Waits {
         top.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
         top.truncate(5);
         w.other_top = top;
+        let mut holders: Vec<(String, f64)> = holders.into_iter().collect();
+        holders.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        holders.truncate(5);
+        w.gil_holders = holders;
         out.threads.push(w);
     }
     out
@@ -309,8 +322,9 @@ enum Slot {
     OnCpu,
     /// Its read was dropped (it woke while read).
     Unknown,
-    /// Blocked: its class, and its top frames.
-    Blocked(WaitClass, String),
+    /// Blocked: its class, its top frames, and the thread that held the
+    /// GIL meanwhile (its marker), if another did.
+    Blocked(WaitClass, String, Option<String>),
 }
 
 /// Entries into one wait class that make a loop.
@@ -323,7 +337,7 @@ pub const MIN_STEADY_ENTRIES: usize = 3;
 /// [`MIN_STEADY_ENTRIES`] times.
 fn steady_span(slots: &[(MonoNs, u64, Slot)]) -> Option<(usize, usize)> {
     let class = |s: &Slot| match s {
-        Slot::Blocked(c, _) if *c != WaitClass::Other => Some(*c),
+        Slot::Blocked(c, _, _) if *c != WaitClass::Other => Some(*c),
         _ => None,
     };
     let mut entries: BTreeMap<WaitClass, (usize, usize, usize)> = BTreeMap::new();
@@ -347,7 +361,7 @@ fn steady_span(slots: &[(MonoNs, u64, Slot)]) -> Option<(usize, usize)> {
 
 fn slot_of(d: &StackData, stack: u32) -> Slot {
     match class_of(d, stack) {
-        Some((c, top)) => Slot::Blocked(c, top),
+        Some((c, top, holder)) => Slot::Blocked(c, top, holder),
         None => {
             let f = d.wall_frames(stack);
             if matches!(f.first(), Some(WallFrame::Marker(m)) if *m == crate::collect::perf::MARKER_ON_CPU)
@@ -362,20 +376,29 @@ fn slot_of(d: &StackData, stack: u32) -> Slot {
 
 /// The class of a wall-clock stack, or None for a one-marker stack (on a
 /// CPU, or a dropped read); with its top frames for `other`.
-fn class_of(d: &StackData, stack: u32) -> Option<(WaitClass, String)> {
+fn class_of(d: &StackData, stack: u32) -> Option<(WaitClass, String, Option<String>)> {
     let f = d.wall_frames(stack);
     if f.len() <= 1 && matches!(f.first(), Some(WallFrame::Marker(_)) | None) {
         return None;
     }
     let (c, _) = classify(&f);
-    Some((c, top_frames(&f)))
+    let holder = f.iter().find_map(|x| match x {
+        WallFrame::Marker(m) => m
+            .strip_prefix(crate::collect::perf::offcpu::GIL_MARKER_PREFIX)
+            .map(|h| format!("thread {}", h.trim_end_matches(']'))),
+        _ => None,
+    });
+    Some((c, top_frames(&f), holder))
 }
 
 /// The innermost Python function, then the native leaf function and the
 /// system call: "get_item (dataset.py) ← read ← [syscall: read]".
 pub fn top_frames(f: &[WallFrame]) -> String {
     let mut parts: Vec<String> = Vec::new();
-    if let Some(WallFrame::Marker(m)) = f.first() {
+    if let Some(m) = f.iter().find_map(|x| match x {
+        WallFrame::Marker(m) if !m.starts_with("[gil held") => Some(m),
+        _ => None,
+    }) {
         parts.push(m.to_string());
     }
     if let Some(n) = f.iter().find_map(|x| match x {

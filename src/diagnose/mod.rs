@@ -19,6 +19,7 @@ mod accounting;
 mod causes;
 mod edges;
 mod evidence;
+mod gil;
 pub mod ranks;
 mod rules;
 pub mod support;
@@ -43,6 +44,7 @@ pub enum FindingKind {
     CudaDriverMismatch,
     GpuNotUsed,
     StragglerRank,
+    GilContention,
     ThermalThrottling,
     PowerCapped,
     CpuLimit,
@@ -63,10 +65,11 @@ pub enum FindingKind {
 }
 
 impl FindingKind {
-    pub const ALL: [FindingKind; 20] = [
+    pub const ALL: [FindingKind; 21] = [
         FindingKind::CudaDriverMismatch,
         FindingKind::GpuNotUsed,
         FindingKind::StragglerRank,
+        FindingKind::GilContention,
         FindingKind::ThermalThrottling,
         FindingKind::PowerCapped,
         FindingKind::CpuLimit,
@@ -103,6 +106,7 @@ impl FindingKind {
             FindingKind::CpuOversubscribed => "cpu-oversubscribed",
             FindingKind::LowSampleCoverage => "low-sample-coverage",
             FindingKind::StragglerRank => "straggler-rank",
+            FindingKind::GilContention => "gil-contention",
             FindingKind::CpuLimit => "cpu-limit",
             FindingKind::HostMemoryPressure => "host-memory-pressure",
             FindingKind::WorkerRestarts => "worker-restarts",
@@ -407,6 +411,7 @@ pub fn diagnose(
     findings.extend(ranks::straggler(&rank_figures));
     let unexplained = rules::unexplained(a, &scopes, &findings);
     findings.extend(unexplained);
+    findings.extend(gil::gil_contention(a));
     findings.extend(rules::coverage_finding(a, gpu, stacks));
     support::grade(a, &tl, &scopes, gpu, &mut findings);
     // Established findings first: a possible one (too little evidence)

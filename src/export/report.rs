@@ -388,6 +388,7 @@ fn waits(a: &Analysis) -> Value {
                 "unknown": share(&t.unknown),
                 "blocked": classes,
                 "other_top": t.other_top.iter().map(|(f, n)| json!({"frames": f, "samples": n})).collect::<Vec<_>>(),
+                "gil_holders": t.gil_holders.iter().map(|(h, s)| json!({"holder": h, "seconds": r(*s, 3)})).collect::<Vec<_>>(),
             })
         })
         .collect();

@@ -12,7 +12,7 @@
 //! [`PerfSampler::stop`] (after the job ended) drains what is left and names
 //! the last frames.
 
-mod offcpu;
+pub mod offcpu;
 mod perfmap;
 pub mod pyagent;
 mod ring;
@@ -1204,7 +1204,8 @@ impl Reader {
                 .iter()
                 .rev()
                 .map(|&(f, o)| FrameKey::Native(f, o))
-                .chain(std::iter::once(FrameKey::Marker(b.marker))),
+                .chain(std::iter::once(FrameKey::Marker(b.marker)))
+                .chain(b.gil_holder.map(FrameKey::Marker)),
         );
         let rings = self.agent.as_ref().map(|a| &a.rings);
         let (symbols, paths, jit) = (&self.symbols, &self.paths, &self.jit_names);

@@ -90,6 +90,9 @@ pub struct Blocked {
     /// Python frames, outermost first: (name, file, entry); `None` when
     /// the process is not read with py-spy or its frames were unreadable.
     pub py: Option<Vec<(String, String, bool)>>,
+    /// `[gil held by thread TID in FUNCTION (FILE)]`: another thread of the
+    /// process held the interpreter lock while this one was blocked.
+    pub gil_holder: Option<&'static str>,
 }
 
 /// Counters of the wall-clock sampler.
@@ -204,6 +207,30 @@ pub fn syscall_marker(nr: i64, regular_file: bool) -> &'static str {
         Box::leak(s.into_boxed_str())
     })
 }
+
+/// Distinct GIL-holder markers kept; past this, one generic marker (the
+/// strings live as long as the recording).
+const MAX_GIL_MARKERS: usize = 4096;
+
+/// `[gil held by thread TID in FUNCTION (FILE)]`.
+pub fn gil_marker(tid: Tid, name: &str, file: &str) -> &'static str {
+    static KNOWN: std::sync::LazyLock<std::sync::Mutex<HashMap<String, &'static str>>> =
+        std::sync::LazyLock::new(Default::default);
+    let base = file.rsplit('/').next().unwrap_or(file);
+    let s = format!("{GIL_MARKER_PREFIX}{} in {name} ({base})]", tid.0);
+    let mut known = KNOWN.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(m) = known.get(&s) {
+        return m;
+    }
+    if known.len() >= MAX_GIL_MARKERS {
+        return "[gil held by another thread]";
+    }
+    let m: &'static str = Box::leak(s.clone().into_boxed_str());
+    known.insert(s, m);
+    m
+}
+
+pub const GIL_MARKER_PREFIX: &str = "[gil held by thread ";
 
 static MARKERS: std::sync::LazyLock<std::sync::Mutex<HashMap<(i64, bool), &'static str>>> =
     std::sync::LazyLock::new(Default::default);
@@ -465,7 +492,10 @@ impl WallSampler {
         if looks.is_empty() {
             return;
         }
-        let mut py = self.python_frames(pid);
+        let (mut py, holder) = match self.python_frames(pid) {
+            Some((frames, holder)) => (Some(frames), holder),
+            None => (None, None),
+        };
         for look in looks {
             let (pid, tid, t) = (pid, look.tid, look.t);
             let after = read_syscall(pid, tid);
@@ -493,20 +523,29 @@ impl WallSampler {
                 },
                 marker: look.marker,
                 py: frames,
+                gil_holder: holder.filter(|h| h.0 != tid).map(|h| h.1),
             })));
         }
     }
 
     /// Every thread's Python frames (outermost first), by thread, when the
-    /// process is read with py-spy.
+    /// process is read with py-spy; and the thread holding the GIL, with
+    /// its marker.
     #[allow(clippy::type_complexity)]
-    fn python_frames(&mut self, pid: Pid) -> Option<HashMap<Tid, Vec<(String, String, bool)>>> {
+    fn python_frames(
+        &mut self,
+        pid: Pid,
+    ) -> Option<(
+        HashMap<Tid, Vec<(String, String, bool)>>,
+        Option<(Tid, &'static str)>,
+    )> {
         let Some(Spy::Ready(spy)) = self.spies.get_mut(&pid) else {
             return None;
         };
         let traces = spy.get_stack_traces().ok()?;
         let single = traces.len() == 1;
         let mut out = HashMap::new();
+        let mut holder = None;
         for tr in traces {
             // Python ≥ 3.11 stores the OS thread id; before, a
             // single-threaded process is its main thread.
@@ -515,6 +554,17 @@ impl WallSampler {
                 None if single => Tid(pid.0),
                 None => continue,
             };
+            if tr.owns_gil {
+                let f = tr.frames.first();
+                holder = Some((
+                    tid,
+                    gil_marker(
+                        tid,
+                        f.map_or("?", |f| f.name.as_str()),
+                        f.map_or("?", |f| f.filename.as_str()),
+                    ),
+                ));
+            }
             let frames = tr
                 .frames
                 .iter()
@@ -529,7 +579,7 @@ impl WallSampler {
                 .collect();
             out.insert(tid, frames);
         }
-        Some(out)
+        Some((out, holder))
     }
 }
 
