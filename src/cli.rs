@@ -55,6 +55,17 @@ pub enum Command {
     /// report.json and summary.md, the straggler across all ranks, the
     /// clock uncertainty stated. Exits 1 when some inputs were left out.
     Merge(MergeArgs),
+    /// Print every thread's Python and native stack of a running job — PID
+    /// and every process below it, ranks and workers labelled — without
+    /// recording and without stopping it: `gpuprof dump 4242`.
+    Dump(DumpArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct DumpArgs {
+    /// The job's process (e.g. torchrun's, or one rank's).
+    #[arg(value_name = "PID")]
+    pub pid: i32,
 }
 
 #[derive(Debug, Args)]

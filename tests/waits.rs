@@ -231,3 +231,56 @@ fn gil_contention_names_the_holders_function() {
     assert!(title.contains("spin_in_python (gil_job.py)"), "{title}");
     let _ = std::fs::remove_dir_all(&tmp);
 }
+
+/// `gpuprof dump PID` on a running two-process job: both processes, each
+/// thread's Python frames with lines and its native frames down to the
+/// system call, and the job carries on (it is neither stopped nor killed).
+#[test]
+fn dump_prints_python_and_native_frames_and_leaves_the_job_running() {
+    use std::io::BufRead;
+    let mut job = std::process::Command::new("python3")
+        .arg(script("dump_job.py"))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(job.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "ready");
+    let pid = job.id().to_string();
+    // Both are blocked once the parent sleeps; give it a moment to get there.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let o = gpuprof().args(["dump", &pid]).output().unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(text.contains(&format!("process {pid} (")), "{text}");
+    assert_eq!(
+        text.matches("\nprocess ").count() + 1,
+        2,
+        "two processes: {text}"
+    );
+    for f in ["py  parent_waits (", "py  child_waits (", "dump_job.py:"] {
+        assert!(text.contains(f), "{f}: {text}");
+    }
+    assert!(text.contains("[syscall: clock_nanosleep]"), "{text}");
+    assert!(text.contains("[syscall: read]"), "{text}");
+    // Native frames, named, under the Python ones.
+    assert!(text.contains("c   ") && text.contains("libc"), "{text}");
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let state = stat
+        .rsplit(')')
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap();
+    assert_eq!(state, "S", "the job sleeps on, not stopped: {stat}");
+    job.kill().unwrap();
+    job.wait().unwrap();
+}

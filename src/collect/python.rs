@@ -626,7 +626,7 @@ fn explain(e: &anyhow::Error) -> String {
 /// rank (a DataLoader worker, forked or spawned, inherits its rank's
 /// variables; a rank started through a shell wrapper is still a rank).
 /// None while its environment cannot be read (mid-exec, or refused).
-fn is_rank_main(pid: Pid) -> Option<bool> {
+pub(crate) fn is_rank_main(pid: Pid) -> Option<bool> {
     let env = read_rank_env(pid.0)?;
     if RankIds::from_env(&env).rank.is_none() {
         return Some(false);

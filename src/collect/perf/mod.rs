@@ -12,6 +12,7 @@
 //! [`PerfSampler::stop`] (after the job ended) drains what is left and names
 //! the last frames.
 
+mod dump;
 pub mod offcpu;
 mod perfmap;
 pub mod pyagent;
@@ -26,6 +27,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+pub use dump::dump;
 pub use ring::{online_cpus, parse_cpu_list, perf_event_paranoid, ring_bytes_for, OpenError};
 
 use crate::collect::intern::Interner;

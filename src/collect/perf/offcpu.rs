@@ -21,9 +21,10 @@
 //!   same and is not read again (a thread blocked for a second costs one
 //!   copy, not a hundred).
 //!
-//! Each process's main thread (the training loop of a rank or of a
-//! single-process job) is looked at every tick, at the stack frequency;
-//! other threads every [`OTHERS_EVERY`] ticks.
+//! The main thread of the job's own process and of each rank's main
+//! process (the training loop) is looked at every tick, at the stack
+//! frequency; other threads, and other processes' (DataLoader workers),
+//! every [`OTHERS_EVERY`] ticks, without Python frames.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -349,6 +350,9 @@ pub struct WallSampler {
     /// Per thread: (CPU time, syscall line) of its last blocked sample.
     last: HashMap<Tid, (u64, String)>,
     spies: HashMap<Pid, Spy>,
+    /// Processes that run a training loop (the job's own, ranks' mains),
+    /// once known.
+    loops: HashMap<Pid, bool>,
     config: Config,
     pub stats: WallStats,
 }
@@ -366,6 +370,7 @@ impl WallSampler {
             listed: None,
             last: HashMap::new(),
             spies: HashMap::new(),
+            loops: HashMap::new(),
             config: Config {
                 blocking: LockingStrategy::NonBlocking,
                 native: false,
@@ -397,11 +402,12 @@ impl WallSampler {
         self.tick += 1;
         for i in 0..self.threads.len() {
             let pid = self.threads[i].0;
+            let is_loop = self.loops.get(&pid) == Some(&true);
             let tids: Vec<Tid> = self.threads[i]
                 .1
                 .iter()
                 .copied()
-                .filter(|t| others || t.0 == pid.0)
+                .filter(|t| others || (is_loop && t.0 == pid.0))
                 .collect();
             self.look_at(pid, &tids, out);
         }
@@ -426,14 +432,31 @@ impl WallSampler {
             // Decided once the process runs Python (not while it is still
             // gpuprof's child before its exec) and is not a DataLoader
             // worker (named at its start).
+            // A training loop runs in the job's own process or in a rank's
+            // main process; the others (DataLoader workers, helpers) are
+            // looked at less often and without Python frames.
+            let is_loop = match self.loops.get(&Pid(pid)) {
+                Some(l) => Some(*l),
+                None => {
+                    let l = if pid == self.job.0 {
+                        Some(true)
+                    } else {
+                        crate::collect::python::is_rank_main(Pid(pid))
+                    };
+                    if let Some(l) = l {
+                        self.loops.insert(Pid(pid), l);
+                    }
+                    l
+                }
+            };
             let spy = self.spies.entry(Pid(pid)).or_insert(Spy::Trying(0));
             if let Spy::Trying(n) = spy {
-                let worker = std::fs::read_to_string(format!("/proc/{pid}/comm"))
-                    .is_ok_and(|c| c.trim() == "pt_data_worker");
                 let exe = crate::collect::python::exe_of(pid);
-                if worker {
+                if is_loop == Some(false) {
                     *spy = Spy::No;
-                } else if crate::collect::python::looks_like_python(Pid(pid), &exe) {
+                } else if is_loop == Some(true)
+                    && crate::collect::python::looks_like_python(Pid(pid), &exe)
+                {
                     *spy = match PythonSpy::new(pid, &self.config) {
                         Ok(s) => Spy::Ready(Box::new(s)),
                         Err(_) if *n + 1 >= ATTACH_ATTEMPTS => Spy::No,
@@ -444,6 +467,7 @@ impl WallSampler {
         }
         let alive: std::collections::HashSet<Pid> = threads.iter().map(|t| t.0).collect();
         self.spies.retain(|p, _| alive.contains(p));
+        self.loops.retain(|p, _| alive.contains(p));
         let tids: std::collections::HashSet<Tid> =
             threads.iter().flat_map(|t| t.1.iter().copied()).collect();
         self.last.retain(|t, _| tids.contains(t));
