@@ -310,6 +310,14 @@ pub struct RecordArgs {
     #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_duration)]
     pub warn_after: Duration,
 
+    /// Hang reports: when the main thread of every rank (or of the job's
+    /// own process) has stayed blocked this long without running, write
+    /// every thread's Python and native stack of every process into the
+    /// output folder (`hang-N.txt`), print one line per rank saying where
+    /// it is stuck, and keep recording. `0` turns them off.
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_duration)]
+    pub hang_after: Duration,
+
     /// How Python processes get Python frames in their native stacks.
     /// `same-instant` (default): a small agent preloaded into the job
     /// samples each Python thread from inside (perf sigtrap), so every
@@ -505,6 +513,8 @@ impl RecordArgs {
                 frequency: self.frequency,
                 stack_size: self.stack_size,
                 same_instant_python: self.python_frames == "same-instant",
+                hang_after: Some(self.hang_after).filter(|d| !d.is_zero()),
+                hang_dir: None,
             };
             o.validate()?;
             Some(o)

@@ -284,3 +284,96 @@ fn dump_prints_python_and_native_frames_and_leaves_the_job_running() {
     job.kill().unwrap();
     job.wait().unwrap();
 }
+
+/// A two-rank job in which rank 1 never enters the all-reduce: within
+/// `--hang-after` the output folder holds a hang report naming rank 0 in
+/// `all_reduce` and rank 1 in its own function; `gpuprof dump` on the
+/// running job prints both ranks with Python and native frames and the
+/// ranks carry on. Slow (~40 s on two loaded cores): two ranks importing
+/// torch; the hang itself is detected after 3 s.
+#[test]
+fn a_hung_ddp_job_is_reported_and_dumped() {
+    let Some(py) = torch_python() else {
+        skip!("no PyTorch virtual environment (see .ci/run): torchrun unavailable");
+    };
+    if let Some(why) = perf_refused() {
+        skip!("{why}");
+    }
+    let torchrun = py.parent().unwrap().join("torchrun");
+    let tmp = tmpdir("hang");
+    let out = tmp.join("out");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+        .to_string();
+    let g = gpuprof()
+        .args(["-q", "--no-gpu", "--hang-after", "3s", "-o"])
+        .arg(&out)
+        .arg("--")
+        .arg(&torchrun)
+        .args([
+            "--nproc-per-node",
+            "2",
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            &port,
+        ])
+        .arg(script("hang_job.py"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let report = out.join("hang-1.txt");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(240);
+    while !report.exists() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    // The report is written whole at once; give the writer a moment.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let text = std::fs::read_to_string(&report).unwrap_or_default();
+    let job = std::fs::read_to_string(format!("/proc/{}/task/{}/children", g.id(), g.id()))
+        .unwrap_or_default();
+    let job = job.split_whitespace().next().unwrap_or("0").to_string();
+    let dump = gpuprof().args(["dump", &job]).output().unwrap();
+    let dump = String::from_utf8_lossy(&dump.stdout).into_owned();
+    // The ranks are still there, asleep, after the report and the dump.
+    let ranks: Vec<String> = dump
+        .lines()
+        .filter(|l| l.starts_with("process ") && l.contains("(rank "))
+        .map(|l| l.split_whitespace().nth(1).unwrap().to_string())
+        .collect();
+    let alive = ranks.iter().all(|p| {
+        std::fs::read_to_string(format!("/proc/{p}/stat")).is_ok_and(|s| s.contains(") S "))
+    });
+    // SIGTERM goes on to the job (torchrun stops its ranks).
+    // SAFETY: kill with a valid pid and signal.
+    unsafe { libc::kill(g.id() as i32, libc::SIGTERM) };
+    let o = g.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(!text.is_empty(), "no hang report: {stderr}");
+    let head: Vec<&str> = text.lines().take(4).collect();
+    let line = |r: &str| {
+        head.iter()
+            .find(|l| l.starts_with(r))
+            .copied()
+            .unwrap_or("")
+    };
+    assert!(line("rank 0").contains("in all_reduce ("), "{head:?}");
+    assert!(
+        line("rank 1").contains("in rank1_never_reduces ("),
+        "{head:?}"
+    );
+    assert!(
+        stderr.contains("looks hung") && stderr.contains("rank 1"),
+        "{stderr}"
+    );
+    assert_eq!(ranks.len(), 2, "{dump}");
+    assert!(alive, "the ranks carry on after the dump: {dump}");
+    for f in ["py  all_reduce (", "py  rank1_never_reduces (", "c   "] {
+        assert!(dump.contains(f), "{f}: {dump}");
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+}

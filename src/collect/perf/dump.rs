@@ -156,6 +156,13 @@ fn dump_process(
 
 /// The dump of PID and every process below it, as text.
 pub fn dump(root: Pid, stack_size: u32) -> Result<String, String> {
+    Ok(dump_with_summary(root, stack_size)?.0)
+}
+
+/// [`dump`], and one line per rank (or for the root process when there is
+/// no rank) saying where its main thread is: its state, its innermost
+/// Python function (file:line) or else its innermost named native one.
+pub fn dump_with_summary(root: Pid, stack_size: u32) -> Result<(String, Vec<String>), String> {
     if !std::path::Path::new(&format!("/proc/{}", root.0)).exists() {
         return Err(format!("no process {} on this machine", root.0));
     }
@@ -188,7 +195,19 @@ pub fn dump(root: Pid, stack_size: u32) -> Result<String, String> {
         super::symbolize::symbolize_with(&super::symbolize::symbolizer(), &by_file)
             .into_iter()
             .collect();
+    let native_name = |f: u32, o: u64| -> (String, String) {
+        let file = paths.get(&f).map_or("?", |p| p.as_str());
+        let base = file.rsplit('/').next().unwrap_or(file).to_string();
+        let name = ids
+            .get(&(f, o))
+            .and_then(|id| names.get(id))
+            .cloned()
+            .unwrap_or_else(|| format!("[{base}+{o:#x}]"));
+        (name, base)
+    };
     let mut out = String::new();
+    let mut summary = Vec::new();
+    let ranks = procs.iter().any(|p| p.1.starts_with("rank "));
     for (pid, label, threads) in &procs {
         let cmd = read_trim(format!("/proc/{pid}/cmdline")).replace('\0', " ");
         let _ = writeln!(out, "process {pid} ({label}): {}", cmd.trim());
@@ -198,16 +217,25 @@ pub fn dump(root: Pid, stack_size: u32) -> Result<String, String> {
                 let _ = writeln!(out, "    py  {name} ({at})");
             }
             for (f, o) in &t.native {
-                let file = paths.get(f).map_or("?", |p| p.as_str());
-                let base = file.rsplit('/').next().unwrap_or(file);
-                let name = ids
-                    .get(&(*f, *o))
-                    .and_then(|id| names.get(id))
-                    .cloned()
-                    .unwrap_or_else(|| format!("[{base}+{o:#x}]"));
+                let (name, base) = native_name(*f, *o);
                 let _ = writeln!(out, "    c   {name} ({base})");
             }
         }
+        let main = threads.iter().find(|t| t.tid.0 == *pid);
+        if let Some(t) = main.filter(|_| label.starts_with("rank ") || (!ranks && *pid == root.0)) {
+            let at = match t.python.first() {
+                Some((name, at)) => format!("in {name} ({at})"),
+                None => t
+                    .native
+                    .iter()
+                    .map(|&(f, o)| native_name(f, o))
+                    .find(|(n, _)| !n.starts_with('['))
+                    .map_or("(no frames read)".to_string(), |(n, b)| {
+                        format!("in {n} ({b})")
+                    }),
+            };
+            summary.push(format!("{label} (pid {pid}): {} {at}", t.state));
+        }
     }
-    Ok(out)
+    Ok((out, summary))
 }

@@ -146,6 +146,11 @@ pub struct PerfOptions {
     /// Python frames of the same instant from the in-process agent
     /// (`--python-frames same-instant`, the default); else py-spy alone.
     pub same_instant_python: bool,
+    /// `--hang-after`: write a hang report when every loop thread has been
+    /// blocked this long (None: off).
+    pub hang_after: Option<Duration>,
+    /// Where hang reports go (the output folder), set when recording.
+    pub hang_dir: Option<PathBuf>,
 }
 
 impl Default for PerfOptions {
@@ -154,6 +159,8 @@ impl Default for PerfOptions {
             frequency: DEFAULT_FREQUENCY,
             stack_size: DEFAULT_STACK_SIZE,
             same_instant_python: true,
+            hang_after: None,
+            hang_dir: None,
         }
     }
 }
@@ -513,11 +520,12 @@ impl Reader {
     fn new(opened: Opened, sink: Sink, news: Arc<TreeNews>, agent: Option<AgentLink>) -> Reader {
         let mut files = Files::default();
         let unknown_file = files.id_of("[unknown]");
-        let wall = Some(offcpu::WallSampler::new(
-            opened.job,
-            opened.opts.frequency,
-            opened.opts.stack_size,
-        ));
+        let mut wall =
+            offcpu::WallSampler::new(opened.job, opened.opts.frequency, opened.opts.stack_size);
+        if let (Some(after), Some(dir)) = (opened.opts.hang_after, &opened.opts.hang_dir) {
+            wall.watch_hangs(after, dir.clone());
+        }
+        let wall = Some(wall);
         let mut r = Reader {
             rings: opened.rings,
             job: opened.job,

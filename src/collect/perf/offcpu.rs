@@ -355,6 +355,17 @@ pub struct WallSampler {
     loops: HashMap<Pid, bool>,
     config: Config,
     pub stats: WallStats,
+    hang: Option<HangWatch>,
+}
+
+/// `--hang-after`: when each loop thread has been blocked since when
+/// (with its CPU time then), and whether this hang was reported.
+struct HangWatch {
+    after: Duration,
+    dir: std::path::PathBuf,
+    since: HashMap<Tid, (Instant, u64)>,
+    reported: bool,
+    count: u32,
 }
 
 impl WallSampler {
@@ -379,7 +390,79 @@ impl WallSampler {
                 ..Config::default()
             },
             stats: WallStats::default(),
+            hang: None,
         }
+    }
+
+    /// Write a hang report into `dir` when every loop thread has stayed
+    /// blocked for `after`.
+    pub fn watch_hangs(&mut self, after: Duration, dir: std::path::PathBuf) {
+        self.hang = Some(HangWatch {
+            after,
+            dir,
+            since: HashMap::new(),
+            reported: false,
+            count: 0,
+        });
+    }
+
+    /// A loop thread was found blocked with CPU time `runtime` (None: it
+    /// runs, or ran since).
+    fn note(&mut self, pid: Pid, tid: Tid, runtime: Option<u64>) {
+        if pid.0 != tid.0 || self.loops.get(&pid) != Some(&true) {
+            return;
+        }
+        let Some(h) = self.hang.as_mut() else {
+            return;
+        };
+        match runtime {
+            Some(r) => {
+                let e = h.since.entry(tid).or_insert((Instant::now(), r));
+                if e.1 != r {
+                    *e = (Instant::now(), r);
+                }
+            }
+            None => {
+                h.since.remove(&tid);
+            }
+        }
+    }
+
+    /// Every rank's loop thread (the job's own when there is no rank)
+    /// blocked for `after`: report once per hang, on a thread of its own
+    /// (reading every process takes a while; the sampler goes on).
+    fn check_hang(&mut self) {
+        let job = self.job;
+        let stack_size = self.stack_size as u32;
+        let ranks: Vec<Pid> = self
+            .loops
+            .iter()
+            .filter(|(p, l)| **l && **p != job)
+            .map(|(p, _)| *p)
+            .collect();
+        let watched = if ranks.is_empty() { vec![job] } else { ranks };
+        let Some(h) = self.hang.as_mut() else {
+            return;
+        };
+        let stuck = watched.iter().all(|p| {
+            h.since
+                .get(&Tid(p.0))
+                .is_some_and(|s| s.0.elapsed() >= h.after)
+        });
+        if !stuck {
+            h.reported = false;
+            return;
+        }
+        if h.reported {
+            return;
+        }
+        h.reported = true;
+        h.count += 1;
+        let path = h.dir.join(format!("hang-{}.txt", h.count));
+        let after = h.after;
+        let _ = std::thread::Builder::new()
+            .name("gpuprof-hang".into())
+            .spawn(move || report_hang(job, stack_size, after, &path));
     }
 
     /// Time until the next tick is due.
@@ -400,6 +483,7 @@ impl WallSampler {
         }
         let others = self.tick % OTHERS_EVERY == 0;
         self.tick += 1;
+        self.check_hang();
         for i in 0..self.threads.len() {
             let pid = self.threads[i].0;
             let is_loop = self.loops.get(&pid) == Some(&true);
@@ -485,6 +569,7 @@ impl WallSampler {
                 continue; // gone
             };
             let Some(line) = parse_syscall(&before) else {
+                self.note(pid, tid, None);
                 self.stats.running += 1;
                 out.push(WallRecord::Running { pid, tid, t });
                 continue;
@@ -492,6 +577,7 @@ impl WallSampler {
             let Some(runtime) = runtime_ns(pid, tid) else {
                 continue;
             };
+            self.note(pid, tid, Some(runtime));
             if self.last.get(&tid) == Some(&(runtime, before.clone())) {
                 self.stats.repeated += 1;
                 out.push(WallRecord::Repeat { pid, tid, t });
@@ -604,6 +690,32 @@ impl WallSampler {
             out.insert(tid, frames);
         }
         Some((out, holder))
+    }
+}
+
+/// Write the hang report and say where each rank is stuck.
+fn report_hang(job: Pid, stack_size: u32, after: Duration, path: &std::path::Path) {
+    match super::dump::dump_with_summary(job, stack_size) {
+        Ok((text, lines)) => {
+            let head = format!(
+                "gpuprof hang report: every loop thread blocked for at least {} s without running\n{}\n\n",
+                after.as_secs(),
+                lines.join("\n")
+            );
+            let written = std::fs::write(path, format!("{head}{text}"));
+            eprintln!(
+                "gpuprof: the job looks hung (every loop thread blocked {} s){}:",
+                after.as_secs(),
+                match written {
+                    Ok(()) => format!("; stacks of every thread in {}", path.display()),
+                    Err(e) => format!("; cannot write {}: {e}", path.display()),
+                }
+            );
+            for l in lines {
+                eprintln!("gpuprof:   {l}");
+            }
+        }
+        Err(e) => eprintln!("gpuprof: the job looks hung, but its stacks could not be read: {e}"),
     }
 }
 
