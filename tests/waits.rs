@@ -90,6 +90,13 @@ fn a_loops_wait_for_batches_and_for_the_gpu_match_its_own_log() {
             "{mode}: gpuprof {ours:.3}, the job's own {truth:.3}: {t}"
         );
         assert_eq!(other, 0.0, "{mode}: {t}");
+        let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
+        let verdict = if mode == "sync" {
+            "GPU-bound"
+        } else {
+            "Input-bound"
+        };
+        assert!(summary.contains(verdict), "{mode}: {summary}");
         if mode == "sync" {
             let ids: Vec<&str> = r["findings"]
                 .as_array()

@@ -380,15 +380,38 @@ fn wait_lines(a: &Analysis) -> Vec<String> {
         if t.unknown.samples > 0 {
             text.push(format!("unknown {}", share_text(t.unknown.share)));
         }
+        // What the largest wait means for the loop, when it is a class
+        // that says it.
+        let verdict = t
+            .waits
+            .iter()
+            .max_by(|x, y| x.1.share.total_cmp(&y.1.share))
+            .filter(|(_, c)| c.share >= 0.2)
+            .and_then(|(k, _)| match k {
+                crate::analysis::waits::WaitClass::GpuSync => {
+                    Some(" GPU-bound: the loop mostly waits for the GPU.")
+                }
+                crate::analysis::waits::WaitClass::NextBatch => {
+                    Some(" Input-bound: the loop mostly waits for its next batch.")
+                }
+                crate::analysis::waits::WaitClass::Collective => {
+                    Some(" It mostly waits for the other ranks (see the ranks).")
+                }
+                crate::analysis::waits::WaitClass::Gil => {
+                    Some(" It mostly waits for the GIL (see gil-contention).")
+                }
+                _ => None,
+            })
+            .unwrap_or("");
+        let counted = if t.steady {
+            "loop's steady state"
+        } else {
+            "its life"
+        };
         out.push(format!(
-            "{} main thread ({:.1} s, {}): {}.",
+            "{} main thread ({:.1} s, {counted}): {}.{verdict}",
             p.label(),
             t.span_s,
-            if t.steady {
-                "loop's steady state"
-            } else {
-                "its life"
-            },
             text.join(", ")
         ));
     }
