@@ -179,7 +179,11 @@ async fn run(
     sink.send_blocking(Event::WindowStart { t: MonoNs::now() });
     let samplers = SamplerThread::start(&sink, cfg.interval, true, Some(target.pid))?;
     let gpu = session::start_gpu(&cfg, &sink)?;
-    let stacks = StackCollectors::start_attached(cfg.stacks.as_ref(), target.pid, &sink, cfg.quiet);
+    let mut perf = cfg.stacks.clone();
+    if let Some(s) = perf.as_mut() {
+        s.hang_dir = Some(out.clone());
+    }
+    let stacks = StackCollectors::start_attached(perf.as_ref(), target.pid, &sink, cfg.quiet);
     samplers.follow(stacks.news());
     sink.send_blocking(Event::Coverage(crate::event::Coverage {
         source: crate::collect::nvtx::COVERAGE_SOURCE.into(),

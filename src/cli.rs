@@ -55,6 +55,17 @@ pub enum Command {
     /// report.json and summary.md, the straggler across all ranks, the
     /// clock uncertainty stated. Exits 1 when some inputs were left out.
     Merge(MergeArgs),
+    /// Print every thread's Python and native stack of a running job — PID
+    /// and every process below it, ranks and workers labelled — without
+    /// recording and without stopping it: `gpuprof dump 4242`.
+    Dump(DumpArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct DumpArgs {
+    /// The job's process (e.g. torchrun's, or one rank's).
+    #[arg(value_name = "PID")]
+    pub pid: i32,
 }
 
 #[derive(Debug, Args)]
@@ -299,6 +310,14 @@ pub struct RecordArgs {
     #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_duration)]
     pub warn_after: Duration,
 
+    /// Hang reports: when the main thread of every rank (or of the job's
+    /// own process) has stayed blocked this long without running, write
+    /// every thread's Python and native stack of every process into the
+    /// output folder (`hang-N.txt`), print one line per rank saying where
+    /// it is stuck, and keep recording. `0` turns them off.
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_duration)]
+    pub hang_after: Duration,
+
     /// How Python processes get Python frames in their native stacks.
     /// `same-instant` (default): a small agent preloaded into the job
     /// samples each Python thread from inside (perf sigtrap), so every
@@ -494,6 +513,8 @@ impl RecordArgs {
                 frequency: self.frequency,
                 stack_size: self.stack_size,
                 same_instant_python: self.python_frames == "same-instant",
+                hang_after: Some(self.hang_after).filter(|d| !d.is_zero()),
+                hang_dir: None,
             };
             o.validate()?;
             Some(o)

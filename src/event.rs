@@ -504,6 +504,11 @@ pub enum SampleSource {
     /// The in-process agent (`src/agent/pystacks.c`): the native stack and
     /// the Python frames of the same instant, taken in the sampled thread.
     Agent,
+    /// The wall-clock sampler (`collect::perf::offcpu`): at each tick, a
+    /// blocked thread's stack (Python frames, native frames, then a marker
+    /// naming its system call), or a one-marker stack saying it was on a
+    /// CPU (`[on cpu]`) or that its read was dropped.
+    Wall,
 }
 
 impl SampleSource {

@@ -96,6 +96,7 @@ mod tests {
             | GpuMemoryPressure
             | PcieDegraded
             | StragglerRank
+            | GilContention
             | CpuLimit
             | HostMemoryPressure
             | WorkerRestarts

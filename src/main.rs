@@ -22,6 +22,7 @@ fn main() -> ExitCode {
             .and_then(gpuprof::attach::attach),
         Some(Command::Explain(args)) => explain(args),
         Some(Command::Merge(args)) => merge(args),
+        Some(Command::Dump(args)) => dump(args),
         None => record(cli.record),
     };
     match result {
@@ -127,6 +128,16 @@ fn compare(args: gpuprof::cli::CompareArgs) -> anyhow::Result<i32> {
 
 fn explain(args: gpuprof::cli::ExplainArgs) -> anyhow::Result<i32> {
     let text = gpuprof::explain::explain(args.id.as_deref()).map_err(anyhow::Error::msg)?;
+    print!("{text}");
+    Ok(0)
+}
+
+fn dump(args: gpuprof::cli::DumpArgs) -> anyhow::Result<i32> {
+    let text = gpuprof::collect::perf::dump(
+        gpuprof::event::Pid(args.pid),
+        gpuprof::collect::perf::DEFAULT_STACK_SIZE,
+    )
+    .map_err(anyhow::Error::msg)?;
     print!("{text}");
     Ok(0)
 }

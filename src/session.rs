@@ -637,6 +637,10 @@ async fn run(
     writer.hold_reserve(reserve);
     sink.send_blocking(Event::Header(header.clone()));
     let delayed = cfg.delay.is_some_and(|d| !d.is_zero());
+    let mut cfg = cfg;
+    if let Some(s) = cfg.stacks.as_mut() {
+        s.hang_dir = Some(out.path().to_path_buf());
+    }
     let (rec, mut nvtx) =
         match start_collectors(&cfg, sink, writer, suspended.pid, nvtx_plan, agent, delayed) {
             Ok(x) => x,

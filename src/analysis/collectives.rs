@@ -124,6 +124,10 @@ pub enum CountedFrom {
     /// Its first sample: it was never seen in distributed code (its share
     /// is 0), and no collective was seen elsewhere during its life.
     FirstSample,
+    /// From its first to its last exit from the collective it left most
+    /// often (the training loop's steady state), from the wall-clock
+    /// sampler's looks at the main thread.
+    RecurringCollective,
 }
 
 /// The threads' time in collectives.
@@ -142,11 +146,67 @@ pub fn is_distributed_frame(_name: &str, file: &str) -> bool {
 /// Every Python thread's time in collectives, measured from the end of the
 /// thread's first collective on (see the module's comment); exits are kept
 /// from the thread's first sample in distributed code on.
+///
+/// A thread the wall-clock sampler looked at at least as often as py-spy
+/// read it is measured from those looks instead: their stacks hold native
+/// frames too, so DDP's gradient all-reduce, waited for inside
+/// `loss.backward()` where no Python frame names a collective, counts.
 pub fn analyze(d: &StackData, window: (MonoNs, MonoNs)) -> Collectives {
-    let (names, threads) = d.python_marks(window, &is_collective_frame);
-    let (_, dist) = d.python_marks(window, &is_distributed_frame);
-    waits(&names, threads, &dist)
+    let (mut names, mut threads) = d.python_marks(window, &is_collective_frame);
+    let (_, mut dist) = d.python_marks(window, &is_distributed_frame);
+    let (wall_names, wall, wall_dist) = super::waits::collective_marks(d, window);
+    let offset = names.len() as u32;
+    names.extend(wall_names);
+    let mut steady = Vec::new();
+    for (key, marks) in wall {
+        // Main threads only: the loop thread is looked at every tick, the
+        // others less often than py-spy reads them.
+        if key.0 .0 == key.1 .0 && marks.len() >= threads.get(&key).map_or(0, |v| v.len()) {
+            let mut marks: Vec<(MonoNs, Option<u32>)> = marks
+                .into_iter()
+                .map(|(t, m)| (t, m.map(|i| i + offset)))
+                .collect();
+            if let Some((lo, hi)) = steady_state(&marks) {
+                marks = marks[lo..hi].to_vec();
+                steady.push(key);
+            }
+            threads.insert(key, marks);
+            if let Some(dm) = wall_dist.get(&key) {
+                dist.insert(key, dm.clone());
+            }
+        }
+    }
+    let mut out = waits(&names, threads, &dist);
+    for w in &mut out.threads {
+        if steady.contains(&(w.pid, w.tid)) {
+            w.counted_from = CountedFrom::RecurringCollective;
+        }
+    }
+    out
 }
+
+/// The training loop's steady state in a thread's looks: from its first
+/// exit from the collective it left most often (the per-step all-reduce)
+/// to its last one (indices into `marks`). Start-up (imports, the first
+/// batch, DDP's set-up broadcast) and shutdown are left out, on every rank
+/// alike. None when it left no collective at least [`MIN_STEADY_EXITS`]
+/// times or too few looks lie between.
+fn steady_state(marks: &[(MonoNs, Option<u32>)]) -> Option<(usize, usize)> {
+    let mut exits: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
+    for (i, p) in marks.windows(2).enumerate() {
+        if let (Some(m), None) = (p[0].1, p[1].1) {
+            exits.entry(m).or_default().push(i + 1);
+        }
+    }
+    let (_, at) = exits
+        .into_iter()
+        .max_by_key(|(m, v)| (v.len(), std::cmp::Reverse(*m)))?;
+    let (lo, hi) = (*at.first()?, *at.last()?);
+    (at.len() >= MIN_STEADY_EXITS && hi - lo >= MIN_SAMPLES).then_some((lo, hi))
+}
+
+/// Exits from one collective that make a steady state.
+pub const MIN_STEADY_EXITS: usize = 3;
 
 type Marks = BTreeMap<(Pid, Tid), Vec<(MonoNs, Option<u32>)>>;
 
@@ -274,6 +334,35 @@ mod tests {
     use super::*;
 
     const MS: u64 = 1_000_000;
+
+    /// The steady state runs from the first to the last exit from the
+    /// collective left most often; a one-off collective (set-up) before it
+    /// and the shutdown after it are left out.
+    #[test]
+    fn steady_state_spans_the_recurring_collective() {
+        // 0: set-up broadcast (mark 1), then 4 steps ending in mark 0,
+        // then shutdown.
+        let m: Vec<Option<u32>> = [
+            &[Some(1), None, None][..],
+            &[None, None, None, Some(0), Some(0)][..],
+            &[None, None, None, Some(0), Some(0)][..],
+            &[None, None, None, Some(0), Some(0)][..],
+            &[None, None, None, Some(0), Some(0)][..],
+            &[None; 6][..],
+        ]
+        .concat();
+        let marks: Vec<(MonoNs, Option<u32>)> = m
+            .iter()
+            .enumerate()
+            .map(|(i, x)| (MonoNs(i as u64 * 10 * MS), *x))
+            .collect();
+        assert_eq!(steady_state(&marks), Some((8, 23)));
+        assert_eq!(
+            steady_state(&marks[..14]),
+            None,
+            "two exits are no steady state"
+        );
+    }
 
     #[test]
     fn collective_frames_are_recognised_by_function_and_file() {

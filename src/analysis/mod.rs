@@ -13,6 +13,7 @@ pub mod series;
 pub mod stacks;
 pub mod steps;
 pub mod symbols;
+pub mod waits;
 
 use std::collections::BTreeMap;
 
@@ -384,6 +385,9 @@ pub struct Analysis {
     /// Per Python thread, the time spent inside collective calls
     /// (all-reduce, barrier, ...), from the Python stack samples.
     pub collectives: collectives::Collectives,
+    /// Per thread the wall-clock sampler looked at: its wall time on a CPU
+    /// and blocked, by wait class.
+    pub waits: waits::Waits,
     /// Training steps and the slow ones.
     pub steps: steps::Steps,
     /// CPU that processes outside the job took from it.
@@ -556,6 +560,7 @@ impl Builder {
                 env: Default::default(),
                 nvtx: Default::default(),
                 collectives: Default::default(),
+                waits: Default::default(),
                 steps: Default::default(),
                 others: Default::default(),
             },
@@ -1260,6 +1265,7 @@ impl Builder {
         let exits = |pid: Pid| procs.get(&pid).and_then(|p| p.exited);
         self.a.nvtx = std::mem::take(&mut self.nvtx).finish(window, &exits, &self.a.gpu);
         self.a.collectives = collectives::analyze(&self.stack_data, window);
+        self.a.waits = waits::analyze(&self.stack_data, window);
         let step_range = opts
             .step_range
             .clone()

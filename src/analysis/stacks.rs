@@ -70,6 +70,21 @@ enum Frame {
     Marker(String),
 }
 
+/// A frame of a wall-clock sample (see [`StackData::wall_frames`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WallFrame<'a> {
+    /// A native function (`None`: not named) in a file.
+    Native {
+        name: Option<&'a str>,
+        file: &'a str,
+    },
+    Python {
+        name: &'a str,
+        file: &'a str,
+    },
+    Marker(&'a str),
+}
+
 #[derive(Clone, Copy, Debug)]
 struct RawSample {
     t: MonoNs,
@@ -346,6 +361,8 @@ pub struct StackData {
     py_nodes: HashMap<u32, (Option<u32>, u32)>,
     native: Thinned,
     python: Thinned,
+    /// The wall-clock sampler's looks at threads (native stack space).
+    wall: Thinned,
     /// Samples of one batch, reused.
     scratch: Vec<RawSample>,
     stats: Vec<StackStats>,
@@ -516,6 +533,7 @@ impl StackData {
     /// A batch of one thread's samples, into the kept samples of its kind.
     fn add_samples(&mut self, b: &SampleBatch) {
         let out = match b.kind {
+            StackKind::Native if b.source == SampleSource::Wall => &mut self.wall,
             StackKind::Native => &mut self.native,
             StackKind::Python => &mut self.python,
         };
@@ -668,6 +686,49 @@ impl StackData {
             v.sort_by_key(|x| x.0);
         }
         (names, out)
+    }
+
+    /// Every thread's wall-clock samples inside `window`, time-sorted:
+    /// (time, weight, stack id in the native space).
+    #[allow(clippy::type_complexity)]
+    pub fn wall_samples(
+        &self,
+        window: (MonoNs, MonoNs),
+    ) -> BTreeMap<(Pid, Tid), Vec<(MonoNs, u32, u32)>> {
+        let mut out: BTreeMap<(Pid, Tid), Vec<(MonoNs, u32, u32)>> = BTreeMap::new();
+        for s in &self.wall.kept {
+            if s.t >= window.0 && s.t <= window.1 {
+                out.entry((s.pid, s.tid))
+                    .or_default()
+                    .push((s.t, s.weight(), s.stack));
+            }
+        }
+        for v in out.values_mut() {
+            v.sort_by_key(|x| x.0);
+        }
+        out
+    }
+
+    /// The frames of a native-space stack, leaf first.
+    pub fn wall_frames(&self, stack: u32) -> Vec<WallFrame<'_>> {
+        let mut out = Vec::new();
+        let mut id = Some(stack);
+        while let Some(&(parent, frame)) = id.and_then(|i| self.native_nodes.get(&i)) {
+            if out.len() >= 4096 {
+                break;
+            }
+            out.push(match self.native_frames.get(&frame) {
+                Some(Frame::Native { file, .. }) => WallFrame::Native {
+                    name: self.symbols.get(&frame).map(|s| s.as_str()),
+                    file: self.files.get(file).map_or("", |f| f.as_str()),
+                },
+                Some(Frame::Python { name, file, .. }) => WallFrame::Python { name, file },
+                Some(Frame::Marker(m)) => WallFrame::Marker(m),
+                None => WallFrame::Marker("[unknown frame]"),
+            });
+            id = parent;
+        }
+        out
     }
 
     /// Whether `pid` exec'd a new program in (from, to].

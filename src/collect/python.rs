@@ -632,7 +632,7 @@ fn explain(e: &anyhow::Error) -> String {
 /// rank (a DataLoader worker, forked or spawned, inherits its rank's
 /// variables; a rank started through a shell wrapper is still a rank).
 /// None while its environment cannot be read (mid-exec, or refused).
-fn is_rank_main(pid: Pid) -> Option<bool> {
+pub(crate) fn is_rank_main(pid: Pid) -> Option<bool> {
     let env = read_rank_env(pid.0)?;
     if RankIds::from_env(&env).rank.is_none() {
         return Some(false);
@@ -651,14 +651,14 @@ fn is_rank_main(pid: Pid) -> Option<bool> {
 }
 
 /// The executable of a process ("" when it cannot be read).
-fn exe_of(pid: i32) -> String {
+pub(crate) fn exe_of(pid: i32) -> String {
     std::fs::read_link(format!("/proc/{pid}/exe"))
         .map(|p| p.to_string_lossy().into_owned())
         .unwrap_or_default()
 }
 
 /// A cheap pre-check before asking py-spy (which scans the binary).
-fn looks_like_python(pid: Pid, exe: &str) -> bool {
+pub(crate) fn looks_like_python(pid: Pid, exe: &str) -> bool {
     let base = exe.rsplit('/').next().unwrap_or("");
     if base.starts_with("python") || base.starts_with("pypy") {
         return true;

@@ -20,6 +20,7 @@ mod accounting;
 mod causes;
 mod edges;
 mod evidence;
+mod gil;
 mod others;
 pub mod ranks;
 mod rules;
@@ -45,6 +46,7 @@ pub enum FindingKind {
     CudaDriverMismatch,
     GpuNotUsed,
     StragglerRank,
+    GilContention,
     ThermalThrottling,
     PowerCapped,
     CpuLimit,
@@ -66,10 +68,11 @@ pub enum FindingKind {
 }
 
 impl FindingKind {
-    pub const ALL: [FindingKind; 21] = [
+    pub const ALL: [FindingKind; 22] = [
         FindingKind::CudaDriverMismatch,
         FindingKind::GpuNotUsed,
         FindingKind::StragglerRank,
+        FindingKind::GilContention,
         FindingKind::ThermalThrottling,
         FindingKind::PowerCapped,
         FindingKind::CpuLimit,
@@ -108,6 +111,7 @@ impl FindingKind {
             FindingKind::OtherProgramsCpu => "cpu-taken-by-other-programs",
             FindingKind::LowSampleCoverage => "low-sample-coverage",
             FindingKind::StragglerRank => "straggler-rank",
+            FindingKind::GilContention => "gil-contention",
             FindingKind::CpuLimit => "cpu-limit",
             FindingKind::HostMemoryPressure => "host-memory-pressure",
             FindingKind::WorkerRestarts => "worker-restarts",
@@ -415,6 +419,7 @@ pub fn diagnose(
     findings.extend(ranks::straggler(&rank_figures));
     let unexplained = rules::unexplained(a, &scopes, &findings);
     findings.extend(unexplained);
+    findings.extend(gil::gil_contention(a));
     findings.extend(rules::coverage_finding(a, gpu, stacks));
     support::grade(a, &tl, &scopes, gpu, &mut findings);
     // Established findings first: a possible one (too little evidence)

@@ -298,6 +298,16 @@ fn rank_steps(a: &Analysis, mains: &[&Process]) -> steps::ProcessSteps {
     })
 }
 
+/// A share of time in collectives: a wait that was seen is never shown as
+/// "0%".
+fn wait_pct(share: f64) -> String {
+    if share > 0.0 && share < 0.005 {
+        "<1%".into()
+    } else {
+        pct(share)
+    }
+}
+
 /// "rank 0", "ranks 0 and 2", "ranks 0, 2 and 3", "15 ranks".
 fn rank_list(rs: &[&RankFigures], hosts: usize) -> String {
     match rs.len() {
@@ -520,6 +530,7 @@ fn counted_from(s: &RankFigures, others: &[&RankFigures], hosts: usize) -> Strin
         (CountedFrom::FirstCollectiveStart, "from the first sample inside a collective, as no exit from one was sampled early enough: the first collective's start-up skew is included"),
         (CountedFrom::FirstDistributedSample, "from the rank's first sample in distributed code, as no collective was sampled early enough: set-up and start-up skew are included"),
         (CountedFrom::FirstSample, "from the rank's first sample, as it was never sampled in distributed code (none of its time was seen in a collective)"),
+        (CountedFrom::RecurringCollective, "over the training loop's steady state: from the first to the last exit from the collective the rank's main thread left most often"),
     ] {
         let rs: Vec<&RankFigures> = all
             .iter()
@@ -544,9 +555,12 @@ fn finding(method: Method, s: &RankFigures, others: &[&RankFigures], hosts: usiz
         Method::Waits => {
             let own = s.collective_share.unwrap_or(0.0);
             let mut lost = 0.0;
+            let mut each = Vec::new();
             for r in others {
-                lost += (r.collective_share.unwrap_or(0.0) - own).max(0.0)
+                let l = (r.collective_share.unwrap_or(0.0) - own).max(0.0)
                     * r.collective_sampled_s.unwrap_or(0.0);
+                lost += l;
+                each.push(format!("{} lost {l:.1} s", r.name(hosts)));
             }
             let med = median(
                 others
@@ -568,14 +582,15 @@ fn finding(method: Method, s: &RankFigures, others: &[&RankFigures], hosts: usiz
                 ("their", "they")
             };
             ev.push(format!(
-                "{} spent {} of {whose} time inside collective calls ({}), {name} only {}: {they} waited for {name}, {lost:.1} s in all ({}).",
+                "{} spent {} of {whose} time inside collective calls ({}), {name} only {}: {they} waited for {name}, {lost:.1} s in all ({}; {}).",
                 capitalize(&rank_list(others, hosts)),
-                pct(med),
+                wait_pct(med),
                 if fns.is_empty() { "collectives".to_string() } else { fns.join(", ") },
-                pct(own),
+                wait_pct(own),
+                each.join(", "),
                 counted_from(s, others, hosts),
             ));
-            (lost, "the other ranks' time inside collective calls beyond the straggler's own, from Python stack samples (each sample counts until the thread's next one)")
+            (lost, "the other ranks' time inside collective calls beyond the straggler's own, from stack samples of their main threads: the wall-clock sampler's (blocked threads' native and Python frames, which see DDP's all-reduce inside backward), else py-spy's Python stacks (each sample counts until the thread's next one)")
         }
         Method::GpuIdle => {
             let idle = s.gpu_idle_share().unwrap_or(0.0);
@@ -704,7 +719,7 @@ pub fn summary_lines(ranks: &[RankFigures]) -> Vec<String> {
             if let Some(c) = r.collective_share {
                 parts.push(format!(
                     "in collectives {}{}",
-                    pct(c),
+                    wait_pct(c),
                     r.collective_functions
                         .first()
                         .map(|f| format!(" (`{f}`)"))

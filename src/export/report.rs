@@ -358,8 +358,57 @@ pub fn build(a: &Analysis) -> Value {
         "nvtx": super::report_nvtx::nvtx(a),
         "steps": super::report_nvtx::steps(a),
         "other_programs": &a.others,
+        "waits": waits(a),
         "profiler": profiler,
         "warnings": a.warnings,
+    })
+}
+
+/// Where the threads the wall-clock sampler looked at spent their wall
+/// time: on a CPU, blocked by wait class, or unknown (reads dropped).
+/// Null when no thread was looked at (no perf, or an older recording):
+/// not measured, which is not 0%.
+fn waits(a: &Analysis) -> Value {
+    if a.waits.threads.is_empty() {
+        return Value::Null;
+    }
+    let share = |c: &crate::analysis::waits::ClassTime| json!({"share": r(c.share, 3), "seconds": r(c.seconds, 3), "samples": c.samples});
+    let threads: Vec<Value> = a
+        .waits
+        .threads
+        .iter()
+        .take(MAX_THREADS)
+        .map(|t| {
+            let classes: Map<String, Value> = t
+                .waits
+                .iter()
+                .map(|(k, v)| {
+                    let key = serde_json::to_value(k)
+                        .ok()
+                        .and_then(|v| v.as_str().map(String::from))
+                        .unwrap_or_default();
+                    (key, share(v))
+                })
+                .collect();
+            json!({
+                "pid": t.pid.0,
+                "tid": t.tid.0,
+                "process": a.processes.get(&t.pid).map(|p| p.label()),
+                "main_thread": t.pid.0 == t.tid.0,
+                "samples": t.samples,
+                "span_s": r(t.span_s, 3),
+                "counted_over": if t.steady { "steady_state" } else { "thread_life" },
+                "on_cpu": share(&t.on_cpu),
+                "unknown": share(&t.unknown),
+                "blocked": classes,
+                "other_top": t.other_top.iter().map(|(f, n)| json!({"frames": f, "samples": n})).collect::<Vec<_>>(),
+                "gil_holders": t.gil_holders.iter().map(|(h, s)| json!({"holder": h, "seconds": r(*s, 3)})).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    json!({
+        "method": "wall-clock sampler: each tick reads a thread's /proc syscall file; a blocked thread's stack is copied and unwound, its Python frames read with py-spy, and the read dropped if the thread ran meanwhile; shares are counts of looks (estimates, ± about sqrt(n)/N)",
+        "threads": threads,
     })
 }
 

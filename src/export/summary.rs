@@ -116,6 +116,10 @@ pub fn sections(a: &Analysis) -> Vec<(String, Vec<String>)> {
     if !nvtx.is_empty() {
         out.push(("NVTX ranges".to_string(), nvtx));
     }
+    let waits = wait_lines(a);
+    if !waits.is_empty() {
+        out.push(("Where the loop waits".to_string(), waits));
+    }
 
     // Busiest threads by CPU time.
     let mut threads: Vec<(f64, String)> = Vec::new();
@@ -348,4 +352,77 @@ pub fn terminal(a: &Analysis, d: &Diagnosis) -> String {
         }
     }
     s
+}
+
+/// One line per process main thread the wall-clock sampler looked at
+/// (workers' loops and launchers are left out): its wall time on a CPU and
+/// blocked by wait class, most first. Without looks there is no line: the
+/// waits were not measured (the "Not measured" section says why perf was
+/// unavailable), which is not 0%.
+fn wait_lines(a: &Analysis) -> Vec<String> {
+    let mut out = Vec::new();
+    for t in &a.waits.threads {
+        let Some(p) = a.processes.get(&t.pid) else {
+            continue;
+        };
+        if t.pid.0 != t.tid.0 || p.role != Role::Main {
+            continue;
+        }
+        let mut parts: Vec<(f64, String)> = t
+            .waits
+            .iter()
+            .filter(|(_, c)| c.samples > 0)
+            .map(|(k, c)| (c.share, format!("{} {}", k.label(), share_text(c.share))))
+            .collect();
+        parts.sort_by(|x, y| y.0.total_cmp(&x.0));
+        let mut text = vec![format!("on a CPU {}", share_text(t.on_cpu.share))];
+        text.extend(parts.into_iter().map(|p| p.1));
+        if t.unknown.samples > 0 {
+            text.push(format!("unknown {}", share_text(t.unknown.share)));
+        }
+        // What the largest wait means for the loop, when it is a class
+        // that says it.
+        let verdict = t
+            .waits
+            .iter()
+            .max_by(|x, y| x.1.share.total_cmp(&y.1.share))
+            .filter(|(_, c)| c.share >= 0.2)
+            .and_then(|(k, _)| match k {
+                crate::analysis::waits::WaitClass::GpuSync => {
+                    Some(" GPU-bound: the loop mostly waits for the GPU.")
+                }
+                crate::analysis::waits::WaitClass::NextBatch => {
+                    Some(" Input-bound: the loop mostly waits for its next batch.")
+                }
+                crate::analysis::waits::WaitClass::Collective => {
+                    Some(" It mostly waits for the other ranks (see the ranks).")
+                }
+                crate::analysis::waits::WaitClass::Gil => {
+                    Some(" It mostly waits for the GIL (see gil-contention).")
+                }
+                _ => None,
+            })
+            .unwrap_or("");
+        let counted = if t.steady {
+            "loop's steady state"
+        } else {
+            "its life"
+        };
+        out.push(format!(
+            "{} main thread ({:.1} s, {counted}): {}.{verdict}",
+            p.label(),
+            t.span_s,
+            text.join(", ")
+        ));
+    }
+    out
+}
+
+/// A share of time: a figure that was seen is never "0%".
+fn share_text(x: f64) -> String {
+    if x > 0.0 && x < 0.005 {
+        "<1%".into()
+    } else {
+        format!("{:.0}%", x * 100.0)
+    }
 }

@@ -12,6 +12,8 @@
 //! [`PerfSampler::stop`] (after the job ended) drains what is left and names
 //! the last frames.
 
+mod dump;
+pub mod offcpu;
 mod perfmap;
 pub mod pyagent;
 mod ring;
@@ -25,6 +27,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+pub use dump::dump;
 pub use ring::{online_cpus, parse_cpu_list, perf_event_paranoid, ring_bytes_for, OpenError};
 
 use nix::sys::eventfd::{EfdFlags, EventFd};
@@ -145,6 +148,11 @@ pub struct PerfOptions {
     /// Python frames of the same instant from the in-process agent
     /// (`--python-frames same-instant`, the default); else py-spy alone.
     pub same_instant_python: bool,
+    /// `--hang-after`: write a hang report when every loop thread has been
+    /// blocked this long (None: off).
+    pub hang_after: Option<Duration>,
+    /// Where hang reports go (the output folder), set when recording.
+    pub hang_dir: Option<PathBuf>,
 }
 
 impl Default for PerfOptions {
@@ -153,6 +161,8 @@ impl Default for PerfOptions {
             frequency: DEFAULT_FREQUENCY,
             stack_size: DEFAULT_STACK_SIZE,
             same_instant_python: true,
+            hang_after: None,
+            hang_dir: None,
         }
     }
 }
@@ -385,8 +395,16 @@ fn own_perf_map(pid: Pid, t: Option<MonoNs>) -> perfmap::SharedMap {
 enum FrameKey {
     Native(u32, u64),
     Py(u32, bool),
+    /// A Python function read with py-spy for a blocked thread (index into
+    /// the reader's `py_names`, entry).
+    PyNamed(u32, bool),
     Marker(&'static str),
 }
+
+/// Wall-clock samples of a thread on a CPU (perf and the agent have its
+/// stack) and of a blocked thread whose read raced its waking up.
+pub const MARKER_ON_CPU: &str = "[on cpu]";
+pub const MARKER_RACED: &str = "[blocked: woke while read, dropped]";
 
 /// Markers of agent samples whose Python frames are missing or cut.
 pub const MARKER_UNREADABLE: &str = "[python: unreadable]";
@@ -454,6 +472,12 @@ struct Reader {
     /// Counts samples: perf maps are read at most once per sample.
     sample_gen: u64,
     symbols: symbolize::Streamer,
+    wall: Option<offcpu::WallSampler>,
+    /// Per thread, the stack of its last blocked wall-clock sample.
+    wall_last: HashMap<Tid, (u32, bool)>,
+    /// Python functions of blocked threads: (name, file), and their index.
+    py_names: Vec<(String, String)>,
+    py_name_ids: HashMap<(String, String), u32>,
 }
 
 /// After attaching, the tree is listed again this long after the events
@@ -479,11 +503,25 @@ fn queue_name(
     }
 }
 
-fn frame_event(id: u32, key: &FrameKey, rings: &AgentRings) -> Event {
+fn frame_event(
+    id: u32,
+    key: &FrameKey,
+    rings: Option<&AgentRings>,
+    py_names: &[(String, String)],
+) -> Event {
     match *key {
+        FrameKey::PyNamed(i, entry) => {
+            let (name, file) = &py_names[i as usize];
+            Event::InlinePyFrame {
+                id,
+                name: name.clone(),
+                file: file.clone(),
+                entry,
+            }
+        }
         FrameKey::Native(file, offset) => Event::NativeFrame { id, file, offset },
         FrameKey::Py(name, entry) => {
-            let (name, file) = rings.name(name);
+            let (name, file) = rings.expect("agent frames come with the agent").name(name);
             Event::InlinePyFrame {
                 id,
                 name: name.to_string(),
@@ -502,6 +540,12 @@ impl Reader {
     fn new(opened: Opened, sink: Sink, news: Arc<TreeNews>, agent: Option<AgentLink>) -> Reader {
         let mut files = Files::default();
         let unknown_file = files.id_of("[unknown]");
+        let mut wall =
+            offcpu::WallSampler::new(opened.job, opened.opts.frequency, opened.opts.stack_size);
+        if let (Some(after), Some(dir)) = (opened.opts.hang_after, &opened.opts.hang_dir) {
+            wall.watch_hangs(after, dir.clone());
+        }
+        let wall = Some(wall);
         let mut r = Reader {
             rings: opened.rings,
             job: opened.job,
@@ -533,6 +577,10 @@ impl Reader {
             jit_names: HashMap::new(),
             sample_gen: 0,
             symbols: symbolize::Streamer::start(sink.clone()),
+            wall,
+            wall_last: HashMap::new(),
+            py_names: Vec::new(),
+            py_name_ids: HashMap::new(),
             sink,
         };
         r.announce_files();
@@ -576,6 +624,13 @@ impl Reader {
             let drain_start = MonoNs::now();
             let work = Instant::now();
             self.drain(stopping);
+            if !stopping {
+                if let Some(w) = self.wall.as_mut() {
+                    let mut looks = Vec::new();
+                    w.tick(&mut looks);
+                    self.pending.extend(looks.into_iter().map(Record::Wall));
+                }
+            }
             let horizon = if stopping {
                 MonoNs(u64::MAX)
             } else {
@@ -610,6 +665,11 @@ impl Reader {
                 Some(a) if a.rings.eager() => AGENT_POLL_TIMEOUT_MS,
                 Some(_) => AGENT_SLOW_POLL_MS,
                 None => POLL_TIMEOUT_MS,
+            };
+            // Wake for the wall-clock sampler's next tick.
+            let timeout = match &self.wall {
+                Some(w) => timeout.min(w.due_in().as_millis() as i32 + 1),
+                None => timeout,
             };
             // Last: the ring indices above stay those of `idx`.
             fds.push(libc::pollfd {
@@ -729,6 +789,7 @@ impl Reader {
     fn process(&mut self, r: Record) {
         match r {
             Record::Sample(s) => self.sample(s),
+            Record::Wall(w) => self.wall_record(w),
             Record::Covered { pid, tid, t } => self.covered_sample(pid, tid, t),
             Record::Mmap2(m) => {
                 let pm = self.procs.entry(m.pid).or_default();
@@ -993,13 +1054,14 @@ impl Reader {
         );
         let rings = &self.agent.as_ref().expect("agent present").rings;
         let (symbols, paths, jit) = (&self.symbols, &self.paths, &self.jit_names);
+        let py_names = &self.py_names;
         let stack = self
             .interner
             .stack_of(tid, &self.keys_buf, &self.sink, |id, k| {
                 if let FrameKey::Native(file, offset) = *k {
                     queue_name(symbols, paths, jit, id, file, offset);
                 }
-                frame_event(id, k, rings)
+                frame_event(id, k, Some(rings), py_names)
             });
         if let Some(stack) = stack {
             self.interner.sample_from(
@@ -1097,6 +1159,111 @@ impl Reader {
         }
     }
 
+    /// A wall-clock look at a thread, as a sample of the `Wall` source:
+    /// the blocked thread's Python frames, its native stack and a marker
+    /// naming its system call; a one-marker stack when it was on a CPU or
+    /// its read was dropped.
+    fn wall_record(&mut self, w: offcpu::WallRecord) {
+        use offcpu::WallRecord as W;
+        let (pid, tid, t, marker) = match &w {
+            W::Running { pid, tid, t } => (*pid, *tid, *t, MARKER_ON_CPU),
+            W::Raced { pid, tid, t } => (*pid, *tid, *t, MARKER_RACED),
+            W::Repeat { pid, tid, t } => match self.wall_last.get(tid) {
+                Some(&(stack, complete)) => {
+                    self.interner.sample_from(
+                        SampleSource::Wall,
+                        *pid,
+                        *tid,
+                        *t,
+                        stack,
+                        complete,
+                        &self.sink,
+                    );
+                    return;
+                }
+                None => (*pid, *tid, *t, MARKER_RACED),
+            },
+            W::Blocked(_) => (Pid(0), Tid(0), MonoNs(0), ""),
+        };
+        let W::Blocked(b) = w else {
+            let id = self
+                .interner
+                .frame(&FrameKey::Marker(marker), &self.sink, |id, _| {
+                    Event::StackMarker {
+                        id,
+                        marker: marker.to_string(),
+                    }
+                });
+            if let Some(stack) = self.interner.stack(&[id], &self.sink) {
+                self.interner
+                    .sample_from(SampleSource::Wall, pid, tid, t, stack, true, &self.sink);
+            }
+            return;
+        };
+        let (pid, tid, t) = (b.sample.pid, b.sample.tid, b.sample.t);
+        self.sample_gen += 1;
+        self.prepare_maps(pid);
+        let pm = self.procs.get_mut(&pid).expect("prepared");
+        let files = &mut self.files;
+        let Some(u) = unwind::unwind(
+            pm,
+            &mut self.cache,
+            &b.sample,
+            self.unknown_file,
+            self.sample_gen,
+            &mut |path| files.id_of_text(path),
+        ) else {
+            return;
+        };
+        for (i, _, e) in &u.jit {
+            self.jit_names
+                .entry(u.frames[*i])
+                .or_insert_with(|| e.name.clone());
+        }
+        self.announce_files();
+        self.keys_buf.clear();
+        for (name, file, entry) in b.py.into_iter().flatten() {
+            let key = (name, file);
+            let next = self.py_names.len() as u32;
+            let i = *self.py_name_ids.entry(key.clone()).or_insert(next);
+            if i == next {
+                self.py_names.push(key);
+            }
+            self.keys_buf.push(FrameKey::PyNamed(i, entry));
+        }
+        self.keys_buf.extend(
+            u.frames
+                .iter()
+                .rev()
+                .map(|&(f, o)| FrameKey::Native(f, o))
+                .chain(std::iter::once(FrameKey::Marker(b.marker)))
+                .chain(b.gil_holder.map(FrameKey::Marker)),
+        );
+        let rings = self.agent.as_ref().map(|a| &a.rings);
+        let (symbols, paths, jit) = (&self.symbols, &self.paths, &self.jit_names);
+        let py_names = &self.py_names;
+        let stack = self
+            .interner
+            .stack_of(tid, &self.keys_buf, &self.sink, |id, k| {
+                if let FrameKey::Native(file, offset) = *k {
+                    queue_name(symbols, paths, jit, id, file, offset);
+                }
+                frame_event(id, k, rings, py_names)
+            });
+        if let Some(stack) = stack {
+            self.wall_last.insert(tid, (stack, u.complete));
+            self.interner.sample_from(
+                SampleSource::Wall,
+                pid,
+                tid,
+                t,
+                stack,
+                u.complete,
+                &self.sink,
+            );
+        }
+    }
+
     fn finish(mut self) -> StackStats {
         // Name the frames still queued; the symbolizer thread's CPU time is
         // the sampler's too.
@@ -1113,6 +1280,13 @@ impl Reader {
             self.rings.ring_bytes / 1024,
             self.job
         );
+        if let Some(w) = &self.wall {
+            let w = &w.stats;
+            s.detail.push_str(&format!(
+                "; wall-clock sampler: {} looks at threads, {} on a CPU, {} blocked ({} read, {} unchanged since their previous read), {} reads dropped (the thread woke while read), {} blocked samples without Python frames",
+                w.looks, w.running, w.blocked + w.repeated, w.blocked, w.repeated, w.raced, w.py_missing
+            ));
+        }
         if let Some(a) = self.agent.take() {
             let dropped = a.rings.dropped();
             for (pid, p) in a.procs {

@@ -407,6 +407,8 @@ pub fn ring_bytes_for(frequency: u64, stack_size: u32) -> usize {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Record {
     Sample(Sample),
+    /// A look at a thread by the wall-clock sampler (blocked threads).
+    Wall(super::offcpu::WallRecord),
     Mmap2(Mmap2),
     Comm {
         pid: Pid,
@@ -449,6 +451,7 @@ impl Record {
     pub fn time(&self) -> MonoNs {
         match self {
             Record::Sample(s) => s.t,
+            Record::Wall(w) => w.time(),
             Record::Mmap2(m) => m.t,
             Record::Comm { t, .. }
             | Record::Fork { t, .. }

@@ -31,7 +31,7 @@ const BATCH_EVERY: Duration = Duration::from_millis(500);
 /// Names per `symbols` event.
 const CHUNK: usize = 2048;
 
-fn symbolizer() -> Symbolizer {
+pub(super) fn symbolizer() -> Symbolizer {
     Symbolizer::builder()
         .enable_code_info(false)
         .enable_inlined_fns(false)
@@ -41,7 +41,7 @@ fn symbolizer() -> Symbolizer {
 
 /// Names for `(frame id, offset)` lists grouped by file path. Returns
 /// (frame id, name) for every frame that could be named.
-fn symbolize_with(
+pub(super) fn symbolize_with(
     symbolizer: &Symbolizer,
     by_file: &BTreeMap<String, Vec<(u32, u64)>>,
 ) -> Vec<(u32, String)> {

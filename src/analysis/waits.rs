@@ -1,0 +1,539 @@
+//! Where threads wait: the wall-clock sampler's looks at each thread
+//! (`collect::perf::offcpu`), each one on a CPU or blocked with a stack,
+//! and each blocked one put in a wait class from its stack.
+//!
+//! The sampler looks at a thread at regular ticks whatever it is doing;
+//! each look stands for the time until the next one, so the time of the
+//! looks that fall in a class estimates the wall time spent there (from a
+//! count of samples: ± about `sqrt(n)/N` of the time counted).
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use super::stacks::{StackData, WallFrame};
+use crate::event::{MonoNs, Pid, Tid};
+
+/// Why a blocked thread was blocked, from its stack.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WaitClass {
+    /// Waiting for the GIL (`take_gil`, `PyEval_RestoreThread`).
+    Gil,
+    /// Inside a collective: gloo, NCCL, `torch.distributed` (c10d), DDP's
+    /// reducer waiting for the gradient all-reduce inside `backward`.
+    Collective,
+    /// Waiting for the GPU: CUDA synchronization, a copy to the host,
+    /// `.item()`.
+    GpuSync,
+    /// Waiting for the next batch: the DataLoader's queue, a `queue.Queue`
+    /// or a `multiprocessing` pipe.
+    NextBatch,
+    /// Reading, writing, syncing or opening a regular file.
+    FileIo,
+    /// Sleeping (`time.sleep`, `nanosleep`).
+    Sleep,
+    /// Blocked elsewhere (its top frames are listed).
+    Other,
+}
+
+impl WaitClass {
+    pub fn label(&self) -> &'static str {
+        match self {
+            WaitClass::Gil => "GIL",
+            WaitClass::Collective => "collective",
+            WaitClass::GpuSync => "GPU synchronization",
+            WaitClass::NextBatch => "next batch",
+            WaitClass::FileIo => "file IO",
+            WaitClass::Sleep => "sleep",
+            WaitClass::Other => "other",
+        }
+    }
+}
+
+const GIL: &[&str] = &[
+    "take_gil",
+    "PyEval_RestoreThread",
+    "PyEval_AcquireThread",
+    "PyGILState_Ensure",
+];
+const COLLECTIVE_NATIVE: &[&str] = &[
+    "gloo::",
+    "c10d::",
+    "nccl",
+    "ProcessGroupGloo",
+    "ProcessGroupNCCL",
+];
+/// Background threads of communication libraries, idle between requests.
+const IDLE_LOOPS: &[&str] = &["runLoop", "Daemon", "Loop::run", "::Loop::", "StoreDaemon"];
+const GPU_NATIVE: &[&str] = &[
+    "cudaStreamSynchronize",
+    "cudaEventSynchronize",
+    "cudaDeviceSynchronize",
+    "cuStreamSynchronize",
+    "cuEventSynchronize",
+    "cuCtxSynchronize",
+    "cudaMemcpy",
+    "cuMemcpyDtoH",
+    "_local_scalar_dense",
+];
+const GPU_LIBS: &[&str] = &["libcuda.so", "libcudart.so"];
+/// Python functions (name, file fragment) that wait for the GPU.
+const GPU_PY: &[(&str, &str)] = &[
+    ("synchronize", "torch/cuda/"),
+    ("synchronize", "cupy/cuda/"),
+];
+/// Python functions (name, file fragment) that wait for the next batch.
+const BATCH_PY: &[(&str, &str)] = &[
+    ("_next_data", "torch/utils/data/"),
+    ("_get_data", "torch/utils/data/"),
+    ("_try_get_data", "torch/utils/data/"),
+    ("get", "/queue.py"),
+    ("get", "multiprocessing/queues.py"),
+    ("recv", "multiprocessing/connection.py"),
+    ("recv_bytes", "multiprocessing/connection.py"),
+    ("poll", "multiprocessing/connection.py"),
+];
+
+/// The class of a blocked stack (frames leaf first), and for a collective
+/// the function it waits in (a Python collective's name, or the native
+/// waiter's).
+pub fn classify(frames: &[WallFrame]) -> (WaitClass, Option<String>) {
+    let native = |pats: &[&str]| {
+        frames.iter().find_map(|f| match f {
+            WallFrame::Native { name: Some(n), .. } if pats.iter().any(|p| n.contains(p)) => {
+                Some(*n)
+            }
+            _ => None,
+        })
+    };
+    let py = |pats: &[(&str, &str)]| {
+        frames.iter().find_map(|f| match f {
+            WallFrame::Python { name, file }
+                if pats
+                    .iter()
+                    .any(|(n, p)| short_name(name) == *n && file.contains(p)) =>
+            {
+                Some(*name)
+            }
+            _ => None,
+        })
+    };
+    if native(GIL).is_some() {
+        return (WaitClass::Gil, None);
+    }
+    let py_collective = frames.iter().find_map(|f| match f {
+        WallFrame::Python { name, file }
+            if super::collectives::is_collective_frame(short_name(name), file) =>
+        {
+            Some(short_name(name).to_string())
+        }
+        _ => None,
+    });
+    if let Some(n) = py_collective {
+        return (WaitClass::Collective, Some(n));
+    }
+    // A communication library's own event loop or store server waits for
+    // work, not for a collective.
+    if native(IDLE_LOOPS).is_some() {
+        return (WaitClass::Other, None);
+    }
+    if let Some(n) = native(COLLECTIVE_NATIVE) {
+        let label = if n.contains("Reducer") {
+            "DDP gradient all-reduce (c10d::Reducer, inside backward)".to_string()
+        } else {
+            short_native(n)
+        };
+        return (WaitClass::Collective, Some(label));
+    }
+    let gpu_lib = frames.iter().any(|f| {
+        matches!(f, WallFrame::Native { file, .. } if GPU_LIBS.iter().any(|l| file.contains(l)))
+    });
+    if native(GPU_NATIVE).is_some() || gpu_lib || py(GPU_PY).is_some() {
+        return (WaitClass::GpuSync, None);
+    }
+    if py(BATCH_PY).is_some() {
+        return (WaitClass::NextBatch, None);
+    }
+    let marker = frames.iter().find_map(|f| match f {
+        WallFrame::Marker(m) if m.starts_with("[syscall:") => Some(*m),
+        _ => None,
+    });
+    if marker.is_some_and(|m| m.contains("regular file")) {
+        return (WaitClass::FileIo, None);
+    }
+    if marker.is_some_and(|m| m.contains("nanosleep")) {
+        return (WaitClass::Sleep, None);
+    }
+    (WaitClass::Other, None)
+}
+
+/// A function's name without its class (py-spy gives qualified names from
+/// 3.11 on: `Queue.get`).
+fn short_name(name: &str) -> &str {
+    name.rsplit('.').next().unwrap_or(name)
+}
+
+/// `c10d::ProcessGroupGloo::AsyncWork::wait()` → `c10d::ProcessGroupGloo::AsyncWork::wait`.
+fn short_native(n: &str) -> String {
+    let n = n.split('(').next().unwrap_or(n);
+    n.chars().take(80).collect()
+}
+
+/// One class's time in a thread.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ClassTime {
+    pub samples: u64,
+    pub share: f64,
+    pub seconds: f64,
+}
+
+/// A thread's wall time, by where it was.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ThreadWall {
+    pub pid: Pid,
+    pub tid: Tid,
+    /// Looks at the thread counted, and the seconds they span.
+    pub samples: u64,
+    pub span_s: f64,
+    /// Counted over its loop's steady state (see [`steady_span`]), else
+    /// over its whole life.
+    pub steady: bool,
+    /// Looks that found it on a CPU.
+    pub on_cpu: ClassTime,
+    /// Looks whose read was dropped (it woke while read): unknown.
+    pub unknown: ClassTime,
+    /// Blocked looks by class (classes it never waited in are absent).
+    pub waits: BTreeMap<WaitClass, ClassTime>,
+    /// For `other`: its most frequent top frames, with their looks.
+    pub other_top: Vec<(String, u64)>,
+    /// While it waited for the GIL: which thread held it, in which Python
+    /// function ("thread TID in FUNCTION (FILE)", or "not read"), with
+    /// seconds, most first.
+    pub gil_holders: Vec<(String, f64)>,
+}
+
+/// Every sampled thread's wall time.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Waits {
+    pub threads: Vec<ThreadWall>,
+}
+
+impl Waits {
+    pub fn thread(&self, pid: Pid, tid: Tid) -> Option<&ThreadWall> {
+        self.threads.iter().find(|t| t.pid == pid && t.tid == tid)
+    }
+}
+
+/// Looks fewer than this make no figures (a thread seen a handful of times).
+pub const MIN_LOOKS: u64 = 10;
+
+pub fn analyze(d: &StackData, window: (MonoNs, MonoNs)) -> Waits {
+    let mut out = Waits::default();
+    for ((pid, tid), samples) in d.wall_samples(window) {
+        let mut cache: BTreeMap<u32, Slot> = BTreeMap::new();
+        let slots: Vec<(MonoNs, u64, Slot)> = samples
+            .iter()
+            .map(|&(t, weight, stack)| {
+                let slot = cache
+                    .entry(stack)
+                    .or_insert_with(|| slot_of(d, stack))
+                    .clone();
+                (t, weight as u64, slot)
+            })
+            .collect();
+        let (lo, hi, steady) = match steady_span(&slots) {
+            Some((lo, hi)) => (lo, hi, true),
+            None => (0, slots.len(), false),
+        };
+        let slots = &slots[lo..hi];
+        let total: u64 = slots.iter().map(|s| s.1).sum();
+        if total < MIN_LOOKS {
+            continue;
+        }
+        // Each look stands for the time until the next one (capped at
+        // twice the median gap, so a pause of the sampler is not counted):
+        // a tick delayed by an expensive read (a blocked thread's stack
+        // and Python frames) does not shift time towards the cheap looks.
+        let mut gaps: Vec<u64> = slots.windows(2).map(|p| p[1].0 .0 - p[0].0 .0).collect();
+        gaps.sort_unstable();
+        let median = gaps.get(gaps.len() / 2).copied().unwrap_or(0);
+        let cap = (2 * median).max(1_000_000);
+        let weight_of = |i: usize| -> u64 {
+            slots
+                .get(i + 1)
+                .map_or(median.min(cap), |n| (n.0 .0 - slots[i].0 .0).min(cap))
+        };
+        let total_ns: u64 = (0..slots.len()).map(weight_of).sum::<u64>().max(1);
+        let span_s = match (slots.first(), slots.last()) {
+            (Some(a), Some(b)) => (b.0 .0 - a.0 .0) as f64 / 1e9,
+            _ => 0.0,
+        };
+        let mut w = ThreadWall {
+            pid,
+            tid,
+            samples: total,
+            span_s,
+            steady,
+            ..Default::default()
+        };
+        let mut other: BTreeMap<String, u64> = BTreeMap::new();
+        let mut holders: BTreeMap<String, f64> = BTreeMap::new();
+        for (i, (_, n, slot)) in slots.iter().enumerate() {
+            let c = match slot {
+                Slot::OnCpu => &mut w.on_cpu,
+                Slot::Unknown => &mut w.unknown,
+                Slot::Blocked(class, top, holder) => {
+                    if *class == WaitClass::Other {
+                        *other.entry(top.clone()).or_default() += n;
+                    }
+                    if *class == WaitClass::Gil {
+                        let h = holder.clone().unwrap_or_else(|| "not read".into());
+                        *holders.entry(h).or_default() += weight_of(i) as f64 / 1e9;
+                    }
+                    w.waits.entry(*class).or_default()
+                }
+            };
+            c.samples += n;
+            c.seconds += weight_of(i) as f64 / 1e9;
+        }
+        let fill = |c: &mut ClassTime| {
+            c.share = c.seconds * 1e9 / total_ns as f64;
+        };
+        fill(&mut w.on_cpu);
+        fill(&mut w.unknown);
+        w.waits.values_mut().for_each(fill);
+        let mut top: Vec<(String, u64)> = other.into_iter().collect();
+        top.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        top.truncate(5);
+        w.other_top = top;
+        let mut holders: Vec<(String, f64)> = holders.into_iter().collect();
+        holders.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        holders.truncate(5);
+        w.gil_holders = holders;
+        out.threads.push(w);
+    }
+    out
+}
+
+/// Where one look found a thread.
+#[derive(Clone, Debug, PartialEq)]
+enum Slot {
+    OnCpu,
+    /// Its read was dropped (it woke while read).
+    Unknown,
+    /// Blocked: its class, its top frames, and the thread that held the
+    /// GIL meanwhile (its marker), if another did.
+    Blocked(WaitClass, String, Option<String>),
+}
+
+/// Entries into one wait class that make a loop.
+pub const MIN_STEADY_ENTRIES: usize = 3;
+
+/// A loop's steady state: from the first to the last look in the wait
+/// class the thread entered most often (a loop waits for its batch, its
+/// collective or its GPU once per step), leaving out start-up (imports,
+/// set-up) and shutdown. None when no class was entered
+/// [`MIN_STEADY_ENTRIES`] times.
+fn steady_span(slots: &[(MonoNs, u64, Slot)]) -> Option<(usize, usize)> {
+    let class = |s: &Slot| match s {
+        Slot::Blocked(c, _, _) if *c != WaitClass::Other => Some(*c),
+        _ => None,
+    };
+    let mut entries: BTreeMap<WaitClass, (usize, usize, usize)> = BTreeMap::new();
+    let mut prev = None;
+    for (i, s) in slots.iter().enumerate() {
+        let c = class(&s.2);
+        if let Some(c) = c {
+            let e = entries.entry(c).or_insert((0, i, i));
+            if prev != Some(c) {
+                e.0 += 1;
+            }
+            e.2 = i;
+        }
+        prev = c;
+    }
+    let (_, (n, first, last)) = entries
+        .into_iter()
+        .max_by_key(|(c, e)| (e.0, std::cmp::Reverse(*c)))?;
+    (n >= MIN_STEADY_ENTRIES).then_some((first, last + 1))
+}
+
+fn slot_of(d: &StackData, stack: u32) -> Slot {
+    match class_of(d, stack) {
+        Some((c, top, holder)) => Slot::Blocked(c, top, holder),
+        None => {
+            let f = d.wall_frames(stack);
+            if matches!(f.first(), Some(WallFrame::Marker(m)) if *m == crate::collect::perf::MARKER_ON_CPU)
+            {
+                Slot::OnCpu
+            } else {
+                Slot::Unknown
+            }
+        }
+    }
+}
+
+/// The class of a wall-clock stack, or None for a one-marker stack (on a
+/// CPU, or a dropped read); with its top frames for `other`.
+fn class_of(d: &StackData, stack: u32) -> Option<(WaitClass, String, Option<String>)> {
+    let f = d.wall_frames(stack);
+    if f.len() <= 1 && matches!(f.first(), Some(WallFrame::Marker(_)) | None) {
+        return None;
+    }
+    let (c, _) = classify(&f);
+    let holder = f.iter().find_map(|x| match x {
+        WallFrame::Marker(m) => m
+            .strip_prefix(crate::collect::perf::offcpu::GIL_MARKER_PREFIX)
+            .map(|h| format!("thread {}", h.trim_end_matches(']'))),
+        _ => None,
+    });
+    Some((c, top_frames(&f), holder))
+}
+
+/// The innermost Python function, then the native leaf function and the
+/// system call: "get_item (dataset.py) ← read ← [syscall: read]".
+pub fn top_frames(f: &[WallFrame]) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    if let Some(m) = f.iter().find_map(|x| match x {
+        WallFrame::Marker(m) if !m.starts_with("[gil held") => Some(m),
+        _ => None,
+    }) {
+        parts.push(m.to_string());
+    }
+    if let Some(n) = f.iter().find_map(|x| match x {
+        WallFrame::Native { name: Some(n), .. } => Some(short_native(n)),
+        _ => None,
+    }) {
+        parts.push(n);
+    }
+    if let Some(p) = f.iter().find_map(|x| match x {
+        WallFrame::Python { name, file } => Some(format!(
+            "{name} ({})",
+            file.rsplit('/').next().unwrap_or(file)
+        )),
+        _ => None,
+    }) {
+        parts.push(p);
+    }
+    parts.reverse();
+    parts.join(" ← ")
+}
+
+/// Per thread, its looks marked with the collective it was in (an index
+/// into the returned names), for `analysis::collectives`; and marked with
+/// whether it was in distributed code at all.
+#[allow(clippy::type_complexity)]
+pub fn collective_marks(
+    d: &StackData,
+    window: (MonoNs, MonoNs),
+) -> (
+    Vec<String>,
+    BTreeMap<(Pid, Tid), Vec<(MonoNs, Option<u32>)>>,
+    BTreeMap<(Pid, Tid), Vec<(MonoNs, Option<u32>)>>,
+) {
+    let mut names: Vec<String> = Vec::new();
+    let mut marks = BTreeMap::new();
+    let mut dist = BTreeMap::new();
+    let mut cache: BTreeMap<u32, (Option<u32>, bool)> = BTreeMap::new();
+    for (key, samples) in d.wall_samples(window) {
+        let mut m = Vec::with_capacity(samples.len());
+        let mut dm = Vec::with_capacity(samples.len());
+        for &(t, _, stack) in &samples {
+            let (mark, distributed) = *cache.entry(stack).or_insert_with(|| {
+                let f = d.wall_frames(stack);
+                let distributed = f.iter().any(|x| match x {
+                    WallFrame::Python { name, file } => {
+                        super::collectives::is_distributed_frame(name, file)
+                    }
+                    WallFrame::Native { name: Some(n), .. } => {
+                        COLLECTIVE_NATIVE.iter().any(|p| n.contains(p))
+                    }
+                    _ => false,
+                });
+                match classify(&f) {
+                    (WaitClass::Collective, Some(n)) => {
+                        let i = names.iter().position(|x| *x == n).unwrap_or_else(|| {
+                            names.push(n);
+                            names.len() - 1
+                        });
+                        (Some(i as u32), true)
+                    }
+                    _ => (None, distributed),
+                }
+            });
+            // A thinned look's weight is in its gap to the next one
+            // (collectives weigh looks by time).
+            m.push((t, mark));
+            dm.push((t, distributed.then_some(0)));
+        }
+        marks.insert(key, m);
+        dist.insert(key, dm);
+    }
+    (names, marks, dist)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn n(name: &'static str) -> WallFrame<'static> {
+        WallFrame::Native {
+            name: Some(name),
+            file: "/lib/libx.so",
+        }
+    }
+
+    #[test]
+    fn stacks_are_classified() {
+        let futex = WallFrame::Marker("[syscall: futex]");
+        let ddp = [
+            futex,
+            n("__futex_abstimed_wait_common"),
+            n("c10d::Reducer::finalize_backward()"),
+            n("torch::autograd::Engine::execute"),
+        ];
+        let (c, f) = classify(&ddp);
+        assert_eq!(c, WaitClass::Collective);
+        assert!(f.unwrap().contains("Reducer"));
+        let gil = [
+            futex,
+            n("pthread_cond_timedwait"),
+            n("take_gil"),
+            n("c10d::x"),
+        ];
+        assert_eq!(classify(&gil).0, WaitClass::Gil, "the GIL wins");
+        let batch = [
+            futex,
+            n("sem_clock_wait"),
+            WallFrame::Python {
+                name: "Queue.get",
+                file: "/usr/lib/python3.11/queue.py",
+            },
+        ];
+        assert_eq!(classify(&batch).0, WaitClass::NextBatch);
+        let sync = [
+            WallFrame::Marker("[syscall: clock_nanosleep]"),
+            WallFrame::Python {
+                name: "synchronize",
+                file: "/x/torch/cuda/__init__.py",
+            },
+        ];
+        assert_eq!(classify(&sync).0, WaitClass::GpuSync);
+        let io = [
+            WallFrame::Marker("[syscall: fsync, regular file]"),
+            n("fsync"),
+        ];
+        assert_eq!(classify(&io).0, WaitClass::FileIo);
+        let sleep = [
+            WallFrame::Marker("[syscall: clock_nanosleep]"),
+            n("clock_nanosleep"),
+        ];
+        assert_eq!(classify(&sleep).0, WaitClass::Sleep);
+        let idle = [futex, n("c10d::ProcessGroupGloo::runLoop(int)")];
+        assert_eq!(classify(&idle).0, WaitClass::Other, "gloo's idle worker");
+        let pipe = [WallFrame::Marker("[syscall: read]"), n("read")];
+        assert_eq!(classify(&pipe).0, WaitClass::Other);
+        assert_eq!(top_frames(&pipe), "read ← [syscall: read]");
+    }
+}

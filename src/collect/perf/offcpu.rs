@@ -1,0 +1,804 @@
+//! Stacks of blocked threads, read without stopping them: the wall-clock
+//! sampler.
+//!
+//! perf's cpu-clock events and the in-process agent see a thread only while
+//! it runs. A training loop spends much of its time blocked (waiting for a
+//! batch, a collective, the GPU, the GIL), so each tick of this sampler
+//! looks at the job's threads wherever they are:
+//!
+//! - `/proc/PID/task/TID/syscall` says `running`, or gives the system call
+//!   the thread is blocked in, its arguments, and its user stack pointer and
+//!   program counter (DESIGN.md §9);
+//! - the stack of a blocked thread does not change while it stays blocked:
+//!   it is copied with `process_vm_readv` and unwound like a perf sample;
+//! - its Python frames are read with py-spy (non-blocking mode) in the same
+//!   window;
+//! - the thread's CPU time (`schedstat`) and its `syscall` line are read
+//!   before and after: a thread that ran in between (woke up, maybe blocked
+//!   again) gave a read that may mix two moments, and it is dropped, never
+//!   half used. A thread whose CPU time and `syscall` line have not changed
+//!   since its previous blocked sample has not run since: its stack is the
+//!   same and is not read again (a thread blocked for a second costs one
+//!   copy, not a hundred).
+//!
+//! The main thread of the job's own process and of each rank's main
+//! process (the training loop) is looked at every tick, at the stack
+//! frequency; other threads, and other processes' (DataLoader workers),
+//! every [`OTHERS_EVERY`] ticks, without Python frames.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use py_spy::config::{LineNo, LockingStrategy};
+use py_spy::{Config, PythonSpy};
+
+use super::ring::Sample;
+use crate::event::{MonoNs, Pid, Tid};
+
+/// Threads other than a process's main thread are looked at once every this
+/// many ticks.
+pub const OTHERS_EVERY: u64 = 10;
+/// The job's threads are listed again this often.
+const LIST_EVERY: Duration = Duration::from_secs(1);
+/// Attempts to attach py-spy to a process (one per listing).
+const ATTACH_ATTEMPTS: u32 = 5;
+
+/// What one look at a thread found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WallRecord {
+    /// On a CPU (perf and the agent sample it there).
+    Running {
+        pid: Pid,
+        tid: Tid,
+        t: MonoNs,
+    },
+    /// Blocked, and not run since its previous blocked sample: the same
+    /// stack.
+    Repeat {
+        pid: Pid,
+        tid: Tid,
+        t: MonoNs,
+    },
+    /// Blocked when first looked at, but it ran while it was being read:
+    /// the read is dropped.
+    Raced {
+        pid: Pid,
+        tid: Tid,
+        t: MonoNs,
+    },
+    Blocked(Box<Blocked>),
+}
+
+impl WallRecord {
+    pub fn time(&self) -> MonoNs {
+        match self {
+            WallRecord::Running { t, .. }
+            | WallRecord::Repeat { t, .. }
+            | WallRecord::Raced { t, .. } => *t,
+            WallRecord::Blocked(b) => b.sample.t,
+        }
+    }
+}
+
+/// A consistent read of a blocked thread.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Blocked {
+    /// Registers and stack copy, as a perf sample has them.
+    pub sample: Sample,
+    /// `[syscall: NAME]` (with `, regular file` when its file descriptor is
+    /// one), or `[blocked: not in a system call]`.
+    pub marker: &'static str,
+    /// Python frames, outermost first: (name, file, entry); `None` when
+    /// the process is not read with py-spy or its frames were unreadable.
+    pub py: Option<Vec<(String, String, bool)>>,
+    /// `[gil held by thread TID in FUNCTION (FILE)]`: another thread of the
+    /// process held the interpreter lock while this one was blocked.
+    pub gil_holder: Option<&'static str>,
+}
+
+/// Counters of the wall-clock sampler.
+#[derive(Default, Clone, Debug)]
+pub struct WallStats {
+    pub looks: u64,
+    pub running: u64,
+    pub blocked: u64,
+    pub repeated: u64,
+    pub raced: u64,
+    /// Blocked samples without Python frames in a process py-spy reads.
+    pub py_missing: u64,
+}
+
+/// One parsed `/proc/PID/task/TID/syscall` line of a blocked thread.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SyscallLine {
+    /// -1: blocked, but not in a system call.
+    pub nr: i64,
+    pub args: [u64; 6],
+    pub sp: u64,
+    pub pc: u64,
+}
+
+/// Parse a `syscall` file: `None` for `running` or a malformed line.
+pub fn parse_syscall(text: &str) -> Option<SyscallLine> {
+    let mut it = text.split_ascii_whitespace();
+    let nr: i64 = it.next()?.parse().ok()?;
+    let hex = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok();
+    let rest: Vec<u64> = it.map(hex).collect::<Option<Vec<u64>>>()?;
+    let (args, sp, pc) = match rest.len() {
+        8 => {
+            let mut a = [0; 6];
+            a.copy_from_slice(&rest[..6]);
+            (a, rest[6], rest[7])
+        }
+        // `-1 SP PC`: blocked outside a system call.
+        2 if nr == -1 => ([0; 6], rest[0], rest[1]),
+        _ => return None,
+    };
+    (sp != 0 && pc != 0).then_some(SyscallLine { nr, args, sp, pc })
+}
+
+/// The thread's CPU time in ns (first field of `schedstat`).
+fn runtime_ns(pid: Pid, tid: Tid) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{}/task/{}/schedstat", pid.0, tid.0)).ok()?;
+    s.split_ascii_whitespace().next()?.parse().ok()
+}
+
+fn read_syscall(pid: Pid, tid: Tid) -> Option<String> {
+    std::fs::read_to_string(format!("/proc/{}/task/{}/syscall", pid.0, tid.0)).ok()
+}
+
+/// Copy up to `len` bytes of another process's memory at `addr`; a copy cut
+/// short by the end of the stack's mapping keeps what was read.
+pub fn copy_memory(pid: Pid, addr: u64, len: usize) -> Option<Vec<u8>> {
+    let mut buf = vec![0u8; len];
+    // Never cross into an unmapped page: the first iovec piece per page
+    // lets a partial read return what lies before the end of the mapping.
+    let page = 4096u64;
+    let mut local = Vec::new();
+    let mut remote = Vec::new();
+    let mut off = 0usize;
+    while off < len {
+        let a = addr + off as u64;
+        let n = ((page - a % page) as usize).min(len - off);
+        local.push(libc::iovec {
+            iov_base: buf[off..].as_mut_ptr().cast(),
+            iov_len: n,
+        });
+        remote.push(libc::iovec {
+            iov_base: a as *mut libc::c_void,
+            iov_len: n,
+        });
+        off += n;
+    }
+    // SAFETY: every local iovec points into `buf`, which outlives the call;
+    // the remote ones are only read by the kernel.
+    let got = unsafe {
+        libc::process_vm_readv(
+            pid.0,
+            local.as_ptr(),
+            local.len() as libc::c_ulong,
+            remote.as_ptr(),
+            remote.len() as libc::c_ulong,
+            0,
+        )
+    };
+    if got <= 0 {
+        return None;
+    }
+    buf.truncate(got as usize);
+    Some(buf)
+}
+
+/// The marker naming a blocked thread's system call.
+pub fn syscall_marker(nr: i64, regular_file: bool) -> &'static str {
+    if nr < 0 {
+        return "[blocked: not in a system call]";
+    }
+    let name = syscall_name(nr);
+    let key = (nr, regular_file);
+    let mut known = MARKERS.lock().unwrap_or_else(|e| e.into_inner());
+    // One leaked string per (system call, file kind) ever seen: a few
+    // dozen at most.
+    known.entry(key).or_insert_with(|| {
+        let s = match (name, regular_file) {
+            (Some(n), true) => format!("[syscall: {n}, regular file]"),
+            (Some(n), false) => format!("[syscall: {n}]"),
+            (None, _) => format!("[syscall: {nr}]"),
+        };
+        Box::leak(s.into_boxed_str())
+    })
+}
+
+/// Distinct GIL-holder markers kept; past this, one generic marker (the
+/// strings live as long as the recording).
+const MAX_GIL_MARKERS: usize = 4096;
+
+/// `[gil held by thread TID in FUNCTION (FILE)]`.
+pub fn gil_marker(tid: Tid, name: &str, file: &str) -> &'static str {
+    static KNOWN: std::sync::LazyLock<std::sync::Mutex<HashMap<String, &'static str>>> =
+        std::sync::LazyLock::new(Default::default);
+    let base = file.rsplit('/').next().unwrap_or(file);
+    let s = format!("{GIL_MARKER_PREFIX}{} in {name} ({base})]", tid.0);
+    let mut known = KNOWN.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(m) = known.get(&s) {
+        return m;
+    }
+    if known.len() >= MAX_GIL_MARKERS {
+        return "[gil held by another thread]";
+    }
+    let m: &'static str = Box::leak(s.clone().into_boxed_str());
+    known.insert(s, m);
+    m
+}
+
+pub const GIL_MARKER_PREFIX: &str = "[gil held by thread ";
+
+static MARKERS: std::sync::LazyLock<std::sync::Mutex<HashMap<(i64, bool), &'static str>>> =
+    std::sync::LazyLock::new(Default::default);
+
+/// Names of the system calls a training loop blocks in.
+pub fn syscall_name(nr: i64) -> Option<&'static str> {
+    let n = nr;
+    #[cfg(target_arch = "x86_64")]
+    {
+        let x86 = match n {
+            libc::SYS_poll => Some("poll"),
+            libc::SYS_select => Some("select"),
+            libc::SYS_epoll_wait => Some("epoll_wait"),
+            libc::SYS_accept => Some("accept"),
+            libc::SYS_open => Some("open"),
+            _ => None,
+        };
+        if x86.is_some() {
+            return x86;
+        }
+    }
+    Some(match n {
+        libc::SYS_read => "read",
+        libc::SYS_write => "write",
+        libc::SYS_pread64 => "pread64",
+        libc::SYS_pwrite64 => "pwrite64",
+        libc::SYS_readv => "readv",
+        libc::SYS_writev => "writev",
+        libc::SYS_openat => "openat",
+        libc::SYS_fsync => "fsync",
+        libc::SYS_fdatasync => "fdatasync",
+        libc::SYS_futex => "futex",
+        libc::SYS_nanosleep => "nanosleep",
+        libc::SYS_clock_nanosleep => "clock_nanosleep",
+        libc::SYS_epoll_pwait => "epoll_pwait",
+        libc::SYS_ppoll => "ppoll",
+        libc::SYS_pselect6 => "pselect6",
+        libc::SYS_recvfrom => "recvfrom",
+        libc::SYS_sendto => "sendto",
+        libc::SYS_recvmsg => "recvmsg",
+        libc::SYS_sendmsg => "sendmsg",
+        libc::SYS_accept4 => "accept4",
+        libc::SYS_connect => "connect",
+        libc::SYS_wait4 => "wait4",
+        libc::SYS_waitid => "waitid",
+        libc::SYS_sched_yield => "sched_yield",
+        _ => return None,
+    })
+}
+
+/// System calls whose first argument is a file descriptor that may be a
+/// regular file (file IO when it is).
+fn fd_syscall(nr: i64) -> bool {
+    matches!(
+        nr,
+        libc::SYS_read
+            | libc::SYS_write
+            | libc::SYS_pread64
+            | libc::SYS_pwrite64
+            | libc::SYS_readv
+            | libc::SYS_writev
+            | libc::SYS_fsync
+            | libc::SYS_fdatasync
+    )
+}
+
+/// Whether the call works on a regular file: its descriptor names a path
+/// (not a pipe, socket or device), or it opens one.
+fn on_regular_file(pid: Pid, s: &SyscallLine) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if s.nr == libc::SYS_open {
+        return true;
+    }
+    if s.nr == libc::SYS_openat {
+        return true;
+    }
+    if !fd_syscall(s.nr) || s.args[0] > i32::MAX as u64 {
+        return false;
+    }
+    match std::fs::read_link(format!("/proc/{}/fd/{}", pid.0, s.args[0])) {
+        Ok(p) => {
+            let p = p.to_string_lossy();
+            p.starts_with('/') && !p.starts_with("/dev/")
+        }
+        Err(_) => false,
+    }
+}
+
+enum Spy {
+    Ready(Box<PythonSpy>),
+    /// Not attached yet: attempts made.
+    Trying(u32),
+    /// Not read: not Python, a DataLoader worker, or attaching failed.
+    No,
+}
+
+/// A thread looked at this tick, between its two reads.
+struct Look {
+    tid: Tid,
+    t: MonoNs,
+    before: String,
+    runtime: u64,
+    line: SyscallLine,
+    stack: Vec<u8>,
+    marker: &'static str,
+}
+
+pub struct WallSampler {
+    job: Pid,
+    interval: Duration,
+    next: Instant,
+    tick: u64,
+    stack_size: usize,
+    threads: Vec<(Pid, Vec<Tid>)>,
+    listed: Option<Instant>,
+    /// Per thread: (CPU time, syscall line) of its last blocked sample.
+    last: HashMap<Tid, (u64, String)>,
+    spies: HashMap<Pid, Spy>,
+    /// Processes that run a training loop (the job's own, ranks' mains),
+    /// once known.
+    loops: HashMap<Pid, bool>,
+    config: Config,
+    pub stats: WallStats,
+    hang: Option<HangWatch>,
+}
+
+/// `--hang-after`: when each loop thread has been blocked since when
+/// (with its CPU time then), and whether this hang was reported.
+struct HangWatch {
+    after: Duration,
+    dir: std::path::PathBuf,
+    since: HashMap<Tid, (Instant, u64)>,
+    reported: bool,
+    count: u32,
+}
+
+impl WallSampler {
+    pub fn new(job: Pid, frequency: u64, stack_size: u32) -> WallSampler {
+        let interval = Duration::from_nanos(1_000_000_000 / frequency.max(1));
+        WallSampler {
+            job,
+            interval,
+            next: Instant::now(),
+            tick: 0,
+            stack_size: stack_size as usize,
+            threads: Vec::new(),
+            listed: None,
+            last: HashMap::new(),
+            spies: HashMap::new(),
+            loops: HashMap::new(),
+            config: Config {
+                blocking: LockingStrategy::NonBlocking,
+                native: false,
+                collect_thread_names: false,
+                lineno: LineNo::NoLine,
+                ..Config::default()
+            },
+            stats: WallStats::default(),
+            hang: None,
+        }
+    }
+
+    /// Write a hang report into `dir` when every loop thread has stayed
+    /// blocked for `after`.
+    pub fn watch_hangs(&mut self, after: Duration, dir: std::path::PathBuf) {
+        self.hang = Some(HangWatch {
+            after,
+            dir,
+            since: HashMap::new(),
+            reported: false,
+            count: 0,
+        });
+    }
+
+    /// A loop thread was found blocked with CPU time `runtime` (None: it
+    /// runs, or ran since).
+    fn note(&mut self, pid: Pid, tid: Tid, runtime: Option<u64>) {
+        if pid.0 != tid.0 || self.loops.get(&pid) != Some(&true) {
+            return;
+        }
+        let Some(h) = self.hang.as_mut() else {
+            return;
+        };
+        match runtime {
+            Some(r) => {
+                let e = h.since.entry(tid).or_insert((Instant::now(), r));
+                if e.1 != r {
+                    *e = (Instant::now(), r);
+                }
+            }
+            None => {
+                h.since.remove(&tid);
+            }
+        }
+    }
+
+    /// Every rank's loop thread (the job's own when there is no rank)
+    /// blocked for `after`: report once per hang, on a thread of its own
+    /// (reading every process takes a while; the sampler goes on).
+    fn check_hang(&mut self) {
+        let job = self.job;
+        let stack_size = self.stack_size as u32;
+        let ranks: Vec<Pid> = self
+            .loops
+            .iter()
+            .filter(|(p, l)| **l && **p != job)
+            .map(|(p, _)| *p)
+            .collect();
+        let watched = if ranks.is_empty() { vec![job] } else { ranks };
+        let Some(h) = self.hang.as_mut() else {
+            return;
+        };
+        let stuck = watched.iter().all(|p| {
+            h.since
+                .get(&Tid(p.0))
+                .is_some_and(|s| s.0.elapsed() >= h.after)
+        });
+        if !stuck {
+            h.reported = false;
+            return;
+        }
+        if h.reported {
+            return;
+        }
+        h.reported = true;
+        h.count += 1;
+        let path = h.dir.join(format!("hang-{}.txt", h.count));
+        let after = h.after;
+        let _ = std::thread::Builder::new()
+            .name("gpuprof-hang".into())
+            .spawn(move || report_hang(job, stack_size, after, &path));
+    }
+
+    /// Time until the next tick is due.
+    pub fn due_in(&self) -> Duration {
+        self.next.saturating_duration_since(Instant::now())
+    }
+
+    /// Look at the threads due, if a tick is due, pushing what was found.
+    pub fn tick(&mut self, out: &mut Vec<WallRecord>) {
+        let now = Instant::now();
+        if now < self.next {
+            return;
+        }
+        // A late tick is not made up for: ticks stay one interval apart.
+        self.next = (self.next + self.interval).max(now);
+        if self.listed.map_or(true, |l| l.elapsed() >= LIST_EVERY) {
+            self.list();
+        }
+        let others = self.tick % OTHERS_EVERY == 0;
+        self.tick += 1;
+        self.check_hang();
+        for i in 0..self.threads.len() {
+            let pid = self.threads[i].0;
+            let is_loop = self.loops.get(&pid) == Some(&true);
+            let tids: Vec<Tid> = self.threads[i]
+                .1
+                .iter()
+                .copied()
+                .filter(|t| others || (is_loop && t.0 == pid.0))
+                .collect();
+            self.look_at(pid, &tids, out);
+        }
+    }
+
+    fn list(&mut self) {
+        self.listed = Some(Instant::now());
+        let mut pids = vec![self.job.0];
+        pids.extend(crate::collect::python::descendants(self.job.0));
+        let mut threads = Vec::with_capacity(pids.len());
+        for pid in pids {
+            let Ok(rd) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+                continue;
+            };
+            let mut tids: Vec<Tid> = rd
+                .flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse().ok())
+                .map(Tid)
+                .collect();
+            tids.sort_unstable();
+            threads.push((Pid(pid), tids));
+            // Decided once the process runs Python (not while it is still
+            // gpuprof's child before its exec) and is not a DataLoader
+            // worker (named at its start).
+            // A training loop runs in the job's own process or in a rank's
+            // main process; the others (DataLoader workers, helpers) are
+            // looked at less often and without Python frames.
+            let is_loop = match self.loops.get(&Pid(pid)) {
+                Some(l) => Some(*l),
+                None => {
+                    let l = if pid == self.job.0 {
+                        Some(true)
+                    } else {
+                        crate::collect::python::is_rank_main(Pid(pid))
+                    };
+                    if let Some(l) = l {
+                        self.loops.insert(Pid(pid), l);
+                    }
+                    l
+                }
+            };
+            let spy = self.spies.entry(Pid(pid)).or_insert(Spy::Trying(0));
+            if let Spy::Trying(n) = spy {
+                let exe = crate::collect::python::exe_of(pid);
+                if is_loop == Some(false) {
+                    *spy = Spy::No;
+                } else if is_loop == Some(true)
+                    && crate::collect::python::looks_like_python(Pid(pid), &exe)
+                {
+                    *spy = match PythonSpy::new(pid, &self.config) {
+                        Ok(s) => Spy::Ready(Box::new(s)),
+                        Err(_) if *n + 1 >= ATTACH_ATTEMPTS => Spy::No,
+                        Err(_) => Spy::Trying(*n + 1),
+                    };
+                }
+            }
+        }
+        let alive: std::collections::HashSet<Pid> = threads.iter().map(|t| t.0).collect();
+        self.spies.retain(|p, _| alive.contains(p));
+        self.loops.retain(|p, _| alive.contains(p));
+        let tids: std::collections::HashSet<Tid> =
+            threads.iter().flat_map(|t| t.1.iter().copied()).collect();
+        self.last.retain(|t, _| tids.contains(t));
+        self.threads = threads;
+    }
+
+    /// Look at some threads of one process: first read of each, stack
+    /// copies, one Python read for the process, second read of each.
+    fn look_at(&mut self, pid: Pid, tids: &[Tid], out: &mut Vec<WallRecord>) {
+        let mut looks: Vec<Look> = Vec::new();
+        for &tid in tids {
+            self.stats.looks += 1;
+            let t = MonoNs::now();
+            let Some(before) = read_syscall(pid, tid) else {
+                continue; // gone
+            };
+            let Some(line) = parse_syscall(&before) else {
+                self.note(pid, tid, None);
+                self.stats.running += 1;
+                out.push(WallRecord::Running { pid, tid, t });
+                continue;
+            };
+            let Some(runtime) = runtime_ns(pid, tid) else {
+                continue;
+            };
+            self.note(pid, tid, Some(runtime));
+            if self.last.get(&tid) == Some(&(runtime, before.clone())) {
+                self.stats.repeated += 1;
+                out.push(WallRecord::Repeat { pid, tid, t });
+                continue;
+            }
+            let Some(stack) = copy_memory(pid, line.sp, self.stack_size) else {
+                self.stats.raced += 1;
+                out.push(WallRecord::Raced { pid, tid, t });
+                continue;
+            };
+            let marker = syscall_marker(line.nr, on_regular_file(pid, &line));
+            looks.push(Look {
+                tid,
+                t,
+                before,
+                runtime,
+                line,
+                stack,
+                marker,
+            });
+        }
+        if looks.is_empty() {
+            return;
+        }
+        let (mut py, holder) = match self.python_frames(pid) {
+            Some((frames, holder)) => (Some(frames), holder),
+            None => (None, None),
+        };
+        for look in looks {
+            let (pid, tid, t) = (pid, look.tid, look.t);
+            let after = read_syscall(pid, tid);
+            let runtime = runtime_ns(pid, tid);
+            if after.as_deref() != Some(look.before.as_str()) || runtime != Some(look.runtime) {
+                self.stats.raced += 1;
+                out.push(WallRecord::Raced { pid, tid, t });
+                continue;
+            }
+            self.stats.blocked += 1;
+            self.last.insert(tid, (look.runtime, look.before));
+            let frames = py.as_mut().and_then(|m| m.remove(&tid));
+            if py.is_some() && frames.is_none() {
+                self.stats.py_missing += 1;
+            }
+            let regs = regs_of(&look.line);
+            out.push(WallRecord::Blocked(Box::new(Blocked {
+                sample: Sample {
+                    pid,
+                    tid,
+                    t,
+                    regs: Some(regs),
+                    ip: look.line.pc,
+                    stack: look.stack,
+                },
+                marker: look.marker,
+                py: frames,
+                gil_holder: holder.filter(|h| h.0 != tid).map(|h| h.1),
+            })));
+        }
+    }
+
+    /// Every thread's Python frames (outermost first), by thread, when the
+    /// process is read with py-spy; and the thread holding the GIL, with
+    /// its marker.
+    #[allow(clippy::type_complexity)]
+    fn python_frames(
+        &mut self,
+        pid: Pid,
+    ) -> Option<(
+        HashMap<Tid, Vec<(String, String, bool)>>,
+        Option<(Tid, &'static str)>,
+    )> {
+        let Some(Spy::Ready(spy)) = self.spies.get_mut(&pid) else {
+            return None;
+        };
+        let traces = spy.get_stack_traces().ok()?;
+        let single = traces.len() == 1;
+        let mut out = HashMap::new();
+        let mut holder = None;
+        for tr in traces {
+            // Python ≥ 3.11 stores the OS thread id; before, a
+            // single-threaded process is its main thread.
+            let tid = match tr.os_thread_id {
+                Some(id) => Tid(id as i32),
+                None if single => Tid(pid.0),
+                None => continue,
+            };
+            if tr.owns_gil {
+                let f = tr.frames.first();
+                holder = Some((
+                    tid,
+                    gil_marker(
+                        tid,
+                        f.map_or("?", |f| f.name.as_str()),
+                        f.map_or("?", |f| f.filename.as_str()),
+                    ),
+                ));
+            }
+            let frames = tr
+                .frames
+                .iter()
+                .rev()
+                .map(|f| {
+                    (
+                        f.name.clone(),
+                        f.filename.clone(),
+                        f.is_entry || f.is_shim_entry,
+                    )
+                })
+                .collect();
+            out.insert(tid, frames);
+        }
+        Some((out, holder))
+    }
+}
+
+/// Write the hang report and say where each rank is stuck.
+fn report_hang(job: Pid, stack_size: u32, after: Duration, path: &std::path::Path) {
+    match super::dump::dump_with_summary(job, stack_size) {
+        Ok((text, lines)) => {
+            let head = format!(
+                "gpuprof hang report: every loop thread blocked for at least {} s without running\n{}\n\n",
+                after.as_secs(),
+                lines.join("\n")
+            );
+            let written = std::fs::write(path, format!("{head}{text}"));
+            eprintln!(
+                "gpuprof: the job looks hung (every loop thread blocked {} s){}:",
+                after.as_secs(),
+                match written {
+                    Ok(()) => format!("; stacks of every thread in {}", path.display()),
+                    Err(e) => format!("; cannot write {}: {e}", path.display()),
+                }
+            );
+            for l in lines {
+                eprintln!("gpuprof:   {l}");
+            }
+        }
+        Err(e) => eprintln!("gpuprof: the job looks hung, but its stacks could not be read: {e}"),
+    }
+}
+
+/// The registers a perf sample would carry ([`super::ring::REGS_MASK`]
+/// order). The frame pointer is not in the `syscall` file: the unwinder
+/// starts from the stack pointer and program counter (DWARF rules recover
+/// the frame pointer where a caller saved it).
+fn regs_of(l: &SyscallLine) -> [u64; 4] {
+    #[cfg(target_arch = "x86_64")]
+    {
+        [0, l.sp, l.pc, 0]
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        // [fp, lr, sp, pc]: the link register is unknown.
+        [0, 0, l.sp, l.pc]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn syscall_lines_parse() {
+        let l =
+            parse_syscall("230 0x1 0x0 0x7ffe85ec0880 0x0 0x0 0x0 0x7ffe85ec0878 0x7f1c06ced503\n")
+                .unwrap();
+        assert_eq!(l.nr, 230);
+        assert_eq!(l.args[2], 0x7ffe85ec0880);
+        assert_eq!((l.sp, l.pc), (0x7ffe85ec0878, 0x7f1c06ced503));
+        assert_eq!(parse_syscall("running\n"), None);
+        let l = parse_syscall("-1 0x7ffe85ec0878 0x7f1c06ced503").unwrap();
+        assert_eq!(l.nr, -1);
+        assert_eq!(parse_syscall("0 0x1 0x2"), None, "truncated line");
+        assert_eq!(parse_syscall(""), None);
+    }
+
+    #[test]
+    fn markers_name_the_call_and_file_kind() {
+        assert_eq!(syscall_marker(libc::SYS_futex, false), "[syscall: futex]");
+        assert_eq!(
+            syscall_marker(libc::SYS_fsync, true),
+            "[syscall: fsync, regular file]"
+        );
+        assert_eq!(syscall_marker(-1, false), "[blocked: not in a system call]");
+        assert_eq!(syscall_marker(100_000, false), "[syscall: 100000]");
+    }
+
+    /// A thread of this process blocked in a read of a pipe: its syscall
+    /// line names the call and the pipe's descriptor, and its stack can be
+    /// copied.
+    #[test]
+    fn a_blocked_thread_is_read_without_stopping_it() {
+        let mut fds = [0; 2];
+        // SAFETY: fds is a valid array of two ints.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        let (r, w) = (fds[0], fds[1]);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let h = std::thread::spawn(move || {
+            // SAFETY: gettid has no preconditions.
+            tx.send(unsafe { libc::gettid() }).unwrap();
+            let mut b = [0u8; 1];
+            // SAFETY: b is a valid one-byte buffer.
+            unsafe { libc::read(r, b.as_mut_ptr().cast(), 1) }
+        });
+        let tid = Tid(rx.recv().unwrap());
+        let pid = Pid(std::process::id() as i32);
+        let mut line = None;
+        for _ in 0..500 {
+            line = read_syscall(pid, tid).as_deref().and_then(parse_syscall);
+            if line.as_ref().is_some_and(|l| l.nr == libc::SYS_read) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let line = line.expect("the thread blocks in read");
+        assert_eq!(line.args[0], r as u64);
+        assert!(!on_regular_file(pid, &line), "a pipe is no regular file");
+        let stack = copy_memory(pid, line.sp, 4096).expect("stack readable");
+        assert!(!stack.is_empty());
+        // SAFETY: w is the pipe's write end.
+        unsafe { libc::write(w, b"x".as_ptr().cast(), 1) };
+        assert_eq!(h.join().unwrap(), 1);
+    }
+}
