@@ -316,6 +316,17 @@ pub struct RecordArgs {
     #[arg(long, value_name = "MODE", default_value = "same-instant", value_parser = ["same-instant", "py-spy"])]
     pub python_frames: String,
 
+    /// Who takes the native stacks. `auto` (default): perf events where
+    /// they are allowed, else the in-process timer sampler. `timer`: each
+    /// thread of the job samples itself on its own CPU-time clock (a
+    /// per-thread POSIX timer, delivered to that thread, read by the agent
+    /// preloaded into the job): needs no privilege, so it runs where
+    /// `perf_event_open` is refused (Docker's and Kubernetes' defaults,
+    /// `perf_event_paranoid` 3 or 4). `perf`: perf events only, no stacks
+    /// where they are refused. See docs/stacks.md for what each measures.
+    #[arg(long, value_name = "WHO", default_value = "auto", value_parser = ["auto", "perf", "timer"])]
+    pub sampler: String,
+
     /// Whether SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 sent to gpuprof are
     /// passed on to the job. `auto`: yes, except those sent by
     /// `slurmstepd`, which signals every process of the job step, and by
@@ -494,8 +505,13 @@ impl RecordArgs {
                 frequency: self.frequency,
                 stack_size: self.stack_size,
                 same_instant_python: self.python_frames == "same-instant",
+                sampler: crate::collect::perf::SamplerChoice::parse(&self.sampler)
+                    .unwrap_or_default(),
             };
             o.validate()?;
+            if o.sampler == crate::collect::perf::SamplerChoice::Timer && !o.same_instant_python {
+                return Err("--sampler timer runs in the agent that --python-frames py-spy turns off: use one or the other".into());
+            }
             Some(o)
         };
         let outputs = self.outputs.to_options()?;

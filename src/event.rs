@@ -566,6 +566,10 @@ pub struct StackStats {
     pub interval_ns: u64,
     /// Ring buffer size per CPU in bytes (native) / sampling rate (python).
     pub detail: String,
+    /// Native: which sampler took the stacks, "perf-events" or
+    /// "in-process-timer" (empty in older recordings: perf events).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub sampler: String,
 }
 
 /// One mounted filesystem, with the block device behind it.
@@ -843,6 +847,10 @@ pub enum Event {
         /// CPython's version, e.g. "3.11.7".
         version: String,
         same_instant: bool,
+        /// The agent samples with per-thread CPU-time timers (perf events
+        /// refused, or `--sampler timer`), not a perf event.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        timer: bool,
         #[serde(default, skip_serializing_if = "String::is_empty")]
         detail: String,
     },

@@ -71,11 +71,16 @@
 #define ENV_PERIOD "GPUPROF_PYSTACKS_PERIOD_NS"
 #define ENV_STACK "GPUPROF_PYSTACKS_STACK_BYTES"
 #define ENV_RING "GPUPROF_PYSTACKS_RING_BYTES"
+/* "timer": sample with per-thread CPU-time timers, never a perf event
+ * (perf_event_open is refused to gpuprof: a container, paranoid 3/4). */
+#define ENV_SAMPLER "GPUPROF_PYSTACKS_SAMPLER"
 
 /* si_perf_data of our events: anything else is not ours. */
 #define SIG_MAGIC 0x7079737461636b73ULL /* "pystacks" */
 #define TRAP_PERF_CODE 6
 #define TRAP_PERF_FLAG_ASYNC_BIT 1u
+/* A POSIX timer's signal (si_code SI_TIMER) whose value is SIG_MAGIC. */
+#define TIMER_CODE (-2)
 
 /* Record types (ring.h: 1 is padding). */
 #define REC_HELLO 2u
@@ -88,6 +93,8 @@
 #define HELLO_UNSUPPORTED 1u
 #define HELLO_PERF_REFUSED 2u
 #define HELLO_FAILED 3u
+#define HELLO_SAMPLING_TIMER 4u /* sampling with the in-process CPU-time timers */
+#define HELLO_NATIVE_TIMER 5u   /* not a Python: native stacks only, timers */
 
 /* SAMPLE status. */
 #define ST_OK 0u          /* Python frames read (possibly none) */
@@ -258,6 +265,29 @@ static _Atomic int g_lazy_ring;
 static uint32_t g_forked; /* this process is a forked child */
 static uint32_t g_parent_pid; /* a forked child's parent, read at the fork */
 static int g_event_fd = -1;
+/* The in-process timer sampler, where perf events are refused (gpuprof
+ * asks for it with ENV_SAMPLER, or the agent's own event failed): every
+ * thread has a POSIX timer on its own CPU-time clock that sends SIGTRAP to
+ * that very thread (SIGEV_THREAD_ID) with SIG_MAGIC as its value, so the
+ * handler, the chaining and the masks below serve both samplers alike.
+ * Timers are per process and not inherited: the thread that creates a
+ * thread (pthread_create below) or forks (after_fork_child) makes the new
+ * one's, exec deletes them, a thread's exit deletes its own (a key
+ * destructor: a timer outlives its thread, and counts against the
+ * process's pending-signal limit). */
+static _Atomic int g_timer_on;
+static int g_timer_wanted;
+/* The recording is over or gpuprof is gone: no new timers, and each thread
+ * disarms its own at its next signal. */
+static _Atomic int g_timer_stopped;
+static pthread_key_t g_timer_key;
+static int g_timer_key_ok;
+/* This thread's timer id + 1 (0: none). */
+static __thread int g_timer_id1 __attribute__((tls_model("initial-exec")));
+/* A CPython (1), or a native program sampled by its timers alone (0). */
+static int g_python = 1;
+/* Which sampler and why, for the hello. */
+static char g_sampler_why[192];
 /* getpid() is a system call (glibc caches nothing since 2.25), and every
  * read below names the process: the pid of the process whose event raised
  * the signal, set before that event is opened (at start, and in a forked
@@ -680,7 +710,69 @@ static uint32_t walk(void *tstate, uintptr_t sp, struct frame_out *out, uint32_t
 }
 
 static struct gp_ring *lazy_ring(void);
+static int our_event(int fd);
 static void hello(uint32_t status, int err, uint32_t forked, const char *detail);
+
+/* This thread's sampling timer: SIGTRAP after every period of its CPU
+ * time. Returns 0 or an errno. Not in the handler (pthread_setspecific). */
+static int thread_timer_start(void)
+{
+    struct sigevent sev;
+    memset(&sev, 0, sizeof sev);
+    sev.sigev_notify = SIGEV_THREAD_ID;
+    sev.sigev_signo = SIGTRAP;
+    sev.sigev_value.sival_ptr = (void *)(uintptr_t)SIG_MAGIC;
+    sev._sigev_un._tid = (pid_t)my_tid();
+    int id = -1;
+    /* The kernel's calls, not librt's: glibc before 2.34 keeps timer_create
+     * in librt, which the job may not load. */
+    if (syscall(SYS_timer_create, CLOCK_THREAD_CPUTIME_ID, &sev, &id))
+        return errno;
+    struct itimerspec its;
+    its.it_interval.tv_sec = (time_t)(g_period_ns / 1000000000u);
+    its.it_interval.tv_nsec = (long)(g_period_ns % 1000000000u);
+    its.it_value = its.it_interval;
+    if (syscall(SYS_timer_settime, id, 0, &its, NULL)) {
+        int e = errno;
+        syscall(SYS_timer_delete, id);
+        return e;
+    }
+    g_timer_id1 = id + 1;
+    if (g_timer_key_ok)
+        pthread_setspecific(g_timer_key, (void *)(intptr_t)(id + 1));
+    return 0;
+}
+
+/* Disarm this thread's timer (async-signal-safe). */
+static void thread_timer_stop(void)
+{
+    struct itimerspec z;
+    memset(&z, 0, sizeof z);
+    if (g_timer_id1 > 0)
+        syscall(SYS_timer_settime, g_timer_id1 - 1, 0, &z, NULL);
+}
+
+/* A thread exits: its timer goes with it. */
+static void thread_timer_gone(void *v)
+{
+    int id1 = (int)(intptr_t)v;
+    if (id1 > 0 && id1 == g_timer_id1) {
+        syscall(SYS_timer_delete, id1 - 1);
+        g_timer_id1 = 0;
+    }
+}
+
+/* Stop sampling in this process for good (window over, gpuprof gone):
+ * the perf event at once; the timers each at its thread's next signal. */
+static void stop_signals(int by_timer)
+{
+    if (by_timer) {
+        atomic_store(&g_timer_stopped, 1);
+        thread_timer_stop();
+    } else if (our_event(g_event_fd)) {
+        ioctl(g_event_fd, PERF_EVENT_IOC_DISABLE, 0);
+    }
+}
 
 static void chain(int sig, siginfo_t *si, void *ucv)
 {
@@ -767,22 +859,28 @@ static int our_event(int fd)
 static void on_sigtrap(int sig, siginfo_t *si, void *ucv)
 {
     const struct perf_siginfo *ps = (const struct perf_siginfo *)si;
-    if (!si || si->si_code != TRAP_PERF_CODE || ps->data != (unsigned long)SIG_MAGIC) {
+    int by_timer = si && si->si_code == TIMER_CODE && si->si_value.sival_ptr == (void *)(uintptr_t)SIG_MAGIC;
+    if (!by_timer && (!si || si->si_code != TRAP_PERF_CODE || ps->data != (unsigned long)SIG_MAGIC)) {
         chain(sig, si, ucv);
         return;
     }
     int saved_errno = errno;
+    if (by_timer && atomic_load_explicit(&g_timer_stopped, memory_order_relaxed)) {
+        thread_timer_stop();
+        errno = saved_errno;
+        return;
+    }
     if (g_window) {
         uint32_t w = atomic_load_explicit(g_window, memory_order_relaxed);
         if (w != WINDOW_OPEN) {
-            if (w == WINDOW_OVER && our_event(g_event_fd))
-                ioctl(g_event_fd, PERF_EVENT_IOC_DISABLE, 0);
+            if (w == WINDOW_OVER)
+                stop_signals(by_timer);
             errno = saved_errno;
             return;
         }
     }
     uint32_t tid = my_tid();
-    if (ps->flags & TRAP_PERF_FLAG_ASYNC_BIT) {
+    if (!by_timer && (ps->flags & TRAP_PERF_FLAG_ASYNC_BIT)) {
         note(NOTE_ASYNC, tid);
         errno = saved_errno;
         return;
@@ -793,7 +891,10 @@ static void on_sigtrap(int sig, siginfo_t *si, void *ucv)
             errno = saved_errno;
             return;
         }
-        hello(HELLO_SAMPLING, 0, g_forked, NULL);
+        if (atomic_load(&g_timer_on))
+            hello(g_python ? HELLO_SAMPLING_TIMER : HELLO_NATIVE_TIMER, 0, g_forked, g_sampler_why);
+        else
+            hello(HELLO_SAMPLING, 0, g_forked, NULL);
         /* A disposition the job set before the first sample had no ring
          * to be noted in. */
         if (atomic_load(&g_chain_seq) > 0)
@@ -825,8 +926,8 @@ static void on_sigtrap(int sig, siginfo_t *si, void *ucv)
     if (pos == UINT64_MAX) {
         /* gpuprof is gone (nothing read for ~10 s of samples): stop the
          * signals for good, in this process. */
-        if (atomic_fetch_add(&g_drops_in_a_row, 1) + 1 == GIVE_UP_DROPS && our_event(g_event_fd))
-            ioctl(g_event_fd, PERF_EVENT_IOC_DISABLE, 0);
+        if (atomic_fetch_add(&g_drops_in_a_row, 1) + 1 == GIVE_UP_DROPS)
+            stop_signals(by_timer);
         errno = saved_errno;
         return;
     }
@@ -838,7 +939,7 @@ static void on_sigtrap(int sig, siginfo_t *si, void *ucv)
     s->reserved = 0;
     struct frame_out *fo = (struct frame_out *)(s + 1);
     uint32_t n = 0;
-    void *ts = get_tstate();
+    void *ts = g_python ? get_tstate() : NULL;
     if (!ts) {
         s->status = ST_NO_TSTATE;
     } else {
@@ -1143,20 +1244,81 @@ static struct gp_ring *lazy_ring(void)
     return cur;
 }
 
-/* Open the event; on success the ring and the hello come with the first
- * sample (see on_sigtrap), else a ring is made now to say why. */
+/* Open the event, or (asked for, or the event refused) this thread's
+ * timer; on success the ring and the hello come with the first sample (see
+ * on_sigtrap), else a ring is made now to say why. */
 static void start_sampling(void)
 {
-    int fd = open_event();
-    if (fd < 0) {
-        if (lazy_ring() == NULL)
+    int perf_err = 0;
+    if (!g_timer_wanted) {
+        int fd = open_event();
+        if (fd >= 0) {
+            g_event_fd = fd;
             return;
-        char d[160];
-        snprintf(d, sizeof d, "perf_event_open with sigtrap on itself failed: %s", strerror(-fd));
-        hello(HELLO_PERF_REFUSED, -fd, g_forked, d);
+        }
+        perf_err = -fd;
+    }
+    int terr = thread_timer_start();
+    if (terr == 0) {
+        if (perf_err)
+            snprintf(g_sampler_why, sizeof g_sampler_why,
+                     "in-process CPU-time timers: perf_event_open with sigtrap on itself failed (%s)",
+                     strerror(perf_err));
+        else
+            snprintf(g_sampler_why, sizeof g_sampler_why,
+                     "in-process CPU-time timers: perf events are refused to gpuprof, or --sampler timer");
+        atomic_store(&g_timer_on, 1);
         return;
     }
-    g_event_fd = fd;
+    if (!g_python || lazy_ring() == NULL)
+        return;
+    char d[192];
+    if (perf_err)
+        snprintf(d, sizeof d, "perf_event_open with sigtrap on itself failed: %s; a CPU-time timer too: %s",
+                 strerror(perf_err), strerror(terr));
+    else
+        snprintf(d, sizeof d, "a per-thread CPU-time timer could not be made: %s", strerror(terr));
+    hello(HELLO_PERF_REFUSED, perf_err ? perf_err : terr, g_forked, d);
+}
+
+typedef int (*pcreate_fn)(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *);
+static pcreate_fn real_pthread_create;
+
+struct timer_start {
+    void *(*fn)(void *);
+    void *arg;
+};
+
+/* A new thread's first steps: its own timer, then the job's function. */
+static void *timer_thread_start(void *p)
+{
+    struct timer_start t = *(struct timer_start *)p;
+    free(p);
+    if (atomic_load(&g_timer_on) && !atomic_load(&g_timer_stopped) &&
+        !(g_window && atomic_load_explicit(g_window, memory_order_relaxed) == WINDOW_OVER))
+        thread_timer_start();
+    return t.fn(t.arg);
+}
+
+/* Threads get their timer from their first instruction on (a perf event
+ * is inherited; a timer is not). */
+EXPORT int pthread_create(pthread_t *th, const pthread_attr_t *attr, void *(*fn)(void *), void *arg)
+{
+    if (!real_pthread_create)
+        real_pthread_create = (pcreate_fn)dlsym(RTLD_NEXT, "pthread_create");
+    if (!real_pthread_create)
+        return ENOSYS;
+    struct timer_start *t = NULL;
+    if (atomic_load(&g_timer_on) && !atomic_load(&g_timer_stopped))
+        t = malloc(sizeof *t);
+    if (!t)
+        return real_pthread_create(th, attr, fn, arg);
+    t->fn = fn;
+    t->arg = arg;
+    int rc = real_pthread_create(th, attr, timer_thread_start, t);
+    if (rc)
+        free(t);
+    return rc;
 }
 
 static void after_fork_child(void)
@@ -1170,6 +1332,11 @@ static void after_fork_child(void)
     if (our_event(g_event_fd))
         close(g_event_fd);
     g_event_fd = -1;
+    /* The parent's timers are not the child's: forget this thread's. */
+    g_timer_id1 = 0;
+    if (g_timer_key_ok)
+        pthread_setspecific(g_timer_key, NULL);
+    atomic_store(&g_timer_on, 0);
     g_parent_pid = (uint32_t)getppid();
     g_forked = 1;
     atomic_store_explicit(&g_ring, NULL, memory_order_release);
@@ -1223,6 +1390,8 @@ static void map_window(void)
         g_window = p;
 }
 
+static void install_and_start(void);
+
 __attribute__((constructor)) static void pystacks_init(void)
 {
     if (!real_sigaction)
@@ -1240,11 +1409,16 @@ __attribute__((constructor)) static void pystacks_init(void)
 #if !defined(__x86_64__) && !defined(__aarch64__)
     return; /* registers and layouts are known for x86_64 and aarch64 only */
 #endif
+    const char *sampler = getenv(ENV_SAMPLER);
+    g_timer_wanted = sampler && !strcmp(sampler, "timer");
     get_tstate = (tstate_fn)dlsym(RTLD_DEFAULT, "PyGILState_GetThisThreadState");
     const char *(*version)(void) = (const char *(*)(void))dlsym(RTLD_DEFAULT, "Py_GetVersion");
     void *ct = dlsym(RTLD_DEFAULT, "PyCode_Type");
-    if (!get_tstate || !version || !ct)
-        return; /* not a CPython whose symbols we can see */
+    /* Not a CPython whose symbols we can see: with perf refused, the
+     * timers are its only native sampler; else perf samples it. */
+    g_python = get_tstate && version && ct;
+    if (!g_python && !g_timer_wanted)
+        return;
     code_type = (uintptr_t)ct;
     strcpy(g_dir, dir);
     map_window();
@@ -1254,6 +1428,13 @@ __attribute__((constructor)) static void pystacks_init(void)
     g_ring_bytes = 1;
     while (g_ring_bytes < rb)
         g_ring_bytes <<= 1;
+    if (!g_python) {
+        uint64_t probe = 0x1234, back = 0;
+        if (rd(&back, (uintptr_t)&probe, 8) || back != probe)
+            return; /* the stack copy would fail: nothing to say of it */
+        install_and_start();
+        return;
+    }
 
     const char *v = version();
     size_t vl = strcspn(v, " ");
@@ -1297,14 +1478,19 @@ __attribute__((constructor)) static void pystacks_init(void)
     if (g_codes == MAP_FAILED)
         g_codes = NULL;
     hook_code_dealloc();
+    install_and_start();
+}
 
+/* Install the SIGTRAP handler and start sampling this process. */
+static void install_and_start(void)
+{
     struct sigaction sa, prev;
     memset(&sa, 0, sizeof sa);
     sa.sa_sigaction = on_sigtrap;
     sa.sa_flags = SA_SIGINFO | SA_RESTART;
     sigemptyset(&sa.sa_mask);
     if (!real_sigaction || real_sigaction(SIGTRAP, &sa, &prev)) {
-        if (lazy_ring())
+        if (g_python && lazy_ring())
             hello(HELLO_FAILED, errno, 0, "cannot install the SIGTRAP handler");
         return;
     }
@@ -1321,6 +1507,7 @@ __attribute__((constructor)) static void pystacks_init(void)
         real_pthread_sigmask(SIG_UNBLOCK, &t, NULL);
     }
     atomic_store(&g_installed, 1);
+    g_timer_key_ok = pthread_key_create(&g_timer_key, thread_timer_gone) == 0;
     pthread_atfork(NULL, NULL, after_fork_child);
     start_sampling();
 }

@@ -362,6 +362,7 @@ pub struct StackData {
 struct PyProcInfo {
     version: String,
     same_instant: bool,
+    timer: bool,
     detail: String,
 }
 
@@ -432,6 +433,7 @@ impl StackData {
                 pid,
                 version,
                 same_instant,
+                timer,
                 detail,
                 ..
             } => {
@@ -442,6 +444,7 @@ impl StackData {
                     *p = PyProcInfo {
                         version: version.clone(),
                         same_instant: *same_instant,
+                        timer: *timer,
                         detail: detail.clone(),
                     };
                 }
@@ -898,6 +901,11 @@ pub struct PyProcessReport {
     /// "same-instant" (the in-process agent), or "python-only" (py-spy's
     /// separate stacks; native samples stay unattributed).
     pub sampler: &'static str,
+    /// Who took its native stacks: "perf-events" (gpuprof's perf events,
+    /// or the agent's own perf event), "in-process-timer" (the agent's
+    /// per-thread CPU-time timers); absent when it has no native samples.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub native_sampler: Option<&'static str>,
     /// Why the agent does not sample it, when it does not.
     #[serde(skip_serializing_if = "String::is_empty")]
     pub detail: String,
@@ -1022,6 +1030,18 @@ pub struct RoleStacks {
 /// The `stacks` section of report.json.
 #[derive(Clone, Debug, Serialize, PartialEq, Default)]
 pub struct StacksReport {
+    /// Which sampler took the native stacks: "perf-events", or
+    /// "in-process-timer" (perf_event_open refused, or `--sampler timer`);
+    /// "python-only" when only py-spy's Python stacks exist, "none" when
+    /// nothing was sampled.
+    pub sampler: String,
+    /// Why, in a line (the native sampler's own description).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub sampler_detail: String,
+    /// The recording named its native sampler (older recordings and
+    /// hand-built ones do not): the flamegraph subtitles name it.
+    #[serde(skip)]
+    pub sampler_named: bool,
     /// Native samples recorded (all roles).
     pub samples: u64,
     pub samples_per_role: BTreeMap<String, u64>,
@@ -1903,6 +1923,13 @@ fn sampler_figures(
     for st in &d.stats {
         match st.kind {
             Some(StackKind::Native) => {
+                rep.sampler_named = !st.sampler.is_empty();
+                rep.sampler = if st.sampler.is_empty() {
+                    crate::collect::perf::SAMPLER_PERF.to_string()
+                } else {
+                    st.sampler.clone()
+                };
+                rep.sampler_detail = st.detail.clone();
                 rep.lost_records += st.lost_records;
                 rep.unwind_truncated += st.truncated;
                 if st.interval_ns > 0 {
@@ -1921,6 +1948,22 @@ fn sampler_figures(
         // The Python sampler's counters were not written (gpuprof was
         // killed): count the stacks in the recording.
         rep.python_stacks = d.python.seen;
+    }
+    if rep.sampler.is_empty() {
+        rep.sampler = if !samples.is_empty() {
+            // Native counters not written (gpuprof killed): the samples'
+            // own sources say which.
+            if d.py_procs.values().any(|p| p.timer) {
+                crate::collect::perf::SAMPLER_TIMER
+            } else {
+                crate::collect::perf::SAMPLER_PERF
+            }
+        } else if rep.python_stacks > 0 {
+            "python-only"
+        } else {
+            "none"
+        }
+        .to_string();
     }
     rep.sampler_cpu_s = round4(rep.sampler_cpu_s);
     rep.frequency_hz = if period_ns > 0 {
@@ -2007,6 +2050,13 @@ fn python_report(
                 "same-instant"
             } else {
                 "python-only"
+            },
+            native_sampler: if info.is_some_and(|i| i.timer) {
+                Some(crate::collect::perf::SAMPLER_TIMER)
+            } else if per_proc.contains_key(&pid) {
+                Some(crate::collect::perf::SAMPLER_PERF)
+            } else {
+                None
             },
             detail: info.map(|i| i.detail.clone()).unwrap_or_default(),
             counts,
@@ -3338,6 +3388,7 @@ mod tests {
                 pid: Pid(10),
                 version: "3.12.1".into(),
                 same_instant: true,
+                timer: false,
                 detail: String::new(),
             },
         ]

@@ -437,6 +437,7 @@ impl Sampler {
                             pid,
                             version: spy.version.to_string(),
                             same_instant: false,
+                            timer: false,
                             detail: String::new(),
                         });
                     }

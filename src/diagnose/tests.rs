@@ -755,6 +755,7 @@ fn worker_stacks() -> Vec<Event> {
             pid: Pid(pid),
             version: "3.12.1".into(),
             same_instant,
+            timer: false,
             detail: String::new(),
         });
     }

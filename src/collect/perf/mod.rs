@@ -25,7 +25,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-pub use ring::{online_cpus, parse_cpu_list, perf_event_paranoid, ring_bytes_for, OpenError};
+pub use ring::{
+    online_cpus, parse_cpu_list, perf_event_paranoid, refusal_advice_then, ring_bytes_for,
+    OpenError,
+};
 
 use crate::collect::intern::Interner;
 use crate::collect::TreeNews;
@@ -37,6 +40,9 @@ use unwind::{Files, ProcessMaps, UnwindCache};
 
 /// Coverage source name of native stacks.
 pub const COVERAGE_SOURCE: &str = "native-stacks";
+/// `stacks.sampler` in report.json: which sampler took the native stacks.
+pub const SAMPLER_PERF: &str = "perf-events";
+pub const SAMPLER_TIMER: &str = "in-process-timer";
 
 /// Default and limits of the sampling settings.
 pub const DEFAULT_FREQUENCY: u64 = 99;
@@ -143,6 +149,31 @@ pub struct PerfOptions {
     /// Python frames of the same instant from the in-process agent
     /// (`--python-frames same-instant`, the default); else py-spy alone.
     pub same_instant_python: bool,
+    /// Which native sampler (`--sampler`).
+    pub sampler: SamplerChoice,
+}
+
+/// `--sampler`: who takes the native stacks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SamplerChoice {
+    /// perf events where allowed, else the in-process timer sampler.
+    #[default]
+    Auto,
+    /// perf events only: none where they are refused.
+    Perf,
+    /// The in-process timer sampler, even where perf is allowed.
+    Timer,
+}
+
+impl SamplerChoice {
+    pub fn parse(s: &str) -> Option<SamplerChoice> {
+        match s {
+            "auto" => Some(SamplerChoice::Auto),
+            "perf" => Some(SamplerChoice::Perf),
+            "timer" => Some(SamplerChoice::Timer),
+            _ => None,
+        }
+    }
 }
 
 impl Default for PerfOptions {
@@ -151,6 +182,7 @@ impl Default for PerfOptions {
             frequency: DEFAULT_FREQUENCY,
             stack_size: DEFAULT_STACK_SIZE,
             same_instant_python: true,
+            sampler: SamplerChoice::Auto,
         }
     }
 }
@@ -182,6 +214,9 @@ pub struct Opened {
     attached: Option<Attached>,
     /// The events stay off until the recording window opens (`--delay`).
     off: bool,
+    /// No perf events: the agents' CPU-time timers sample the job (see
+    /// [`timer_only`]); why.
+    timer: Option<String>,
 }
 
 /// Sampling a tree that already ran when the events were opened.
@@ -247,6 +282,7 @@ pub fn open_attached(root: Pid, opts: &PerfOptions) -> Result<Opened, OpenError>
             catch_ups: 0,
         }),
         off: false,
+        timer: None,
     })
 }
 
@@ -277,12 +313,32 @@ pub fn open(job: Pid, opts: &PerfOptions, at_exec: bool) -> Result<Opened, OpenE
         opts: opts.clone(),
         attached: None,
         off: !at_exec,
+        timer: None,
     })
 }
 
-/// Whether this process may open a sampling perf event on itself (what the
-/// in-process agent will do in the job's processes).
-pub fn self_sampling_allowed() -> bool {
+/// No perf events on `job`: its threads sample themselves, each on its own
+/// CPU-time clock, in the agent preloaded into it (the agent's timer
+/// sampler), and the reader drains the agents' rings alone. `why`: what the
+/// coverage entry says of the choice (perf refused, or `--sampler timer`).
+pub fn timer_only(job: Pid, opts: &PerfOptions, why: String) -> Opened {
+    Opened {
+        rings: Rings {
+            samplers: Vec::new(),
+            ring_bytes: 0,
+            followers: Vec::new(),
+        },
+        job,
+        opts: opts.clone(),
+        attached: None,
+        off: false,
+        timer: Some(why),
+    }
+}
+
+/// Why this process may not open a sampling perf event on itself, if it
+/// may not.
+pub fn self_sampling_refusal() -> Option<std::io::Error> {
     let mut b = perf_event::Builder::new(perf_event::events::Software::CPU_CLOCK);
     b.observe_self()
         .any_cpu()
@@ -290,7 +346,13 @@ pub fn self_sampling_allowed() -> bool {
         .exclude_kernel(true)
         .exclude_hv(true)
         .sample_period(10_000_000);
-    b.build().is_ok()
+    b.build().err()
+}
+
+/// Whether this process may open a sampling perf event on itself (what the
+/// in-process agent will do in the job's processes).
+pub fn self_sampling_allowed() -> bool {
+    self_sampling_refusal().is_none()
 }
 
 /// The coverage entry for a refused or failed `open`.
@@ -434,7 +496,16 @@ struct Reader {
     /// Counts samples: perf maps are read at most once per sample.
     sample_gen: u64,
     symbols: symbolize::Streamer,
+    /// The agents' timers sample the job, no perf events (why).
+    timer: Option<String>,
+    /// Timer sampler: when each process's /proc maps were last read. No
+    /// MMAP2 records tell of libraries loaded later, so a sample that
+    /// leaves a known mapping has them read again, at most this often.
+    maps_read: HashMap<Pid, Instant>,
 }
+
+/// How often a process's /proc maps may be read again (timer sampler).
+const MAPS_REREAD: Duration = Duration::from_millis(200);
 
 /// After attaching, the tree is listed again this long after the events
 /// were opened (and twice as long, and so on), to give threads that were
@@ -514,6 +585,8 @@ impl Reader {
             sample_gen: 0,
             symbols: symbolize::Streamer::start(sink.clone()),
             sink,
+            timer: opened.timer,
+            maps_read: HashMap::new(),
         };
         r.announce_files();
         r
@@ -858,13 +931,19 @@ impl Reader {
                 a.verdicts.set(h.pid, h.sampling);
                 // The py-spy sampler may be waiting for this word.
                 self.news.wake_listener();
-                self.sink.send_blocking(Event::PyProcess {
-                    t: h.t,
-                    pid: h.pid,
-                    version: h.version,
-                    same_instant: h.sampling,
-                    detail: h.detail,
-                });
+                if self.timer.is_some() {
+                    self.timer_process(&h);
+                }
+                if h.python {
+                    self.sink.send_blocking(Event::PyProcess {
+                        t: h.t,
+                        pid: h.pid,
+                        version: h.version,
+                        same_instant: h.sampling,
+                        timer: h.timer,
+                        detail: h.detail,
+                    });
+                }
             }
             AgentRecord::Note(Note::HandlerChained { pid, .. }) => {
                 a.procs.entry(pid).or_default().chained = true;
@@ -875,6 +954,58 @@ impl Reader {
             AgentRecord::Sample(smp) => self.agent_sample(ring, smp),
             AgentRecord::Code(_) => {}
         }
+    }
+
+    /// Timer sampler: a process the agent just started sampling. No perf
+    /// records introduce processes, so its hello stands for them: a new
+    /// program (or a forked child) whose mappings are read afresh from
+    /// /proc, and its fork and name for the analysis (at the hello's time,
+    /// its first sample: no sample of it comes before).
+    fn timer_process(&mut self, h: &pyagent::Hello) {
+        self.procs.remove(&h.pid);
+        self.maps_read.remove(&h.pid);
+        if h.forked && h.ppid.0 > 0 {
+            self.sink.send_blocking(Event::TaskFork {
+                t: h.t,
+                pid: h.pid,
+                tid: Tid(h.pid.0),
+                ppid: h.ppid,
+                ptid: Tid(h.ppid.0),
+            });
+        }
+        let comm = std::fs::read_to_string(format!("/proc/{}/comm", h.pid.0))
+            .map(|c| c.trim_end_matches('\n').to_string())
+            .unwrap_or_default();
+        if !comm.is_empty() {
+            self.sink.send_blocking(Event::TaskComm {
+                t: h.t,
+                pid: h.pid,
+                tid: Tid(h.pid.0),
+                comm,
+                exec: !h.forked,
+            });
+        }
+        self.news.new_process();
+    }
+
+    /// Timer sampler: read `pid`'s mappings from /proc again (a library
+    /// loaded since), unless that was done less than [`MAPS_REREAD`] ago.
+    fn reread_maps(&mut self, pid: Pid) -> bool {
+        let now = Instant::now();
+        if self
+            .maps_read
+            .get(&pid)
+            .is_some_and(|t| now.duration_since(*t) < MAPS_REREAD)
+        {
+            return false;
+        }
+        self.maps_read.insert(pid, now);
+        let pm = self.procs.entry(pid).or_default();
+        for m in unwind::proc_maps(pid) {
+            pm.add(&mut self.files, &m);
+        }
+        pm.seeded = true;
+        true
     }
 
     /// An agent sample as one recorded stack: its Python frames, then its
@@ -939,18 +1070,10 @@ impl Reader {
                 marker = Some(MARKER_UNREADABLE);
             }
         }
-        self.prepare_maps(pid);
-        let pm = self.procs.get_mut(&pid).expect("prepared");
-        self.sample_gen += 1;
-        let files = &mut self.files;
-        let Some(u) = unwind::unwind(
-            pm,
-            &mut self.cache,
-            &smp.native,
-            self.unknown_file,
-            self.sample_gen,
-            &mut |path| files.id_of_text(path),
-        ) else {
+        if self.timer.is_some() && !self.maps_read.contains_key(&pid) {
+            self.reread_maps(pid);
+        }
+        let Some(u) = self.unwind_agent_sample(&smp.native) else {
             return;
         };
         for (i, _, e) in &u.jit {
@@ -990,6 +1113,32 @@ impl Reader {
                 &self.sink,
             );
         }
+    }
+
+    /// Unwind an agent sample's native half. With the timer sampler a
+    /// frame outside every known mapping (a library loaded after the maps
+    /// were read) has the maps read again, and the sample unwound again.
+    fn unwind_agent_sample(&mut self, native: &ring::Sample) -> Option<unwind::Unwound> {
+        let pid = native.pid;
+        for attempt in 0..2 {
+            self.prepare_maps(pid);
+            let pm = self.procs.get_mut(&pid).expect("prepared");
+            self.sample_gen += 1;
+            let files = &mut self.files;
+            let u = unwind::unwind(
+                pm,
+                &mut self.cache,
+                native,
+                self.unknown_file,
+                self.sample_gen,
+                &mut |path| files.id_of_text(path),
+            )?;
+            let unknown = u.frames.iter().any(|&(f, _)| f == self.unknown_file);
+            if attempt == 1 || !unknown || self.timer.is_none() || !self.reread_maps(pid) {
+                return Some(u);
+            }
+        }
+        None
     }
 
     /// A perf sample of a thread the agent keeps up with. The analysis uses
@@ -1083,14 +1232,25 @@ impl Reader {
         s.busy_ns = crate::collect::thread_cpu_ns().unwrap_or(self.busy.as_nanos() as u64)
             + naming.as_nanos() as u64;
         s.interval_ns = 1_000_000_000 / self.opts.frequency.max(1);
-        s.detail = format!(
-            "perf cpu-clock at {} Hz on {} CPUs, {} KiB user stack copies, {} KiB ring per CPU, job pid {}",
-            self.opts.frequency,
-            self.rings.samplers.len(),
-            self.opts.stack_size / 1024,
-            self.rings.ring_bytes / 1024,
-            self.job
-        );
+        if let Some(why) = &self.timer {
+            s.sampler = SAMPLER_TIMER.into();
+            s.detail = format!(
+                "in-process timer sampler: each thread of the job samples itself on its own CPU-time clock at {} Hz, {} KiB user stack copies, job pid {} ({why})",
+                self.opts.frequency,
+                self.opts.stack_size / 1024,
+                self.job
+            );
+        } else {
+            s.sampler = SAMPLER_PERF.into();
+            s.detail = format!(
+                "perf cpu-clock at {} Hz on {} CPUs, {} KiB user stack copies, {} KiB ring per CPU, job pid {}",
+                self.opts.frequency,
+                self.rings.samplers.len(),
+                self.opts.stack_size / 1024,
+                self.rings.ring_bytes / 1024,
+                self.job
+            );
+        }
         if let Some(a) = self.agent.take() {
             let dropped = a.rings.dropped();
             for (pid, p) in a.procs {

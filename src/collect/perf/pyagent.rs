@@ -26,6 +26,7 @@ const ENV_DIR: &str = "GPUPROF_PYSTACKS_DIR";
 const ENV_PERIOD: &str = "GPUPROF_PYSTACKS_PERIOD_NS";
 const ENV_STACK: &str = "GPUPROF_PYSTACKS_STACK_BYTES";
 const ENV_RING: &str = "GPUPROF_PYSTACKS_RING_BYTES";
+const ENV_SAMPLER: &str = "GPUPROF_PYSTACKS_SAMPLER";
 
 const MAGIC: u64 = 0x3147_4e52_4652_5047;
 const HEADER_BYTES: usize = 4096;
@@ -36,6 +37,11 @@ const OFF_DROPPED: usize = 192;
 
 const REC_PAD: u16 = 1;
 const REC_HELLO: u16 = 2;
+/// HELLO statuses that mean sampling (pystacks.c): with the perf event,
+/// with the timers, and a native program with the timers.
+const HELLO_SAMPLING: u32 = 0;
+const HELLO_SAMPLING_TIMER: u32 = 4;
+const HELLO_NATIVE_TIMER: u32 = 5;
 const REC_SAMPLE: u16 = 3;
 const REC_CODE: u16 = 4;
 const REC_NOTE: u16 = 5;
@@ -189,6 +195,7 @@ pub fn job_env(
     ring_dir: &Path,
     frequency: u64,
     stack_bytes: u32,
+    timer: bool,
 ) -> Vec<(OsString, OsString)> {
     let mut preload = OsString::from(agent_so.as_os_str());
     if let Some(user) = std::env::var_os("LD_PRELOAD").filter(|v| !v.is_empty()) {
@@ -196,7 +203,7 @@ pub fn job_env(
         preload.push(user);
     }
     let period = 1_000_000_000 / frequency.max(1);
-    vec![
+    let mut env = vec![
         ("LD_PRELOAD".into(), preload),
         (ENV_DIR.into(), ring_dir.as_os_str().to_owned()),
         (ENV_PERIOD.into(), period.to_string().into()),
@@ -205,7 +212,11 @@ pub fn job_env(
             ENV_RING.into(),
             ring_bytes_for(frequency, stack_bytes).to_string().into(),
         ),
-    ]
+    ];
+    if timer {
+        env.push((ENV_SAMPLER.into(), "timer".into()));
+    }
+    env
 }
 
 /// Ring size of one process: room for 50 ms of 8 busy threads, counting
@@ -225,6 +236,10 @@ pub struct Hello {
     pub t: MonoNs,
     /// The agent samples this process (else `detail` says why not).
     pub sampling: bool,
+    /// It samples with per-thread CPU-time timers, not a perf event.
+    pub timer: bool,
+    /// The process is a CPython (else a native program the timers sample).
+    pub python: bool,
     pub version: String,
     /// A child forked by an agent-sampled process (its code objects are
     /// named in its parent's ring until it names new ones).
@@ -335,7 +350,12 @@ pub fn parse(rec: &[u8]) -> Option<AgentRecord> {
             Some(AgentRecord::Hello(Hello {
                 pid,
                 t: MonoNs(u64_at(rec, 16)?),
-                sampling: status == 0,
+                sampling: matches!(
+                    status,
+                    HELLO_SAMPLING | HELLO_SAMPLING_TIMER | HELLO_NATIVE_TIMER
+                ),
+                timer: matches!(status, HELLO_SAMPLING_TIMER | HELLO_NATIVE_TIMER),
+                python: status != HELLO_NATIVE_TIMER,
                 forked: u32_at(rec, 36)? != 0,
                 ppid: Pid(u32_at(rec, 40)? as i32),
                 version: cstr(rec.get(56..104)?),
@@ -857,6 +877,7 @@ mod tests {
             Path::new("/r"),
             99,
             32768,
+            false,
         );
         let get = |k: &str| env.iter().find(|e| e.0 == k).map(|e| e.1.clone());
         assert!(get("LD_PRELOAD")
@@ -864,5 +885,8 @@ mod tests {
             .to_string_lossy()
             .starts_with("/x/libgpuprof_pystacks.so"));
         assert_eq!(get(ENV_PERIOD).unwrap(), "10101010");
+        assert_eq!(get(ENV_SAMPLER), None);
+        let env = job_env(Path::new("/a.so"), Path::new("/r"), 99, 32768, true);
+        assert!(env.iter().any(|e| e.0 == ENV_SAMPLER && e.1 == "timer"));
     }
 }
