@@ -392,6 +392,16 @@ pub struct OutputArgs {
     /// left out of the picture (the folded stacks keep all), e.g. `1MB`.
     #[arg(long, value_name = "SIZE", default_value = "1MB")]
     pub flame_max_size: String,
+
+    /// Python frames by line: `augment (train.py:42)`, the line each frame
+    /// was on at the sample's instant (as py-spy shows them), in the
+    /// flamegraphs, folded files, profiles and trace; `file.py:?` where a
+    /// line could not be decoded. Without it frames are by function, as the
+    /// diagnosis and report.json count them. The recording always keeps the
+    /// lines (same-instant Python frames only): `gpuprof report --lines
+    /// DIR` redraws.
+    #[arg(long)]
+    pub lines: bool,
 }
 
 impl OutputArgs {
@@ -411,6 +421,7 @@ impl OutputArgs {
             trace_budget_bytes: size("trace-max-size", &self.trace_max_size, 1_000_000)?,
             trace_gzip: self.trace_gzip,
             flame_max_bytes: size("flame-max-size", &self.flame_max_size, 100_000)?,
+            python_lines: self.lines,
             ..Default::default()
         })
     }

@@ -831,6 +831,11 @@ pub enum Event {
         /// executes (its `_PyEval_EvalFrameDefault` frame).
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         entry: bool,
+        /// The line the frame was on at the sample's instant, decoded from
+        /// the instruction it was executing; `Some(0)`: it could not be
+        /// decoded; `None`: not recorded (older recordings).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        line: Option<u32>,
     },
     /// A pseudo-frame of a native stack (native frame space) saying why its
     /// Python frames are missing or partial, e.g. `[python: unreadable]`.

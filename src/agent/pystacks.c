@@ -150,6 +150,41 @@ static const struct layout LAYOUTS[] = {
     {13, 72, -1, 0, 8, 0, 70, -1, 72, 3, 128, 112, 68, 136, 40, 56},
 };
 
+/* Where the instruction a frame is executing and a code object's line
+ * table are, per minor version (checked against each version's headers by
+ * tests/timer_sampler.rs, and on 3.13 against _Py_DebugOffsets):
+ * {minor, frame's instruction field, its kind, co_lnotab/co_linetable,
+ * co_code_adaptive}. Kinds: 0 f_lasti, a byte offset (3.9); 1 f_lasti, an
+ * instruction index (3.10); 2 a pointer to the instruction being executed
+ * (3.11-3.12 prev_instr, 3.13 instr_ptr). */
+struct line_layout {
+    int minor;
+    int fr_instr;
+    int instr_kind;
+    int co_lines;
+    int co_code;
+};
+
+static const struct line_layout LINE_LAYOUTS[] = {
+    {9, 104, 0, 120, -1},
+    {10, 96, 1, 120, -1},
+    {11, 56, 2, 136, 184},
+    {12, 56, 2, 136, 192},
+    {13, 56, 2, 136, 200},
+};
+
+/* A frame's instruction in its flags: the index of the instruction (in
+ * code units) + 2, so -1 (not started) is 1 and 0 is unknown; bits 8-30. */
+#define FR_INSTR_SHIFT 8
+#define FR_INSTR_MAX 0x7fffffu
+
+/* Most bytes of a line table sent with a code object's name. */
+#define LINES_BYTES 4096
+/* rec_code.flags: the line table was longer than LINES_BYTES. */
+#define CODE_LINES_CUT 1u
+/* rec_code.flags: the line table could not be read. */
+#define CODE_LINES_NONE 2u
+
 struct code_slot {
     _Atomic uint64_t code;
     _Atomic uint32_t key;
@@ -200,11 +235,11 @@ struct rec_code {
     int32_t firstlineno;
     uint8_t name_kind; /* bytes per character: 1, 2, 4; 0 unknown */
     uint8_t file_kind;
-    uint16_t reserved;
+    uint16_t flags;    /* CODE_LINES_* */
     uint32_t name_bytes;
     uint32_t file_bytes;
-    uint32_t reserved2;
-    /* name bytes, file bytes, padded to 8 */
+    uint32_t lines_bytes; /* the line table (co_lnotab / co_linetable) */
+    /* name bytes, file bytes, line table bytes, padded to 8 */
 };
 
 struct rec_note {
@@ -226,6 +261,11 @@ typedef sighandler_t (*signal_fn)(int, sighandler_t);
 typedef int (*sigmask_fn)(int, const sigset_t *, sigset_t *);
 
 static const struct layout *L;
+static const struct line_layout *LL;
+/* Bytes read of a frame and of a code object: the layout's, or up to the
+ * instruction and line table fields. */
+static int g_fr_read;
+static int g_co_read;
 static tstate_fn get_tstate;
 static uintptr_t code_type;
 static struct gp_ring g_ring_storage[1];
@@ -414,11 +454,33 @@ static uint32_t read_str(uintptr_t obj, uint8_t *dst, uint32_t cap, uint8_t *kin
     return (uint32_t)bytes;
 }
 
+/* A code object's line table (a bytes object: its size at 16, its bytes
+ * at 32) into dst, at most LINES_BYTES; flags say when it was cut or could
+ * not be read. */
+static uint32_t read_lines(uintptr_t obj, uint8_t *dst, uint16_t *flags)
+{
+    int64_t size;
+    if (!obj || rd(&size, obj + 16, 8) || size < 0) {
+        *flags |= CODE_LINES_NONE;
+        return 0;
+    }
+    uint64_t n = (uint64_t)size;
+    if (n > LINES_BYTES) {
+        n = LINES_BYTES;
+        *flags |= CODE_LINES_CUT;
+    }
+    if (n && rd(dst, obj + 32, n)) {
+        *flags |= CODE_LINES_NONE;
+        return 0;
+    }
+    return (uint32_t)n;
+}
+
 /* Name a code object in the ring: (code, key) → qualname, filename. */
 static int emit_code(uint64_t code, uint32_t key, const uint8_t *hdr, uint32_t tid)
 {
     struct gp_ring *r = ring();
-    uint32_t reserve = sizeof(struct rec_code) + NAME_BYTES + FILE_BYTES;
+    uint32_t reserve = sizeof(struct rec_code) + NAME_BYTES + FILE_BYTES + LINES_BYTES;
     uint64_t pos = gp_ring_reserve(r, reserve);
     if (pos == UINT64_MAX)
         return -1;
@@ -430,9 +492,9 @@ static int emit_code(uint64_t code, uint32_t key, const uint8_t *hdr, uint32_t t
     uint8_t *out = (uint8_t *)(c + 1);
     c->name_bytes = read_str(rd_ptr(hdr, L->co_name), out, NAME_BYTES, &c->name_kind);
     c->file_bytes = read_str(rd_ptr(hdr, L->co_file), out + c->name_bytes, FILE_BYTES, &c->file_kind);
-    c->reserved = 0;
-    c->reserved2 = 0;
-    uint32_t used = sizeof *c + ((c->name_bytes + c->file_bytes + 7) & ~7u);
+    c->flags = 0;
+    c->lines_bytes = read_lines(rd_ptr(hdr, LL->co_lines), out + c->name_bytes + c->file_bytes, &c->flags);
+    uint32_t used = sizeof *c + ((c->name_bytes + c->file_bytes + c->lines_bytes + 7) & ~7u);
     gp_ring_commit(r, pos, reserve, used, REC_CODE, 0);
     return 0;
 }
@@ -478,7 +540,10 @@ static int check_code(struct frame_out *fo, const uint8_t *hdr, uint32_t tid)
     }
     int32_t line;
     memcpy(&line, hdr + L->co_firstlineno, 4);
-    fo->key = key_of(rd_ptr(hdr, L->co_name), rd_ptr(hdr, L->co_file), line);
+    /* The line table too: a function compiled anew from other source, with
+     * its name, file and first line, has another one. */
+    fo->key = key_of(rd_ptr(hdr, L->co_name), rd_ptr(hdr, L->co_file) ^ (rd_ptr(hdr, LL->co_lines) * 0x94d049bb133111ebull),
+                     line);
     struct code_slot *slot;
     int seen = code_seen(fo->code, fo->key, &slot);
     /* Marked ready only once its name is in the ring: a name dropped with
@@ -539,7 +604,7 @@ static void hook_code_dealloc(void)
 static int check_codes(struct frame_out *f, uint32_t n, uint32_t tid, const struct iovec *tail,
                        ssize_t *tail_got)
 {
-    uint8_t buf[CODE_BATCH][136];
+    uint8_t buf[CODE_BATCH][152];
     uint64_t uniq[CODE_BATCH];
     uint8_t deep[CODE_BATCH];
     struct frame_out first[CODE_BATCH];
@@ -581,11 +646,11 @@ static int check_codes(struct frame_out *f, uint32_t n, uint32_t tid, const stru
             break;
         for (uint32_t j = 0; j < m; j++) {
             local[j].iov_base = buf[j];
-            local[j].iov_len = (size_t)L->co_read;
+            local[j].iov_len = (size_t)g_co_read;
             remote[j].iov_base = (void *)(uintptr_t)uniq[j];
-            remote[j].iov_len = (size_t)L->co_read;
+            remote[j].iov_len = (size_t)g_co_read;
         }
-        ssize_t want = (ssize_t)m * L->co_read;
+        ssize_t want = (ssize_t)m * g_co_read;
         uint32_t k = m;
         if (end == n && tail) {
             local[k] = tail[0];
@@ -632,6 +697,33 @@ static int check_codes(struct frame_out *f, uint32_t n, uint32_t tid, const stru
     return rc;
 }
 
+/* The instruction a frame is executing, as frame flags (FR_INSTR_SHIFT). */
+static uint32_t instr_flags(const uint8_t *fr, uint64_t code)
+{
+    int64_t index;
+    if (LL->instr_kind == 2) {
+        uint64_t p = rd_ptr(fr, LL->fr_instr);
+        uint64_t start = code + (uint64_t)LL->co_code;
+        /* Before the first instruction: CPython's own answer is the
+         * function's first line, as for -1 below. */
+        if (p + 2 == start)
+            index = -1;
+        else if (p < start || (p - start) / 2 > FR_INSTR_MAX - 2)
+            return 0;
+        else
+            index = (int64_t)((p - start) / 2);
+    } else {
+        int32_t lasti;
+        memcpy(&lasti, fr + LL->fr_instr, 4);
+        if (lasti < -1)
+            return 0;
+        index = LL->instr_kind == 0 && lasti >= 0 ? lasti / 2 : lasti;
+        if (index > (int64_t)FR_INSTR_MAX - 2)
+            return 0;
+    }
+    return (uint32_t)(index + 2) << FR_INSTR_SHIFT;
+}
+
 /* Most bytes read at once below a frame of a data stack (3.11+), see
  * walk(): the rest of a page. */
 #define WALK_WINDOW_MAX 4096
@@ -664,15 +756,15 @@ static uint32_t walk(void *tstate, uintptr_t sp, struct frame_out *out, uint32_t
      * this is one piece, not also the pages below. 3.9-3.10 frames are
      * heap objects: one each. */
     int below = L->fr_is_entry >= 0 || L->owner_cstack >= 0;
-    uintptr_t room = below && cap > (size_t)L->fr_read ? cap - (size_t)L->fr_read : 0;
+    uintptr_t room = below && cap > (size_t)g_fr_read ? cap - (size_t)g_fr_read : 0;
     uintptr_t win_lo = 0, win_hi = 0;
     while (f) {
         const uint8_t *fr;
-        if (f >= win_lo && f <= win_hi && win_hi - f >= (uintptr_t)L->fr_read) {
+        if (f >= win_lo && f <= win_hi && win_hi - f >= (uintptr_t)g_fr_read) {
             fr = win + (f - win_lo);
         } else {
             uintptr_t lo = f - ((f & 4095) < room ? (f & 4095) : room);
-            size_t len = (size_t)(f - lo) + (size_t)L->fr_read;
+            size_t len = (size_t)(f - lo) + (size_t)g_fr_read;
             if (rd(win, lo, len))
                 return *nout = n, ST_UNREADABLE;
             if (len > *dirty)
@@ -699,7 +791,7 @@ static uint32_t walk(void *tstate, uintptr_t sp, struct frame_out *out, uint32_t
             return *nout = n, ST_TRUNCATED;
         out[n].code = rd_ptr(fr, L->fr_code);
         out[n].key = 0;
-        out[n].flags = 0;
+        out[n].flags = instr_flags(fr, out[n].code);
         if (L->fr_is_entry >= 0 ? fr[L->fr_is_entry] != 0 : L->owner_cstack < 0)
             out[n].flags |= FR_ENTRY;
         n++;
@@ -1358,7 +1450,7 @@ static const char *check_debug_offsets(void)
         return "no _PyRuntime symbol";
     if (memcmp(rt, "xdebugpy", 8))
         return "no debug offsets in _PyRuntime";
-    uint64_t v[40];
+    uint64_t v[48];
     memcpy(v, rt + 8, sizeof v);
     /* version, free_threaded, runtime_state{3}, interpreter_state{13},
      * thread_state{size, prev, next, interp, current_frame, ...} */
@@ -1373,6 +1465,9 @@ static const char *check_debug_offsets(void)
     uint64_t *co = &fr[6];
     if (co[1] != (uint64_t)L->co_file || co[3] != (uint64_t)L->co_name || co[5] != (uint64_t)L->co_firstlineno)
         return "PyCodeObject is not laid out as expected";
+    /* interpreter_frame.instr_ptr; code_object.linetable, co_code_adaptive */
+    if (fr[3] != (uint64_t)LL->fr_instr || co[4] != (uint64_t)LL->co_lines || co[9] != (uint64_t)LL->co_code)
+        return "the instruction pointer or line table is not where expected";
     return NULL;
 }
 
@@ -1449,8 +1544,15 @@ __attribute__((constructor)) static void pystacks_init(void)
     const char *refuse = NULL;
     char why[192];
     for (size_t i = 0; i < sizeof LAYOUTS / sizeof LAYOUTS[0]; i++)
-        if (maj == 3 && LAYOUTS[i].minor == min)
+        if (maj == 3 && LAYOUTS[i].minor == min) {
             L = &LAYOUTS[i];
+            LL = &LINE_LAYOUTS[i];
+            g_fr_read = L->fr_read;
+            int instr_end = LL->fr_instr + (LL->instr_kind == 2 ? 8 : 4);
+            if (instr_end > g_fr_read)
+                g_fr_read = instr_end;
+            g_co_read = L->co_read > LL->co_lines + 8 ? L->co_read : LL->co_lines + 8;
+        }
     if (!L) {
         snprintf(why, sizeof why, "Python %s: same-instant frames support CPython 3.9 to 3.13", g_version);
         refuse = why;

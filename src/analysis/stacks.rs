@@ -62,6 +62,9 @@ enum Frame {
         name: String,
         file: String,
         entry: bool,
+        /// The line at the sample's instant (agent samples; 0: could not be
+        /// decoded; None: not recorded).
+        line: Option<u32>,
     },
     /// Why a stack's Python frames are missing or cut (`[python: …]`).
     Marker(String),
@@ -333,6 +336,9 @@ fn splitmix64(x: u64) -> u64 {
 /// The stack events of a recording, collected in one pass.
 #[derive(Default)]
 pub struct StackData {
+    /// Python frames by line, `name (file.py:LINE)` (`--lines`), where the
+    /// recording has lines; else by function.
+    pub lines: bool,
     files: HashMap<u32, String>,
     native_frames: HashMap<u32, Frame>,
     py_frames: HashMap<u32, Frame>,
@@ -415,6 +421,7 @@ impl StackData {
                 name,
                 file,
                 entry,
+                line,
             } => {
                 self.native_frames.insert(
                     *id,
@@ -422,6 +429,7 @@ impl StackData {
                         name: name.clone(),
                         file: file.clone(),
                         entry: *entry,
+                        line: *line,
                     },
                 );
             }
@@ -462,6 +470,7 @@ impl StackData {
                         name: name.clone(),
                         file: file.clone(),
                         entry: *entry,
+                        line: None,
                     },
                 );
             }
@@ -1180,8 +1189,21 @@ impl<'a> Resolver<'a> {
     }
 
     fn intern_python(&mut self, name: &str, file: &str) -> u32 {
+        self.intern_python_at(name, file, None)
+    }
+
+    /// A Python frame, `name (file.py)`, or with `--lines`
+    /// `name (file.py:LINE)` (`file.py:?` when its line could not be
+    /// decoded) where the recording has its line.
+    fn intern_python_at(&mut self, name: &str, file: &str, line: Option<u32>) -> u32 {
+        let file_label = clean(py_file_label(file));
+        let label = match line.filter(|_| self.d.lines) {
+            Some(0) => format!("{} ({file_label}:?)", clean(name)),
+            Some(l) => format!("{} ({file_label}:{l})", clean(name)),
+            None => format!("{} ({file_label})", clean(name)),
+        };
         self.intern(FrameInfo {
-            label: format!("{} ({})", clean(name), clean(py_file_label(file))),
+            label,
             class: FrameClass::Python,
             name: name.to_string(),
             file: file.to_string(),
@@ -1197,9 +1219,11 @@ impl<'a> Resolver<'a> {
             Some(Frame::Native { file, offset }) => {
                 Some((self.d.files.get(file).map_or("?", |p| p.as_str()), *offset))
             }
-            Some(Frame::Python { name, file, .. }) => {
-                let (name, file) = (name.clone(), file.clone());
-                let id = self.intern_python(&name, &file);
+            Some(Frame::Python {
+                name, file, line, ..
+            }) => {
+                let (name, file, line) = (name.clone(), file.clone(), *line);
+                let id = self.intern_python_at(&name, &file, line);
                 self.native_name.insert(frame, id);
                 return id;
             }
@@ -3376,12 +3400,14 @@ mod tests {
                 name: "<module>".into(),
                 file: "/x/job.py".into(),
                 entry: true,
+                line: None,
             },
             Event::InlinePyFrame {
                 id: 6,
                 name: "augment".into(),
                 file: "/x/job.py".into(),
                 entry: false,
+                line: None,
             },
             Event::PyProcess {
                 t: MonoNs(0),

@@ -688,6 +688,7 @@ fn worker_stacks() -> Vec<Event> {
         name: name.into(),
         file: file.into(),
         entry: id <= 2,
+        line: None,
     };
     let batch = |kind, pid, source, ks: Vec<u64>, stack: fn(u64) -> u32| {
         let mut dt = vec![0u32];

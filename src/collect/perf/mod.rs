@@ -14,6 +14,7 @@
 
 mod perfmap;
 pub mod pyagent;
+pub mod pylines;
 mod ring;
 mod symbolize;
 mod unwind;
@@ -426,7 +427,8 @@ fn own_perf_map(pid: Pid, t: Option<MonoNs>) -> perfmap::SharedMap {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 enum FrameKey {
     Native(u32, u64),
-    Py(u32, bool),
+    /// (name id, entry frame, line: 0 when it could not be decoded).
+    Py(u32, bool, u32),
     Marker(&'static str),
 }
 
@@ -533,13 +535,14 @@ fn queue_name(
 fn frame_event(id: u32, key: &FrameKey, rings: &AgentRings) -> Event {
     match *key {
         FrameKey::Native(file, offset) => Event::NativeFrame { id, file, offset },
-        FrameKey::Py(name, entry) => {
+        FrameKey::Py(name, entry, line) => {
             let (name, file) = rings.name(name);
             Event::InlinePyFrame {
                 id,
                 name: name.to_string(),
                 file: file.to_string(),
                 entry,
+                line: Some(line),
             }
         }
         FrameKey::Marker(m) => Event::StackMarker {
@@ -1036,16 +1039,17 @@ impl Reader {
                         break;
                     }
                     match a.rings.resolve(ring, code, key) {
-                        Some(id) => {
+                        Some((id, table)) => {
                             if a.rings.name(id).1 == "<shim>" {
                                 if entry {
-                                    if let Some(FrameKey::Py(_, e)) = inner_first.last_mut() {
+                                    if let Some(FrameKey::Py(_, e, _)) = inner_first.last_mut() {
                                         *e = true;
                                     }
                                 }
                                 continue;
                             }
-                            inner_first.push(FrameKey::Py(id, entry));
+                            let line = a.rings.line(table, pyagent::frame_instruction(flags));
+                            inner_first.push(FrameKey::Py(id, entry, line));
                         }
                         None => {
                             st.unknown_code += 1;

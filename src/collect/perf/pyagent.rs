@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use super::pylines::{self, LineTable};
 use crate::event::{MonoNs, Pid, Tid};
 
 /// Name of the agent (`src/agent/pystacks.c`).
@@ -263,6 +264,13 @@ pub const FRAME_ENTRY: u32 = 1;
 /// Frame flag: the pointer was not a code object.
 pub const FRAME_BAD_CODE: u32 = 2;
 
+/// The instruction a frame was executing, from its flags: its index in
+/// code units (-1: not started), or `None` when the agent could not tell.
+pub fn frame_instruction(flags: u32) -> Option<i64> {
+    let v = (flags >> 8) & 0x7f_ffff;
+    (v != 0).then(|| v as i64 - 2)
+}
+
 /// A code object's names, as the agent read them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CodeName {
@@ -272,6 +280,13 @@ pub struct CodeName {
     pub name: String,
     pub file: String,
     pub firstlineno: i32,
+    /// Its line table (`co_lnotab` / `co_linetable`), at most the agent's
+    /// 4 KiB.
+    pub lines: Vec<u8>,
+    /// The table was longer than what was sent.
+    pub lines_cut: bool,
+    /// The table could not be read.
+    pub lines_missing: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -405,8 +420,11 @@ pub fn parse(rec: &[u8]) -> Option<AgentRecord> {
             let fk = *rec.get(33)?;
             let nb = u32_at(rec, 36)? as usize;
             let fb = u32_at(rec, 40)? as usize;
+            let lb = u32_at(rec, 44)? as usize;
+            let flags = u16::from_ne_bytes(rec.get(34..36)?.try_into().ok()?);
             let name = rec.get(48..48usize.checked_add(nb)?)?;
             let file = rec.get(48 + nb..(48 + nb).checked_add(fb)?)?;
+            let lines = rec.get(48 + nb + fb..(48 + nb + fb).checked_add(lb)?)?;
             Some(AgentRecord::Code(CodeName {
                 pid,
                 code: u64_at(rec, 16)?,
@@ -414,6 +432,9 @@ pub fn parse(rec: &[u8]) -> Option<AgentRecord> {
                 firstlineno: u32_at(rec, 28)? as i32,
                 name: decode_str(name, nk).unwrap_or_default(),
                 file: decode_str(file, fk).unwrap_or_default(),
+                lines: lines.to_vec(),
+                lines_cut: flags & 1 != 0,
+                lines_missing: flags & 2 != 0,
             }))
         }
         REC_NOTE => {
@@ -442,8 +463,11 @@ struct MappedRing {
     broken: bool,
     /// The process was seen gone and its ring drained.
     done: bool,
-    /// Code objects named in this ring: (code, key) → name id.
-    codes: HashMap<(u64, u32), u32>,
+    /// Code objects named in this ring: (code, key) → (name id, line
+    /// table id).
+    codes: HashMap<(u64, u32), (u32, u32)>,
+    /// CPython's minor version of the process, from its hello.
+    minor: u8,
     /// The ring of the process this one was forked from.
     parent: Option<usize>,
     /// Records dropped for a full ring, read when it was released.
@@ -547,6 +571,10 @@ pub struct AgentRings {
     pub malformed: u64,
     /// Python function names: id → (qualified name, file).
     names: Vec<(String, String)>,
+    /// Line tables of the code objects named, by table id.
+    tables: Vec<LineTable>,
+    /// Lines decoded: (table id, instruction index) → line (0: none).
+    line_cache: HashMap<(u32, i64), u32>,
     name_ids: HashMap<(String, String), u32>,
     scratch: Vec<AgentRecord>,
 }
@@ -579,6 +607,8 @@ impl AgentRings {
             soon: false,
             malformed: 0,
             names: Vec::new(),
+            tables: Vec::new(),
+            line_cache: HashMap::new(),
             name_ids: HashMap::new(),
             scratch: Vec::new(),
         }
@@ -634,6 +664,7 @@ impl AgentRings {
                         broken: false,
                         done: false,
                         codes: HashMap::new(),
+                        minor: 0,
                         parent: None,
                         dropped_at_end: 0,
                         used: 0.0,
@@ -690,6 +721,13 @@ impl AgentRings {
         for r in recs.drain(..) {
             match r {
                 AgentRecord::Code(c) => {
+                    let table = self.tables.len() as u32;
+                    self.tables.push(LineTable {
+                        minor: self.minor_of(i),
+                        firstlineno: c.firstlineno,
+                        bytes: c.lines,
+                        cut: c.lines_cut || c.lines_missing,
+                    });
                     let k = (c.name, c.file);
                     let id = match self.name_ids.get(&k) {
                         Some(id) => *id,
@@ -700,9 +738,15 @@ impl AgentRings {
                             id
                         }
                     };
-                    self.rings[i].codes.insert((c.code, c.key), id);
+                    self.rings[i].codes.insert((c.code, c.key), (id, table));
                 }
                 AgentRecord::Hello(h) => {
+                    self.rings[i].minor = h
+                        .version
+                        .split('.')
+                        .nth(1)
+                        .and_then(|m| m.parse().ok())
+                        .unwrap_or(0);
                     if h.forked && self.rings[i].parent.is_none() {
                         // The parent's ring at the fork: its latest one.
                         self.rings[i].parent = (0..self.rings.len())
@@ -719,7 +763,7 @@ impl AgentRings {
 
     /// The name id of a code object seen in `ring`'s process: named there,
     /// or (a forked child) in the process it was forked from.
-    pub fn resolve(&self, ring: usize, code: u64, key: u32) -> Option<u32> {
+    pub fn resolve(&self, ring: usize, code: u64, key: u32) -> Option<(u32, u32)> {
         let mut r = Some(ring);
         for _ in 0..64 {
             let ring = self.rings.get(r?)?;
@@ -729,6 +773,30 @@ impl AgentRings {
             r = ring.parent;
         }
         None
+    }
+
+    /// CPython's minor version in ring `i`'s process (0: not said yet).
+    fn minor_of(&self, i: usize) -> u8 {
+        self.rings.get(i).map_or(0, |r| r.minor)
+    }
+
+    /// The line a frame of line table `table` was on when executing
+    /// instruction `index` (see [`frame_instruction`]): `Some(0)` when it
+    /// cannot be decoded (cached per table and instruction).
+    pub fn line(&mut self, table: u32, index: Option<i64>) -> u32 {
+        let Some(index) = index else {
+            return 0;
+        };
+        if let Some(l) = self.line_cache.get(&(table, index)) {
+            return *l;
+        }
+        let l = self
+            .tables
+            .get(table as usize)
+            .and_then(|t| pylines::line_of(t, index))
+            .unwrap_or(0);
+        self.line_cache.insert((table, index), l);
+        l
     }
 
     /// (qualified name, file) of a name id.
