@@ -483,3 +483,115 @@ fn the_jobs_signals_are_untouched_under_the_timer() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `gpuprof doctor` says which sampler a recording would use and, where
+/// perf events are refused, what each privilege would add.
+#[test]
+fn doctor_says_which_sampler_runs_and_what_privileges_would_add() {
+    let dir = tmp("doctor");
+    let Some(deny) = deny_perf_helper(&dir) else {
+        skip!("gcc could not build the seccomp helper");
+    };
+    let o = Command::new(&deny)
+        .arg(BIN)
+        .arg("doctor")
+        .env_remove("GPUPROF_NVML_LIB")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    let line = text
+        .lines()
+        .find(|l| l.contains("] stacks"))
+        .unwrap_or_else(|| panic!("no stacks check: {text}"));
+    assert!(
+        line.contains("[warning]")
+            && line.contains("perf_event_open is refused")
+            && line.contains("in-process timer sampler")
+            && line.contains("a seccomp filter"),
+        "{line}"
+    );
+    let fix = text
+        .lines()
+        .skip_while(|l| !l.contains("] stacks"))
+        .nth(1)
+        .unwrap_or("");
+    assert!(
+        fix.contains("what each privilege would add") && fix.contains("CAP_PERFMON"),
+        "{fix}"
+    );
+    if common::perf_refused().is_none() {
+        let o = Command::new(BIN)
+            .arg("doctor")
+            .env_remove("GPUPROF_NVML_LIB")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            text.lines()
+                .any(|l| l.contains("[     ok] stacks perf events allowed")),
+            "{text}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `gpuprof attach` where perf events are refused cannot place the timer
+/// sampler in processes already running: it says so, with how much is
+/// missing (the tree's processes and threads) and how to get it, and falls
+/// back to py-spy's Python stacks.
+#[test]
+fn attach_without_perf_says_what_is_missing_and_reads_python() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(py) = common::python_minor(11).or_else(|| common::python_minor(12)) else {
+        skip!("no CPython 3.11/3.12 installed (pyenv)");
+    };
+    let dir = tmp("attach");
+    let Some(deny) = deny_perf_helper(&dir) else {
+        skip!("gcc could not build the seccomp helper");
+    };
+    let mut job = Command::new(&py)
+        .args([
+            "-c",
+            "import threading, time\n\
+             def spin(s):\n    e = time.time() + s\n    while time.time() < e: sum(range(1000))\n\
+             t = threading.Thread(target=spin, args=(6,)); t.start(); spin(6); t.join()",
+        ])
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let out = dir.join("out");
+    let o = Command::new(&deny)
+        .arg(BIN)
+        .args(["attach", &job.id().to_string(), "--duration", "2", "-o"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    let _ = job.kill();
+    let _ = job.wait();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{stderr}");
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("perf_event_open was refused"))
+        .unwrap_or_else(|| panic!("{stderr}"));
+    assert!(
+        line.contains("no native stacks of the 1 process(es) and 2 thread(s)")
+            && line.contains("gpuprof -- CMD")
+            && line.contains("py-spy"),
+        "{line}"
+    );
+    let r = common::report(&out);
+    let cov = |src: &str| {
+        r["coverage"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["source"] == src)
+            .cloned()
+            .unwrap_or_default()
+    };
+    assert_eq!(cov("native-stacks")["available"], false);
+    assert_eq!(r["stacks"]["sampler"], "python-only", "{}", r["stacks"]);
+    assert!(r["stacks"]["python_stacks"].as_u64().unwrap_or(0) > 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -77,7 +77,7 @@ impl TimerPlan {
 /// stand for more CPU time than one period. Measured here (CONFIG_HZ=250):
 /// `--frequency 499` gave 69 samples for 0.3 s of CPU. The tick is the
 /// resolution of the coarse clock.
-fn timer_frequency(requested: u64) -> u64 {
+pub(crate) fn timer_frequency(requested: u64) -> u64 {
     let mut res = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -221,6 +221,27 @@ impl StackCollectors {
     }
 }
 
+/// `gpuprof attach` where perf events are refused: the timer sampler needs
+/// its agent loaded at a process's start, so nothing samples the running
+/// processes' native stacks. The line says so, what is left (py-spy's
+/// Python stacks, from outside), how much is missing (the tree's processes
+/// and threads now), and how to get it without privileges.
+fn attach_refused(root: Pid, e: perf::OpenError) -> perf::OpenError {
+    let Some(errno) = e.errno.filter(|n| *n == libc::EACCES || *n == libc::EPERM) else {
+        return e;
+    };
+    let threads = perf::tree_threads(root);
+    let processes = 1 + crate::collect::python::descendants(root.0).len();
+    let then = format!(
+        "no native stacks of the {processes} process(es) and {} thread(s) of PID {root}: nothing can be placed inside processes already running (the in-process timer sampler, which needs no privilege, is loaded when gpuprof starts the job: `gpuprof -- CMD`); Python stacks come from py-spy alone (read from outside, blocked threads included)",
+        threads.len()
+    );
+    perf::OpenError {
+        message: perf::refusal_advice_then(&std::io::Error::from_raw_os_error(errno), &then),
+        errno: Some(errno),
+    }
+}
+
 /// The first line of a run with the timer sampler: which sampler, and why.
 fn timer_line(plan: &TimerPlan) -> String {
     const WHAT: &str = "stacks come from the in-process timer sampler instead (each thread of the job samples itself on its own CPU-time clock; no privilege needed; see docs/stacks.md)";
@@ -252,7 +273,7 @@ impl StackCollectors {
             "not in processes that were already running (attach): the agent is preloaded only into jobs gpuprof starts; Python frames come from py-spy alone".into(),
         );
         Self::start_with(opts, sink, quiet, Some(root), &agent, true, |o| {
-            perf::open_attached(root, o)
+            perf::open_attached(root, o).map_err(|e| attach_refused(root, e))
         })
     }
 
