@@ -4,6 +4,8 @@
 #   bare            the job alone
 #   gpuprof         gpuprof at 99 Hz (default: the in-process agent)
 #   gpuprof-pyspy   gpuprof --python-frames py-spy (no agent)
+#   gpuprof-timer   gpuprof --sampler timer: the in-process timer sampler
+#                   that runs where perf events are refused (issue 33)
 #   pyspy-native    py-spy record --subprocesses --native (stops the process
 #                   per sample)
 #   pyspy-nonblock  py-spy record --subprocesses --nonblocking
@@ -77,6 +79,8 @@ run() {
     bare) "${cmd[@]}" > "$out" 2>&1 ;;
     gpuprof) "$GPUPROF" -q -o "$WORK/g.$job.$i" -- "${cmd[@]}" > "$out" 2>&1 ;;
     gpuprof-pyspy) "$GPUPROF" -q -o "$WORK/p.$job.$i" --python-frames py-spy -- "${cmd[@]}" > "$out" 2>&1 ;;
+    gpuprof-timer) "$GPUPROF" -q -o "$WORK/t.$job.$i" --sampler timer -- "${cmd[@]}" > "$out" 2>&1
+        rm -rf "$WORK/t.$job.$i" ;;
     gpuprof-base)
         "$GPUPROF_BASE" -q -o "$WORK/base.$job.$i" -- "${cmd[@]}" > "$out" 2>&1
         rm -rf "$WORK/base.$job.$i" ;;
@@ -178,6 +182,9 @@ for job in "${jobs[@]}"; do
         [ "$c" = bare ] || line+="  $(paired "$WORK/$job.bare.paired" "$WORK/$job.$c.paired")"
         echo "$line"
     done
+    if [ -s "$WORK/$job.gpuprof.paired" ] && [ -s "$WORK/$job.gpuprof-timer.paired" ]; then
+        echo "  gpuprof-timer / gpuprof, paired: $(paired "$WORK/$job.gpuprof.paired" "$WORK/$job.gpuprof-timer.paired")"
+    fi
     if [ -s "$WORK/$job.gpuprof.paired" ] && [ -s "$WORK/$job.gpuprof-base.paired" ]; then
         echo "  gpuprof / gpuprof-base, paired: $(paired "$WORK/$job.gpuprof-base.paired" "$WORK/$job.gpuprof.paired")"
     fi

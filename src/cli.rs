@@ -394,10 +394,11 @@ pub struct OutputArgs {
     pub flame_max_size: String,
 
     /// Python frames by line: `augment (train.py:42)`, the line each frame
-    /// was on at the sample's instant (as py-spy shows them), in every
-    /// output drawn from the stacks (flamegraphs, folded files, profiles,
-    /// the trace, report.json's top functions); `file.py:?` where a line
-    /// could not be decoded. Without it frames are by function. The
+    /// was on at the sample's instant (as py-spy shows them), in the
+    /// flamegraphs, folded files, the trace's stack slices and report.json's
+    /// top functions (profile.pb.gz and profile.speedscope.json stay by
+    /// function); `file.py:?` where a line could not be decoded. Without it
+    /// frames are by function. The
     /// recording always keeps the lines of the agent's same-instant frames
     /// (py-spy's have none): `gpuprof report --lines DIR` redraws.
     #[arg(long)]

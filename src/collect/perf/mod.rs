@@ -931,7 +931,11 @@ impl Reader {
         match rec {
             AgentRecord::Hello(h) => {
                 a.procs.entry(h.pid).or_default();
-                a.verdicts.set(h.pid, h.sampling);
+                // A native program sampled by its timers has no Python
+                // frames for the agent to take: py-spy reads it if it is a
+                // Python after all (a static interpreter whose symbols the
+                // agent cannot see).
+                a.verdicts.set(h.pid, h.sampling && h.python);
                 // The py-spy sampler may be waiting for this word.
                 self.news.wake_listener();
                 if self.timer.is_some() {
