@@ -554,11 +554,19 @@ fn attach_without_perf_says_what_is_missing_and_reads_python() {
             "-c",
             "import threading, time\n\
              def spin(s):\n    e = time.time() + s\n    while time.time() < e: sum(range(1000))\n\
-             t = threading.Thread(target=spin, args=(6,)); t.start(); spin(6); t.join()",
+             t = threading.Thread(target=spin, args=(8,)); t.start(); spin(8); t.join()",
         ])
         .spawn()
         .unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(500));
+    // Both threads running before attaching (Python starts slowly on a
+    // loaded machine).
+    let tasks = format!("/proc/{}/task", job.id());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while std::fs::read_dir(&tasks).map_or(0, |d| d.count()) < 2
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
     let out = dir.join("out");
     let o = Command::new(&deny)
         .arg(BIN)

