@@ -3456,6 +3456,71 @@ mod tests {
         assert_eq!(st.report.unwind_coverage, 1.0, "leaf {leaf}");
     }
 
+    /// Frames recorded with their lines: by function unless `lines`, then
+    /// `name (file:LINE)`, and `file:?` for a line that could not be
+    /// decoded (recorded as 0).
+    #[test]
+    fn python_frames_by_line_only_when_asked() {
+        for lines in [false, true] {
+            let mut d = data();
+            d.lines = lines;
+            let mut evs = vec![
+                node(StackKind::Native, 7, None, 5),
+                node(StackKind::Native, 8, Some(7), 6),
+                node(StackKind::Native, 9, Some(8), 0),
+                node(StackKind::Native, 10, Some(9), 1),
+                node(StackKind::Native, 11, Some(10), 2),
+                node(StackKind::Native, 12, Some(11), 3),
+                node(StackKind::Native, 13, Some(12), 4),
+            ];
+            for e in same_instant_python() {
+                evs.push(match e {
+                    Event::InlinePyFrame {
+                        id,
+                        name,
+                        file,
+                        entry,
+                        ..
+                    } => Event::InlinePyFrame {
+                        id,
+                        name,
+                        file,
+                        entry,
+                        line: Some(if id == 5 { 12 } else { 0 }),
+                    },
+                    other => other,
+                });
+            }
+            evs.push(Event::Samples(SampleBatch {
+                kind: StackKind::Native,
+                pid: Pid(10),
+                tid: Tid(10),
+                t0: MonoNs(1_003_000_000),
+                dt_us: vec![0, 10_000],
+                stacks: vec![13; 2],
+                incomplete: vec![],
+                source: SampleSource::Agent,
+            }));
+            for e in &evs {
+                d.add(e);
+            }
+            let st = analyze_all(&mut d);
+            let folded = st.folded_role(
+                Some(Role::Main),
+                FoldOptions {
+                    view: View::Native,
+                    merge_workers: false,
+                },
+            );
+            let want = if lines {
+                "<module> (job.py:12);augment (job.py:?);"
+            } else {
+                "<module> (job.py);augment (job.py);"
+            };
+            assert!(folded.contains(want), "{folded}");
+        }
+    }
+
     /// A thread the perf reader left to the agent for some samples but the
     /// analysis gives to perf (3 agent samples against 16 of perf's): each
     /// sample not unwound takes the nearest unused agent sample within a
