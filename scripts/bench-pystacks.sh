@@ -211,6 +211,9 @@ for job in "${jobs[@]}"; do
         [ "$c" = bare ] || line+="  $(paired "$WORK/$job.bare.paired" "$WORK/$job.$c.paired")"
         echo "$line"
     done
+    if [ -s "$WORK/$job.gpuprof.paired" ] && [ -s "$WORK/$job.gpuprof-timer.paired" ]; then
+        echo "  gpuprof-timer / gpuprof, paired: $(paired "$WORK/$job.gpuprof.paired" "$WORK/$job.gpuprof-timer.paired")"
+    fi
     if [ -s "$WORK/$job.gpuprof.paired" ] && [ -s "$WORK/$job.gpuprof-base.paired" ]; then
         echo "  gpuprof / gpuprof-base, paired: $(paired "$WORK/$job.gpuprof-base.paired" "$WORK/$job.gpuprof.paired")"
     fi

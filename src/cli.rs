@@ -335,6 +335,17 @@ pub struct RecordArgs {
     #[arg(long, value_name = "MODE", default_value = "same-instant", value_parser = ["same-instant", "py-spy"])]
     pub python_frames: String,
 
+    /// Who takes the native stacks. `auto` (default): perf events where
+    /// they are allowed, else the in-process timer sampler. `timer`: each
+    /// thread of the job samples itself on its own CPU-time clock (a
+    /// per-thread POSIX timer, delivered to that thread, read by the agent
+    /// preloaded into the job): needs no privilege, so it runs where
+    /// `perf_event_open` is refused (Docker's and Kubernetes' defaults,
+    /// `perf_event_paranoid` 3 or 4). `perf`: perf events only, no stacks
+    /// where they are refused. See docs/stacks.md for what each measures.
+    #[arg(long, value_name = "WHO", default_value = "auto", value_parser = ["auto", "perf", "timer"])]
+    pub sampler: String,
+
     /// Whether SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 sent to gpuprof are
     /// passed on to the job. `auto`: yes, except those sent by
     /// `slurmstepd`, which signals every process of the job step, and by
@@ -400,6 +411,17 @@ pub struct OutputArgs {
     /// left out of the picture (the folded stacks keep all), e.g. `1MB`.
     #[arg(long, value_name = "SIZE", default_value = "1MB")]
     pub flame_max_size: String,
+
+    /// Python frames by line: `augment (train.py:42)`, the line each frame
+    /// was on at the sample's instant (as py-spy shows them), in the
+    /// flamegraphs, folded files, the trace's stack slices and report.json's
+    /// top functions (profile.pb.gz and profile.speedscope.json stay by
+    /// function); `file.py:?` where a line could not be decoded. Without it
+    /// frames are by function. The
+    /// recording always keeps the lines of the agent's same-instant frames
+    /// (py-spy's have none): `gpuprof report --lines DIR` redraws.
+    #[arg(long)]
+    pub lines: bool,
 }
 
 impl OutputArgs {
@@ -419,6 +441,7 @@ impl OutputArgs {
             trace_budget_bytes: size("trace-max-size", &self.trace_max_size, 1_000_000)?,
             trace_gzip: self.trace_gzip,
             flame_max_bytes: size("flame-max-size", &self.flame_max_size, 100_000)?,
+            python_lines: self.lines,
             ..Default::default()
         })
     }
@@ -515,8 +538,13 @@ impl RecordArgs {
                 same_instant_python: self.python_frames == "same-instant",
                 hang_after: Some(self.hang_after).filter(|d| !d.is_zero()),
                 hang_dir: None,
+                sampler: crate::collect::perf::SamplerChoice::parse(&self.sampler)
+                    .unwrap_or_default(),
             };
             o.validate()?;
+            if o.sampler == crate::collect::perf::SamplerChoice::Timer && !o.same_instant_python {
+                return Err("--sampler timer runs in the agent that --python-frames py-spy turns off: use one or the other".into());
+            }
             Some(o)
         };
         let outputs = self.outputs.to_options()?;

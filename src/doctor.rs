@@ -17,6 +17,8 @@ use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::Nvml;
 
 use crate::analysis::environment::is_network_fs;
+mod sampling;
+
 use crate::collect::files::{dev_string, parse_mountinfo};
 use crate::collect::gpu::NVML_LIB_ENV;
 use crate::event::MountInfo;
@@ -98,6 +100,7 @@ pub fn run(opts: &DoctorOptions) -> anyhow::Result<Vec<Check>> {
         data_checks(p, &mut out);
     }
     python_checks(opts.python.as_deref(), driver_cuda, &mut out);
+    sampling::stack_checks(&mut out);
     Ok(out)
 }
 

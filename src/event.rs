@@ -575,6 +575,10 @@ pub struct StackStats {
     pub interval_ns: u64,
     /// Ring buffer size per CPU in bytes (native) / sampling rate (python).
     pub detail: String,
+    /// Native: which sampler took the stacks, "perf-events" or
+    /// "in-process-timer" (empty in older recordings: perf events).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub sampler: String,
 }
 
 /// One mounted filesystem, with the block device behind it.
@@ -853,6 +857,11 @@ pub enum Event {
         /// executes (its `_PyEval_EvalFrameDefault` frame).
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         entry: bool,
+        /// The line the frame was on at the sample's instant, decoded from
+        /// the instruction it was executing; `Some(0)`: it could not be
+        /// decoded; `None`: not recorded (older recordings).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        line: Option<u32>,
     },
     /// A pseudo-frame of a native stack (native frame space) saying why its
     /// Python frames are missing or partial, e.g. `[python: unreadable]`.
@@ -869,6 +878,10 @@ pub enum Event {
         /// CPython's version, e.g. "3.11.7".
         version: String,
         same_instant: bool,
+        /// The agent samples with per-thread CPU-time timers (perf events
+        /// refused, or `--sampler timer`), not a perf event.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        timer: bool,
         #[serde(default, skip_serializing_if = "String::is_empty")]
         detail: String,
     },

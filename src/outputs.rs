@@ -43,6 +43,8 @@ pub struct OutputOptions {
     pub trace_gzip: bool,
     /// Bound on each flamegraph SVG's size (`--flame-max-size`).
     pub flame_max_bytes: u64,
+    /// Python frames by line, `name (file.py:LINE)` (`--lines`).
+    pub python_lines: bool,
 }
 
 impl Default for OutputOptions {
@@ -53,6 +55,7 @@ impl Default for OutputOptions {
             trace_budget_bytes: export::trace_budget::DEFAULT_TRACE_BUDGET_BYTES,
             trace_gzip: false,
             flame_max_bytes: export::flame::DEFAULT_SVG_MAX_BYTES,
+            python_lines: false,
         }
     }
 }
@@ -129,6 +132,7 @@ pub fn generate_final(
             step_range: opts.outputs.step_range.clone(),
             footer: opts.footer.clone(),
             live: live_at_start,
+            python_lines: opts.outputs.python_lines,
         },
     )?;
     a.warnings.extend(opts.problems.iter().cloned());

@@ -440,10 +440,13 @@ fn refused_perf_is_explained_and_the_job_still_runs() {
         skip!("gcc could not build the seccomp helper");
     };
     let out = tmp("refused");
+    // perf events only: the default falls back to the in-process timer
+    // sampler (tests/timer_sampler.rs).
     let o = Command::new(&helper)
         .arg(BIN)
         .arg("-o")
         .arg(&out)
+        .args(["--sampler", "perf"])
         .args(["--", "sh", "-c", "echo job-ran; exit 3"])
         .output()
         .unwrap();

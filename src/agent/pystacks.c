@@ -71,11 +71,16 @@
 #define ENV_PERIOD "GPUPROF_PYSTACKS_PERIOD_NS"
 #define ENV_STACK "GPUPROF_PYSTACKS_STACK_BYTES"
 #define ENV_RING "GPUPROF_PYSTACKS_RING_BYTES"
+/* "timer": sample with per-thread CPU-time timers, never a perf event
+ * (perf_event_open is refused to gpuprof: a container, paranoid 3/4). */
+#define ENV_SAMPLER "GPUPROF_PYSTACKS_SAMPLER"
 
 /* si_perf_data of our events: anything else is not ours. */
 #define SIG_MAGIC 0x7079737461636b73ULL /* "pystacks" */
 #define TRAP_PERF_CODE 6
 #define TRAP_PERF_FLAG_ASYNC_BIT 1u
+/* A POSIX timer's signal (si_code SI_TIMER) whose value is SIG_MAGIC. */
+#define TIMER_CODE (-2)
 
 /* Record types (ring.h: 1 is padding). */
 #define REC_HELLO 2u
@@ -88,6 +93,8 @@
 #define HELLO_UNSUPPORTED 1u
 #define HELLO_PERF_REFUSED 2u
 #define HELLO_FAILED 3u
+#define HELLO_SAMPLING_TIMER 4u /* sampling with the in-process CPU-time timers */
+#define HELLO_NATIVE_TIMER 5u   /* not a Python: native stacks only, timers */
 
 /* SAMPLE status. */
 #define ST_OK 0u          /* Python frames read (possibly none) */
@@ -143,6 +150,41 @@ static const struct layout LAYOUTS[] = {
     {13, 72, -1, 0, 8, 0, 70, -1, 72, 3, 128, 112, 68, 136, 40, 56},
 };
 
+/* Where the instruction a frame is executing and a code object's line
+ * table are, per minor version (checked against each version's headers by
+ * tests/timer_sampler.rs, and on 3.13 against _Py_DebugOffsets):
+ * {minor, frame's instruction field, its kind, co_lnotab/co_linetable,
+ * co_code_adaptive}. Kinds: 0 f_lasti, a byte offset (3.9); 1 f_lasti, an
+ * instruction index (3.10); 2 a pointer to the instruction being executed
+ * (3.11-3.12 prev_instr, 3.13 instr_ptr). */
+struct line_layout {
+    int minor;
+    int fr_instr;
+    int instr_kind;
+    int co_lines;
+    int co_code;
+};
+
+static const struct line_layout LINE_LAYOUTS[] = {
+    {9, 104, 0, 120, -1},
+    {10, 96, 1, 120, -1},
+    {11, 56, 2, 136, 184},
+    {12, 56, 2, 136, 192},
+    {13, 56, 2, 136, 200},
+};
+
+/* A frame's instruction in its flags: the index of the instruction (in
+ * code units) + 2, so -1 (not started) is 1 and 0 is unknown; bits 8-30. */
+#define FR_INSTR_SHIFT 8
+#define FR_INSTR_MAX 0x7fffffu
+
+/* Most bytes of a line table sent with a code object's name. */
+#define LINES_BYTES 4096
+/* rec_code.flags: the line table was longer than LINES_BYTES. */
+#define CODE_LINES_CUT 1u
+/* rec_code.flags: the line table could not be read. */
+#define CODE_LINES_NONE 2u
+
 struct code_slot {
     _Atomic uint64_t code;
     _Atomic uint32_t key;
@@ -182,7 +224,7 @@ struct rec_sample {
     uint32_t status;
     uint32_t nframes;
     uint32_t stack_len;
-    uint32_t reserved;
+    uint32_t overrun; /* timer: expirations merged into this signal */
     /* nframes × struct frame_out, then stack_len bytes, padded to 8 */
 };
 
@@ -193,11 +235,11 @@ struct rec_code {
     int32_t firstlineno;
     uint8_t name_kind; /* bytes per character: 1, 2, 4; 0 unknown */
     uint8_t file_kind;
-    uint16_t reserved;
+    uint16_t flags;    /* CODE_LINES_* */
     uint32_t name_bytes;
     uint32_t file_bytes;
-    uint32_t reserved2;
-    /* name bytes, file bytes, padded to 8 */
+    uint32_t lines_bytes; /* the line table (co_lnotab / co_linetable) */
+    /* name bytes, file bytes, line table bytes, padded to 8 */
 };
 
 struct rec_note {
@@ -219,6 +261,11 @@ typedef sighandler_t (*signal_fn)(int, sighandler_t);
 typedef int (*sigmask_fn)(int, const sigset_t *, sigset_t *);
 
 static const struct layout *L;
+static const struct line_layout *LL;
+/* Bytes read of a frame and of a code object: the layout's, or up to the
+ * instruction and line table fields. */
+static int g_fr_read;
+static int g_co_read;
 static tstate_fn get_tstate;
 static uintptr_t code_type;
 static struct gp_ring g_ring_storage[1];
@@ -258,6 +305,29 @@ static _Atomic int g_lazy_ring;
 static uint32_t g_forked; /* this process is a forked child */
 static uint32_t g_parent_pid; /* a forked child's parent, read at the fork */
 static int g_event_fd = -1;
+/* The in-process timer sampler, where perf events are refused (gpuprof
+ * asks for it with ENV_SAMPLER, or the agent's own event failed): every
+ * thread has a POSIX timer on its own CPU-time clock that sends SIGTRAP to
+ * that very thread (SIGEV_THREAD_ID) with SIG_MAGIC as its value, so the
+ * handler, the chaining and the masks below serve both samplers alike.
+ * Timers are per process and not inherited: the thread that creates a
+ * thread (pthread_create below) or forks (after_fork_child) makes the new
+ * one's, exec deletes them, a thread's exit deletes its own (a key
+ * destructor: a timer outlives its thread, and counts against the
+ * process's pending-signal limit). */
+static _Atomic int g_timer_on;
+static int g_timer_wanted;
+/* The recording is over or gpuprof is gone: no new timers, and each thread
+ * disarms its own at its next signal. */
+static _Atomic int g_timer_stopped;
+static pthread_key_t g_timer_key;
+static int g_timer_key_ok;
+/* This thread's timer id + 1 (0: none). */
+static __thread int g_timer_id1 __attribute__((tls_model("initial-exec")));
+/* A CPython (1), or a native program sampled by its timers alone (0). */
+static int g_python = 1;
+/* Which sampler and why, for the hello. */
+static char g_sampler_why[192];
 /* getpid() is a system call (glibc caches nothing since 2.25), and every
  * read below names the process: the pid of the process whose event raised
  * the signal, set before that event is opened (at start, and in a forked
@@ -384,11 +454,33 @@ static uint32_t read_str(uintptr_t obj, uint8_t *dst, uint32_t cap, uint8_t *kin
     return (uint32_t)bytes;
 }
 
+/* A code object's line table (a bytes object: its size at 16, its bytes
+ * at 32) into dst, at most LINES_BYTES; flags say when it was cut or could
+ * not be read. */
+static uint32_t read_lines(uintptr_t obj, uint8_t *dst, uint16_t *flags)
+{
+    int64_t size;
+    if (!obj || rd(&size, obj + 16, 8) || size < 0) {
+        *flags |= CODE_LINES_NONE;
+        return 0;
+    }
+    uint64_t n = (uint64_t)size;
+    if (n > LINES_BYTES) {
+        n = LINES_BYTES;
+        *flags |= CODE_LINES_CUT;
+    }
+    if (n && rd(dst, obj + 32, n)) {
+        *flags |= CODE_LINES_NONE;
+        return 0;
+    }
+    return (uint32_t)n;
+}
+
 /* Name a code object in the ring: (code, key) → qualname, filename. */
 static int emit_code(uint64_t code, uint32_t key, const uint8_t *hdr, uint32_t tid)
 {
     struct gp_ring *r = ring();
-    uint32_t reserve = sizeof(struct rec_code) + NAME_BYTES + FILE_BYTES;
+    uint32_t reserve = sizeof(struct rec_code) + NAME_BYTES + FILE_BYTES + LINES_BYTES;
     uint64_t pos = gp_ring_reserve(r, reserve);
     if (pos == UINT64_MAX)
         return -1;
@@ -400,9 +492,9 @@ static int emit_code(uint64_t code, uint32_t key, const uint8_t *hdr, uint32_t t
     uint8_t *out = (uint8_t *)(c + 1);
     c->name_bytes = read_str(rd_ptr(hdr, L->co_name), out, NAME_BYTES, &c->name_kind);
     c->file_bytes = read_str(rd_ptr(hdr, L->co_file), out + c->name_bytes, FILE_BYTES, &c->file_kind);
-    c->reserved = 0;
-    c->reserved2 = 0;
-    uint32_t used = sizeof *c + ((c->name_bytes + c->file_bytes + 7) & ~7u);
+    c->flags = 0;
+    c->lines_bytes = read_lines(rd_ptr(hdr, LL->co_lines), out + c->name_bytes + c->file_bytes, &c->flags);
+    uint32_t used = sizeof *c + ((c->name_bytes + c->file_bytes + c->lines_bytes + 7) & ~7u);
     gp_ring_commit(r, pos, reserve, used, REC_CODE, 0);
     return 0;
 }
@@ -448,7 +540,10 @@ static int check_code(struct frame_out *fo, const uint8_t *hdr, uint32_t tid)
     }
     int32_t line;
     memcpy(&line, hdr + L->co_firstlineno, 4);
-    fo->key = key_of(rd_ptr(hdr, L->co_name), rd_ptr(hdr, L->co_file), line);
+    /* The line table too: a function compiled anew from other source, with
+     * its name, file and first line, has another one. */
+    fo->key = key_of(rd_ptr(hdr, L->co_name), rd_ptr(hdr, L->co_file) ^ (rd_ptr(hdr, LL->co_lines) * 0x94d049bb133111ebull),
+                     line);
     struct code_slot *slot;
     int seen = code_seen(fo->code, fo->key, &slot);
     /* Marked ready only once its name is in the ring: a name dropped with
@@ -509,7 +604,7 @@ static void hook_code_dealloc(void)
 static int check_codes(struct frame_out *f, uint32_t n, uint32_t tid, const struct iovec *tail,
                        ssize_t *tail_got)
 {
-    uint8_t buf[CODE_BATCH][136];
+    uint8_t buf[CODE_BATCH][152];
     uint64_t uniq[CODE_BATCH];
     uint8_t deep[CODE_BATCH];
     struct frame_out first[CODE_BATCH];
@@ -551,11 +646,11 @@ static int check_codes(struct frame_out *f, uint32_t n, uint32_t tid, const stru
             break;
         for (uint32_t j = 0; j < m; j++) {
             local[j].iov_base = buf[j];
-            local[j].iov_len = (size_t)L->co_read;
+            local[j].iov_len = (size_t)g_co_read;
             remote[j].iov_base = (void *)(uintptr_t)uniq[j];
-            remote[j].iov_len = (size_t)L->co_read;
+            remote[j].iov_len = (size_t)g_co_read;
         }
-        ssize_t want = (ssize_t)m * L->co_read;
+        ssize_t want = (ssize_t)m * g_co_read;
         uint32_t k = m;
         if (end == n && tail) {
             local[k] = tail[0];
@@ -602,6 +697,33 @@ static int check_codes(struct frame_out *f, uint32_t n, uint32_t tid, const stru
     return rc;
 }
 
+/* The instruction a frame is executing, as frame flags (FR_INSTR_SHIFT). */
+static uint32_t instr_flags(const uint8_t *fr, uint64_t code)
+{
+    int64_t index;
+    if (LL->instr_kind == 2) {
+        uint64_t p = rd_ptr(fr, LL->fr_instr);
+        uint64_t start = code + (uint64_t)LL->co_code;
+        /* Before the first instruction: CPython's own answer is the
+         * function's first line, as for -1 below. */
+        if (p + 2 == start)
+            index = -1;
+        else if (p < start || (p - start) / 2 > FR_INSTR_MAX - 2)
+            return 0;
+        else
+            index = (int64_t)((p - start) / 2);
+    } else {
+        int32_t lasti;
+        memcpy(&lasti, fr + LL->fr_instr, 4);
+        if (lasti < -1)
+            return 0;
+        index = LL->instr_kind == 0 && lasti >= 0 ? lasti / 2 : lasti;
+        if (index > (int64_t)FR_INSTR_MAX - 2)
+            return 0;
+    }
+    return (uint32_t)(index + 2) << FR_INSTR_SHIFT;
+}
+
 /* Most bytes read at once below a frame of a data stack (3.11+), see
  * walk(): the rest of a page. */
 #define WALK_WINDOW_MAX 4096
@@ -634,15 +756,15 @@ static uint32_t walk(void *tstate, uintptr_t sp, struct frame_out *out, uint32_t
      * this is one piece, not also the pages below. 3.9-3.10 frames are
      * heap objects: one each. */
     int below = L->fr_is_entry >= 0 || L->owner_cstack >= 0;
-    uintptr_t room = below && cap > (size_t)L->fr_read ? cap - (size_t)L->fr_read : 0;
+    uintptr_t room = below && cap > (size_t)g_fr_read ? cap - (size_t)g_fr_read : 0;
     uintptr_t win_lo = 0, win_hi = 0;
     while (f) {
         const uint8_t *fr;
-        if (f >= win_lo && f <= win_hi && win_hi - f >= (uintptr_t)L->fr_read) {
+        if (f >= win_lo && f <= win_hi && win_hi - f >= (uintptr_t)g_fr_read) {
             fr = win + (f - win_lo);
         } else {
             uintptr_t lo = f - ((f & 4095) < room ? (f & 4095) : room);
-            size_t len = (size_t)(f - lo) + (size_t)L->fr_read;
+            size_t len = (size_t)(f - lo) + (size_t)g_fr_read;
             if (rd(win, lo, len))
                 return *nout = n, ST_UNREADABLE;
             if (len > *dirty)
@@ -669,7 +791,7 @@ static uint32_t walk(void *tstate, uintptr_t sp, struct frame_out *out, uint32_t
             return *nout = n, ST_TRUNCATED;
         out[n].code = rd_ptr(fr, L->fr_code);
         out[n].key = 0;
-        out[n].flags = 0;
+        out[n].flags = instr_flags(fr, out[n].code);
         if (L->fr_is_entry >= 0 ? fr[L->fr_is_entry] != 0 : L->owner_cstack < 0)
             out[n].flags |= FR_ENTRY;
         n++;
@@ -680,7 +802,69 @@ static uint32_t walk(void *tstate, uintptr_t sp, struct frame_out *out, uint32_t
 }
 
 static struct gp_ring *lazy_ring(void);
+static int our_event(int fd);
 static void hello(uint32_t status, int err, uint32_t forked, const char *detail);
+
+/* This thread's sampling timer: SIGTRAP after every period of its CPU
+ * time. Returns 0 or an errno. Not in the handler (pthread_setspecific). */
+static int thread_timer_start(void)
+{
+    struct sigevent sev;
+    memset(&sev, 0, sizeof sev);
+    sev.sigev_notify = SIGEV_THREAD_ID;
+    sev.sigev_signo = SIGTRAP;
+    sev.sigev_value.sival_ptr = (void *)(uintptr_t)SIG_MAGIC;
+    sev._sigev_un._tid = (pid_t)my_tid();
+    int id = -1;
+    /* The kernel's calls, not librt's: glibc before 2.34 keeps timer_create
+     * in librt, which the job may not load. */
+    if (syscall(SYS_timer_create, CLOCK_THREAD_CPUTIME_ID, &sev, &id))
+        return errno;
+    struct itimerspec its;
+    its.it_interval.tv_sec = (time_t)(g_period_ns / 1000000000u);
+    its.it_interval.tv_nsec = (long)(g_period_ns % 1000000000u);
+    its.it_value = its.it_interval;
+    if (syscall(SYS_timer_settime, id, 0, &its, NULL)) {
+        int e = errno;
+        syscall(SYS_timer_delete, id);
+        return e;
+    }
+    g_timer_id1 = id + 1;
+    if (g_timer_key_ok)
+        pthread_setspecific(g_timer_key, (void *)(intptr_t)(id + 1));
+    return 0;
+}
+
+/* Disarm this thread's timer (async-signal-safe). */
+static void thread_timer_stop(void)
+{
+    struct itimerspec z;
+    memset(&z, 0, sizeof z);
+    if (g_timer_id1 > 0)
+        syscall(SYS_timer_settime, g_timer_id1 - 1, 0, &z, NULL);
+}
+
+/* A thread exits: its timer goes with it. */
+static void thread_timer_gone(void *v)
+{
+    int id1 = (int)(intptr_t)v;
+    if (id1 > 0 && id1 == g_timer_id1) {
+        syscall(SYS_timer_delete, id1 - 1);
+        g_timer_id1 = 0;
+    }
+}
+
+/* Stop sampling in this process for good (window over, gpuprof gone):
+ * the perf event at once; the timers each at its thread's next signal. */
+static void stop_signals(int by_timer)
+{
+    if (by_timer) {
+        atomic_store(&g_timer_stopped, 1);
+        thread_timer_stop();
+    } else if (our_event(g_event_fd)) {
+        ioctl(g_event_fd, PERF_EVENT_IOC_DISABLE, 0);
+    }
+}
 
 static void chain(int sig, siginfo_t *si, void *ucv)
 {
@@ -767,22 +951,28 @@ static int our_event(int fd)
 static void on_sigtrap(int sig, siginfo_t *si, void *ucv)
 {
     const struct perf_siginfo *ps = (const struct perf_siginfo *)si;
-    if (!si || si->si_code != TRAP_PERF_CODE || ps->data != (unsigned long)SIG_MAGIC) {
+    int by_timer = si && si->si_code == TIMER_CODE && si->si_value.sival_ptr == (void *)(uintptr_t)SIG_MAGIC;
+    if (!by_timer && (!si || si->si_code != TRAP_PERF_CODE || ps->data != (unsigned long)SIG_MAGIC)) {
         chain(sig, si, ucv);
         return;
     }
     int saved_errno = errno;
+    if (by_timer && atomic_load_explicit(&g_timer_stopped, memory_order_relaxed)) {
+        thread_timer_stop();
+        errno = saved_errno;
+        return;
+    }
     if (g_window) {
         uint32_t w = atomic_load_explicit(g_window, memory_order_relaxed);
         if (w != WINDOW_OPEN) {
-            if (w == WINDOW_OVER && our_event(g_event_fd))
-                ioctl(g_event_fd, PERF_EVENT_IOC_DISABLE, 0);
+            if (w == WINDOW_OVER)
+                stop_signals(by_timer);
             errno = saved_errno;
             return;
         }
     }
     uint32_t tid = my_tid();
-    if (ps->flags & TRAP_PERF_FLAG_ASYNC_BIT) {
+    if (!by_timer && (ps->flags & TRAP_PERF_FLAG_ASYNC_BIT)) {
         note(NOTE_ASYNC, tid);
         errno = saved_errno;
         return;
@@ -793,7 +983,10 @@ static void on_sigtrap(int sig, siginfo_t *si, void *ucv)
             errno = saved_errno;
             return;
         }
-        hello(HELLO_SAMPLING, 0, g_forked, NULL);
+        if (atomic_load(&g_timer_on))
+            hello(g_python ? HELLO_SAMPLING_TIMER : HELLO_NATIVE_TIMER, 0, g_forked, g_sampler_why);
+        else
+            hello(HELLO_SAMPLING, 0, g_forked, NULL);
         /* A disposition the job set before the first sample had no ring
          * to be noted in. */
         if (atomic_load(&g_chain_seq) > 0)
@@ -825,8 +1018,8 @@ static void on_sigtrap(int sig, siginfo_t *si, void *ucv)
     if (pos == UINT64_MAX) {
         /* gpuprof is gone (nothing read for ~10 s of samples): stop the
          * signals for good, in this process. */
-        if (atomic_fetch_add(&g_drops_in_a_row, 1) + 1 == GIVE_UP_DROPS && our_event(g_event_fd))
-            ioctl(g_event_fd, PERF_EVENT_IOC_DISABLE, 0);
+        if (atomic_fetch_add(&g_drops_in_a_row, 1) + 1 == GIVE_UP_DROPS)
+            stop_signals(by_timer);
         errno = saved_errno;
         return;
     }
@@ -835,10 +1028,14 @@ static void on_sigtrap(int sig, siginfo_t *si, void *ucv)
     head_init(&s->h, tid);
     s->time = t;
     memcpy(s->regs, regs, sizeof regs);
-    s->reserved = 0;
+    /* A CPU-time timer is checked at the scheduler's tick while the thread
+     * runs: periods that expired since the last check come as one signal
+     * with this count (measured under load at a 4 ms period: 40 signals for
+     * 100 periods), and the sample stands for all of them. */
+    s->overrun = by_timer && si->si_overrun > 0 ? (uint32_t)si->si_overrun : 0;
     struct frame_out *fo = (struct frame_out *)(s + 1);
     uint32_t n = 0;
-    void *ts = get_tstate();
+    void *ts = g_python ? get_tstate() : NULL;
     if (!ts) {
         s->status = ST_NO_TSTATE;
     } else {
@@ -1143,20 +1340,81 @@ static struct gp_ring *lazy_ring(void)
     return cur;
 }
 
-/* Open the event; on success the ring and the hello come with the first
- * sample (see on_sigtrap), else a ring is made now to say why. */
+/* Open the event, or (asked for, or the event refused) this thread's
+ * timer; on success the ring and the hello come with the first sample (see
+ * on_sigtrap), else a ring is made now to say why. */
 static void start_sampling(void)
 {
-    int fd = open_event();
-    if (fd < 0) {
-        if (lazy_ring() == NULL)
+    int perf_err = 0;
+    if (!g_timer_wanted) {
+        int fd = open_event();
+        if (fd >= 0) {
+            g_event_fd = fd;
             return;
-        char d[160];
-        snprintf(d, sizeof d, "perf_event_open with sigtrap on itself failed: %s", strerror(-fd));
-        hello(HELLO_PERF_REFUSED, -fd, g_forked, d);
+        }
+        perf_err = -fd;
+    }
+    int terr = thread_timer_start();
+    if (terr == 0) {
+        if (perf_err)
+            snprintf(g_sampler_why, sizeof g_sampler_why,
+                     "in-process CPU-time timers: perf_event_open with sigtrap on itself failed (%s)",
+                     strerror(perf_err));
+        else
+            snprintf(g_sampler_why, sizeof g_sampler_why,
+                     "in-process CPU-time timers: perf events are refused to gpuprof, or --sampler timer");
+        atomic_store(&g_timer_on, 1);
         return;
     }
-    g_event_fd = fd;
+    if (!g_python || lazy_ring() == NULL)
+        return;
+    char d[192];
+    if (perf_err)
+        snprintf(d, sizeof d, "perf_event_open with sigtrap on itself failed: %s; a CPU-time timer too: %s",
+                 strerror(perf_err), strerror(terr));
+    else
+        snprintf(d, sizeof d, "a per-thread CPU-time timer could not be made: %s", strerror(terr));
+    hello(HELLO_PERF_REFUSED, perf_err ? perf_err : terr, g_forked, d);
+}
+
+typedef int (*pcreate_fn)(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *);
+static pcreate_fn real_pthread_create;
+
+struct timer_start {
+    void *(*fn)(void *);
+    void *arg;
+};
+
+/* A new thread's first steps: its own timer, then the job's function. */
+static void *timer_thread_start(void *p)
+{
+    struct timer_start t = *(struct timer_start *)p;
+    free(p);
+    if (atomic_load(&g_timer_on) && !atomic_load(&g_timer_stopped) &&
+        !(g_window && atomic_load_explicit(g_window, memory_order_relaxed) == WINDOW_OVER))
+        thread_timer_start();
+    return t.fn(t.arg);
+}
+
+/* Threads get their timer from their first instruction on (a perf event
+ * is inherited; a timer is not). */
+EXPORT int pthread_create(pthread_t *th, const pthread_attr_t *attr, void *(*fn)(void *), void *arg)
+{
+    if (!real_pthread_create)
+        real_pthread_create = (pcreate_fn)dlsym(RTLD_NEXT, "pthread_create");
+    if (!real_pthread_create)
+        return ENOSYS;
+    struct timer_start *t = NULL;
+    if (atomic_load(&g_timer_on) && !atomic_load(&g_timer_stopped))
+        t = malloc(sizeof *t);
+    if (!t)
+        return real_pthread_create(th, attr, fn, arg);
+    t->fn = fn;
+    t->arg = arg;
+    int rc = real_pthread_create(th, attr, timer_thread_start, t);
+    if (rc)
+        free(t);
+    return rc;
 }
 
 static void after_fork_child(void)
@@ -1170,6 +1428,11 @@ static void after_fork_child(void)
     if (our_event(g_event_fd))
         close(g_event_fd);
     g_event_fd = -1;
+    /* The parent's timers are not the child's: forget this thread's. */
+    g_timer_id1 = 0;
+    if (g_timer_key_ok)
+        pthread_setspecific(g_timer_key, NULL);
+    atomic_store(&g_timer_on, 0);
     g_parent_pid = (uint32_t)getppid();
     g_forked = 1;
     atomic_store_explicit(&g_ring, NULL, memory_order_release);
@@ -1191,7 +1454,7 @@ static const char *check_debug_offsets(void)
         return "no _PyRuntime symbol";
     if (memcmp(rt, "xdebugpy", 8))
         return "no debug offsets in _PyRuntime";
-    uint64_t v[40];
+    uint64_t v[48];
     memcpy(v, rt + 8, sizeof v);
     /* version, free_threaded, runtime_state{3}, interpreter_state{13},
      * thread_state{size, prev, next, interp, current_frame, ...} */
@@ -1206,6 +1469,9 @@ static const char *check_debug_offsets(void)
     uint64_t *co = &fr[6];
     if (co[1] != (uint64_t)L->co_file || co[3] != (uint64_t)L->co_name || co[5] != (uint64_t)L->co_firstlineno)
         return "PyCodeObject is not laid out as expected";
+    /* interpreter_frame.instr_ptr; code_object.linetable, co_code_adaptive */
+    if (fr[3] != (uint64_t)LL->fr_instr || co[4] != (uint64_t)LL->co_lines || co[9] != (uint64_t)LL->co_code)
+        return "the instruction pointer or line table is not where expected";
     return NULL;
 }
 
@@ -1222,6 +1488,8 @@ static void map_window(void)
     if (p != MAP_FAILED)
         g_window = p;
 }
+
+static void install_and_start(void);
 
 __attribute__((constructor)) static void pystacks_init(void)
 {
@@ -1240,11 +1508,16 @@ __attribute__((constructor)) static void pystacks_init(void)
 #if !defined(__x86_64__) && !defined(__aarch64__)
     return; /* registers and layouts are known for x86_64 and aarch64 only */
 #endif
+    const char *sampler = getenv(ENV_SAMPLER);
+    g_timer_wanted = sampler && !strcmp(sampler, "timer");
     get_tstate = (tstate_fn)dlsym(RTLD_DEFAULT, "PyGILState_GetThisThreadState");
     const char *(*version)(void) = (const char *(*)(void))dlsym(RTLD_DEFAULT, "Py_GetVersion");
     void *ct = dlsym(RTLD_DEFAULT, "PyCode_Type");
-    if (!get_tstate || !version || !ct)
-        return; /* not a CPython whose symbols we can see */
+    /* Not a CPython whose symbols we can see: with perf refused, the
+     * timers are its only native sampler; else perf samples it. */
+    g_python = get_tstate && version && ct;
+    if (!g_python && !g_timer_wanted)
+        return;
     code_type = (uintptr_t)ct;
     strcpy(g_dir, dir);
     map_window();
@@ -1254,6 +1527,13 @@ __attribute__((constructor)) static void pystacks_init(void)
     g_ring_bytes = 1;
     while (g_ring_bytes < rb)
         g_ring_bytes <<= 1;
+    if (!g_python) {
+        uint64_t probe = 0x1234, back = 0;
+        if (rd(&back, (uintptr_t)&probe, 8) || back != probe)
+            return; /* the stack copy would fail: nothing to say of it */
+        install_and_start();
+        return;
+    }
 
     const char *v = version();
     size_t vl = strcspn(v, " ");
@@ -1268,8 +1548,15 @@ __attribute__((constructor)) static void pystacks_init(void)
     const char *refuse = NULL;
     char why[192];
     for (size_t i = 0; i < sizeof LAYOUTS / sizeof LAYOUTS[0]; i++)
-        if (maj == 3 && LAYOUTS[i].minor == min)
+        if (maj == 3 && LAYOUTS[i].minor == min) {
             L = &LAYOUTS[i];
+            LL = &LINE_LAYOUTS[i];
+            g_fr_read = L->fr_read;
+            int instr_end = LL->fr_instr + (LL->instr_kind == 2 ? 8 : 4);
+            if (instr_end > g_fr_read)
+                g_fr_read = instr_end;
+            g_co_read = L->co_read > LL->co_lines + 8 ? L->co_read : LL->co_lines + 8;
+        }
     if (!L) {
         snprintf(why, sizeof why, "Python %s: same-instant frames support CPython 3.9 to 3.13", g_version);
         refuse = why;
@@ -1297,14 +1584,19 @@ __attribute__((constructor)) static void pystacks_init(void)
     if (g_codes == MAP_FAILED)
         g_codes = NULL;
     hook_code_dealloc();
+    install_and_start();
+}
 
+/* Install the SIGTRAP handler and start sampling this process. */
+static void install_and_start(void)
+{
     struct sigaction sa, prev;
     memset(&sa, 0, sizeof sa);
     sa.sa_sigaction = on_sigtrap;
     sa.sa_flags = SA_SIGINFO | SA_RESTART;
     sigemptyset(&sa.sa_mask);
     if (!real_sigaction || real_sigaction(SIGTRAP, &sa, &prev)) {
-        if (lazy_ring())
+        if (g_python && lazy_ring())
             hello(HELLO_FAILED, errno, 0, "cannot install the SIGTRAP handler");
         return;
     }
@@ -1321,6 +1613,7 @@ __attribute__((constructor)) static void pystacks_init(void)
         real_pthread_sigmask(SIG_UNBLOCK, &t, NULL);
     }
     atomic_store(&g_installed, 1);
+    g_timer_key_ok = pthread_key_create(&g_timer_key, thread_timer_gone) == 0;
     pthread_atfork(NULL, NULL, after_fork_child);
     start_sampling();
 }

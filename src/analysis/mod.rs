@@ -406,6 +406,8 @@ pub struct Options {
     pub footer: Option<Footer>,
     /// A session is still writing the recording.
     pub live: bool,
+    /// Python frames by line (`--lines`), where the recording has lines.
+    pub python_lines: bool,
 }
 
 impl Analysis {
@@ -1260,6 +1262,7 @@ impl Builder {
             }),
         };
         let window = (self.a.start, self.a.end);
+        self.stack_data.lines = opts.python_lines;
         self.a.stacks = stacks::analyze(&mut self.stack_data, window, &meta);
         let procs = &self.a.processes;
         let exits = |pid: Pid| procs.get(&pid).and_then(|p| p.exited);

@@ -65,6 +65,9 @@ enum Frame {
         name: String,
         file: String,
         entry: bool,
+        /// The line at the sample's instant (agent samples; 0: could not be
+        /// decoded; None: not recorded).
+        line: Option<u32>,
     },
     /// Why a stack's Python frames are missing or cut (`[python: …]`).
     Marker(String),
@@ -351,6 +354,9 @@ fn splitmix64(x: u64) -> u64 {
 /// The stack events of a recording, collected in one pass.
 #[derive(Default)]
 pub struct StackData {
+    /// Python frames by line, `name (file.py:LINE)` (`--lines`), where the
+    /// recording has lines; else by function.
+    pub lines: bool,
     files: HashMap<u32, String>,
     native_frames: HashMap<u32, Frame>,
     py_frames: HashMap<u32, Frame>,
@@ -382,6 +388,7 @@ pub struct StackData {
 struct PyProcInfo {
     version: String,
     same_instant: bool,
+    timer: bool,
     detail: String,
 }
 
@@ -434,6 +441,7 @@ impl StackData {
                 name,
                 file,
                 entry,
+                line,
             } => {
                 self.native_frames.insert(
                     *id,
@@ -441,6 +449,7 @@ impl StackData {
                         name: name.clone(),
                         file: file.clone(),
                         entry: *entry,
+                        line: *line,
                     },
                 );
             }
@@ -452,6 +461,7 @@ impl StackData {
                 pid,
                 version,
                 same_instant,
+                timer,
                 detail,
                 ..
             } => {
@@ -462,6 +472,7 @@ impl StackData {
                     *p = PyProcInfo {
                         version: version.clone(),
                         same_instant: *same_instant,
+                        timer: *timer,
                         detail: detail.clone(),
                     };
                 }
@@ -479,6 +490,7 @@ impl StackData {
                         name: name.clone(),
                         file: file.clone(),
                         entry: *entry,
+                        line: None,
                     },
                 );
             }
@@ -986,6 +998,11 @@ pub struct PyProcessReport {
     /// "same-instant" (the in-process agent), or "python-only" (py-spy's
     /// separate stacks; native samples stay unattributed).
     pub sampler: &'static str,
+    /// Who took its native stacks: "perf-events" (gpuprof's perf events,
+    /// or the agent's own perf event), "in-process-timer" (the agent's
+    /// per-thread CPU-time timers); absent when it has no native samples.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub native_sampler: Option<&'static str>,
     /// Why the agent does not sample it, when it does not.
     #[serde(skip_serializing_if = "String::is_empty")]
     pub detail: String,
@@ -1110,6 +1127,18 @@ pub struct RoleStacks {
 /// The `stacks` section of report.json.
 #[derive(Clone, Debug, Serialize, PartialEq, Default)]
 pub struct StacksReport {
+    /// Which sampler took the native stacks: "perf-events", or
+    /// "in-process-timer" (perf_event_open refused, or `--sampler timer`);
+    /// "python-only" when only py-spy's Python stacks exist, "none" when
+    /// nothing was sampled.
+    pub sampler: String,
+    /// Why, in a line (the native sampler's own description).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub sampler_detail: String,
+    /// The recording named its native sampler (older recordings and
+    /// hand-built ones do not): the flamegraph subtitles name it.
+    #[serde(skip)]
+    pub sampler_named: bool,
     /// Native samples recorded (all roles).
     pub samples: u64,
     pub samples_per_role: BTreeMap<String, u64>,
@@ -1248,8 +1277,21 @@ impl<'a> Resolver<'a> {
     }
 
     fn intern_python(&mut self, name: &str, file: &str) -> u32 {
+        self.intern_python_at(name, file, None)
+    }
+
+    /// A Python frame, `name (file.py)`, or with `--lines`
+    /// `name (file.py:LINE)` (`file.py:?` when its line could not be
+    /// decoded) where the recording has its line.
+    fn intern_python_at(&mut self, name: &str, file: &str, line: Option<u32>) -> u32 {
+        let file_label = clean(py_file_label(file));
+        let label = match line.filter(|_| self.d.lines) {
+            Some(0) => format!("{} ({file_label}:?)", clean(name)),
+            Some(l) => format!("{} ({file_label}:{l})", clean(name)),
+            None => format!("{} ({file_label})", clean(name)),
+        };
         self.intern(FrameInfo {
-            label: format!("{} ({})", clean(name), clean(py_file_label(file))),
+            label,
             class: FrameClass::Python,
             name: name.to_string(),
             file: file.to_string(),
@@ -1265,9 +1307,11 @@ impl<'a> Resolver<'a> {
             Some(Frame::Native { file, offset }) => {
                 Some((self.d.files.get(file).map_or("?", |p| p.as_str()), *offset))
             }
-            Some(Frame::Python { name, file, .. }) => {
-                let (name, file) = (name.clone(), file.clone());
-                let id = self.intern_python(&name, &file);
+            Some(Frame::Python {
+                name, file, line, ..
+            }) => {
+                let (name, file, line) = (name.clone(), file.clone(), *line);
+                let id = self.intern_python_at(&name, &file, line);
                 self.native_name.insert(frame, id);
                 return id;
             }
@@ -2012,6 +2056,13 @@ fn sampler_figures(
     for st in &d.stats {
         match st.kind {
             Some(StackKind::Native) => {
+                rep.sampler_named = !st.sampler.is_empty();
+                rep.sampler = if st.sampler.is_empty() {
+                    crate::collect::perf::SAMPLER_PERF.to_string()
+                } else {
+                    st.sampler.clone()
+                };
+                rep.sampler_detail = st.detail.clone();
                 rep.lost_records += st.lost_records;
                 rep.unwind_truncated += st.truncated;
                 if st.interval_ns > 0 {
@@ -2030,6 +2081,22 @@ fn sampler_figures(
         // The Python sampler's counters were not written (gpuprof was
         // killed): count the stacks in the recording.
         rep.python_stacks = d.python.seen;
+    }
+    if rep.sampler.is_empty() {
+        rep.sampler = if !samples.is_empty() {
+            // Native counters not written (gpuprof killed): the samples'
+            // own sources say which.
+            if d.py_procs.values().any(|p| p.timer) {
+                crate::collect::perf::SAMPLER_TIMER
+            } else {
+                crate::collect::perf::SAMPLER_PERF
+            }
+        } else if rep.python_stacks > 0 {
+            "python-only"
+        } else {
+            "none"
+        }
+        .to_string();
     }
     rep.sampler_cpu_s = round4(rep.sampler_cpu_s);
     rep.frequency_hz = if period_ns > 0 {
@@ -2116,6 +2183,13 @@ fn python_report(
                 "same-instant"
             } else {
                 "python-only"
+            },
+            native_sampler: if info.is_some_and(|i| i.timer) {
+                Some(crate::collect::perf::SAMPLER_TIMER)
+            } else if per_proc.contains_key(&pid) {
+                Some(crate::collect::perf::SAMPLER_PERF)
+            } else {
+                None
             },
             detail: info.map(|i| i.detail.clone()).unwrap_or_default(),
             counts,
@@ -3445,18 +3519,21 @@ mod tests {
                 name: "<module>".into(),
                 file: "/x/job.py".into(),
                 entry: true,
+                line: None,
             },
             Event::InlinePyFrame {
                 id: 6,
                 name: "augment".into(),
                 file: "/x/job.py".into(),
                 entry: false,
+                line: None,
             },
             Event::PyProcess {
                 t: MonoNs(0),
                 pid: Pid(10),
                 version: "3.12.1".into(),
                 same_instant: true,
+                timer: false,
                 detail: String::new(),
             },
         ]
@@ -3496,6 +3573,71 @@ mod tests {
         // their own.
         assert!(st.python_only.is_empty());
         assert_eq!(st.report.unwind_coverage, 1.0, "leaf {leaf}");
+    }
+
+    /// Frames recorded with their lines: by function unless `lines`, then
+    /// `name (file:LINE)`, and `file:?` for a line that could not be
+    /// decoded (recorded as 0).
+    #[test]
+    fn python_frames_by_line_only_when_asked() {
+        for lines in [false, true] {
+            let mut d = data();
+            d.lines = lines;
+            let mut evs = vec![
+                node(StackKind::Native, 7, None, 5),
+                node(StackKind::Native, 8, Some(7), 6),
+                node(StackKind::Native, 9, Some(8), 0),
+                node(StackKind::Native, 10, Some(9), 1),
+                node(StackKind::Native, 11, Some(10), 2),
+                node(StackKind::Native, 12, Some(11), 3),
+                node(StackKind::Native, 13, Some(12), 4),
+            ];
+            for e in same_instant_python() {
+                evs.push(match e {
+                    Event::InlinePyFrame {
+                        id,
+                        name,
+                        file,
+                        entry,
+                        ..
+                    } => Event::InlinePyFrame {
+                        id,
+                        name,
+                        file,
+                        entry,
+                        line: Some(if id == 5 { 12 } else { 0 }),
+                    },
+                    other => other,
+                });
+            }
+            evs.push(Event::Samples(SampleBatch {
+                kind: StackKind::Native,
+                pid: Pid(10),
+                tid: Tid(10),
+                t0: MonoNs(1_003_000_000),
+                dt_us: vec![0, 10_000],
+                stacks: vec![13; 2],
+                incomplete: vec![],
+                source: SampleSource::Agent,
+            }));
+            for e in &evs {
+                d.add(e);
+            }
+            let st = analyze_all(&mut d);
+            let folded = st.folded_role(
+                Some(Role::Main),
+                FoldOptions {
+                    view: View::Native,
+                    merge_workers: false,
+                },
+            );
+            let want = if lines {
+                "<module> (job.py:12);augment (job.py:?);"
+            } else {
+                "<module> (job.py);augment (job.py);"
+            };
+            assert!(folded.contains(want), "{folded}");
+        }
     }
 
     /// A thread the perf reader left to the agent for some samples but the

@@ -443,6 +443,7 @@ impl Sampler {
                             pid,
                             version: spy.version.to_string(),
                             same_instant: false,
+                            timer: false,
                             detail: String::new(),
                         });
                     }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use crate::agent::AgentDir;
 use crate::collect::perf::pyagent::{self, RingDir, Window};
-use crate::collect::perf::{self, AgentLink, PerfOptions, PerfSampler};
+use crate::collect::perf::{self, AgentLink, PerfOptions, PerfSampler, SamplerChoice};
 use crate::collect::python::PySampler;
 use crate::collect::TreeNews;
 use crate::event::{Coverage, Event, Pid};
@@ -41,6 +41,54 @@ pub struct PreparedAgent {
     dir: AgentDir,
     link: AgentLink,
     env: Vec<(OsString, OsString)>,
+    /// The agent is the native sampler too (its CPU-time timers), with
+    /// what the first line says of why.
+    timer: Option<TimerPlan>,
+}
+
+/// Why the timer sampler runs, and at what rate.
+struct TimerPlan {
+    /// perf_event_open's refusal, when that is why (else `--sampler timer`).
+    refusal: Option<std::io::Error>,
+    /// `--frequency`, at most the kernel's tick rate (see [`timer_frequency`]).
+    frequency: u64,
+    /// Said when `--frequency` was lowered.
+    lowered: Option<String>,
+}
+
+impl TimerPlan {
+    fn new(refusal: Option<std::io::Error>, requested: u64) -> TimerPlan {
+        let frequency = timer_frequency(requested);
+        TimerPlan {
+            refusal,
+            frequency,
+            lowered: (frequency < requested).then(|| {
+                format!(
+                    "--frequency {requested} lowered to {frequency} Hz: the kernel checks CPU-time timers once per tick ({frequency} a second here), so faster timers would miss expirations and undercount CPU time"
+                )
+            }),
+        }
+    }
+}
+
+/// The timer sampler's rate: a thread's CPU-time timer expires only at a
+/// scheduler tick (the kernel checks CPU timers from its tick), so at a rate
+/// above the tick rate every signal would merge several periods (counted
+/// as overruns, but the resolution is the tick's). Measured here
+/// (CONFIG_HZ=250): `--frequency 499` gave 69 signals for 0.3 s of CPU. The
+/// tick is the resolution of the coarse clock.
+pub(crate) fn timer_frequency(requested: u64) -> u64 {
+    let mut res = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: res is a valid timespec to write into.
+    let ok = unsafe { libc::clock_getres(libc::CLOCK_MONOTONIC_COARSE, &mut res) } == 0;
+    let tick_ns = res.tv_sec as u64 * 1_000_000_000 + res.tv_nsec as u64;
+    if !ok || tick_ns == 0 {
+        return requested;
+    }
+    requested.min((1_000_000_000 / tick_ns).max(1))
 }
 
 impl PreparedAgent {
@@ -80,11 +128,17 @@ impl StackCollectors {
                 "disabled with --python-frames py-spy: Python frames come from py-spy alone".into(),
             );
         }
-        if !perf::self_sampling_allowed() {
-            return AgentPlan::Off(
-                "perf events are refused here, so the agent could not sample either".into(),
-            );
-        }
+        let refusal = perf::self_sampling_refusal();
+        let timer = match (opts.sampler, refusal) {
+            (SamplerChoice::Timer, refusal) => Some(TimerPlan::new(refusal, opts.frequency)),
+            (SamplerChoice::Auto, Some(e)) => Some(TimerPlan::new(Some(e), opts.frequency)),
+            (SamplerChoice::Perf, Some(_)) => {
+                return AgentPlan::Off(
+                    "perf events are refused here, so the agent could not sample either (--sampler perf; the default would sample with the in-process timers)".into(),
+                );
+            }
+            (_, None) => None,
+        };
         let dir = match AgentDir::create() {
             Ok(d) => d,
             Err(e) => return AgentPlan::Off(format!("no folder for the agent: {e}")),
@@ -97,7 +151,13 @@ impl StackCollectors {
             Ok(r) => r,
             Err(e) => return AgentPlan::Off(format!("no folder for the agent's rings: {e}")),
         };
-        let env = pyagent::job_env(&so, rings.path(), opts.frequency, opts.stack_size);
+        let env = pyagent::job_env(
+            &so,
+            rings.path(),
+            timer.as_ref().map_or(opts.frequency, |t| t.frequency),
+            opts.stack_size,
+            timer.is_some(),
+        );
         let link = AgentLink {
             ring_dir: rings.path().to_path_buf(),
             verdicts: Arc::new(perf::AgentVerdicts::new(so.clone())),
@@ -107,6 +167,7 @@ impl StackCollectors {
             dir,
             link,
             env,
+            timer,
         }))
     }
 
@@ -124,9 +185,31 @@ impl StackCollectors {
         agent: &AgentPlan,
         active: bool,
     ) -> StackCollectors {
-        let mut c = Self::start_with(opts, sink, quiet, None, agent, active, |o| {
-            perf::open(job, o, active)
-        });
+        let timer = match agent {
+            AgentPlan::Ready(a) => a.timer.as_ref(),
+            AgentPlan::Off(_) => None,
+        };
+        let mut c = match timer {
+            Some(plan) => {
+                let mut why = timer_line(plan);
+                if let Some(l) = &plan.lowered {
+                    why = format!("{why}; {l}");
+                }
+                if !quiet {
+                    eprintln!("gpuprof: {why}");
+                }
+                let o = opts.map(|o| PerfOptions {
+                    frequency: plan.frequency,
+                    ..o.clone()
+                });
+                Self::start_with(o.as_ref(), sink, quiet, None, agent, active, |o| {
+                    Ok(perf::timer_only(job, o, why))
+                })
+            }
+            None => Self::start_with(opts, sink, quiet, None, agent, active, |o| {
+                perf::open(job, o, active)
+            }),
+        };
         if let AgentPlan::Ready(a) = agent {
             // Before the job's exec, where the agent maps it.
             let w = if active { Window::Open } else { Window::Paused };
@@ -136,7 +219,39 @@ impl StackCollectors {
         }
         c
     }
+}
 
+/// `gpuprof attach` where perf events are refused: the timer sampler needs
+/// its agent loaded at a process's start, so nothing samples the running
+/// processes' native stacks. The line says so, what is left (py-spy's
+/// Python stacks, from outside), how much is missing (the tree's processes
+/// and threads now), and how to get it without privileges.
+fn attach_refused(root: Pid, e: perf::OpenError) -> perf::OpenError {
+    let Some(errno) = e.errno.filter(|n| *n == libc::EACCES || *n == libc::EPERM) else {
+        return e;
+    };
+    let threads = perf::tree_threads(root);
+    let processes = 1 + crate::collect::python::descendants(root.0).len();
+    let then = format!(
+        "no native stacks of the {processes} process(es) and {} thread(s) of PID {root}: nothing can be placed inside processes already running (the in-process timer sampler, which needs no privilege, is loaded when gpuprof starts the job: `gpuprof -- CMD`); Python stacks come from py-spy alone (read from outside, blocked threads included)",
+        threads.len()
+    );
+    perf::OpenError {
+        message: perf::refusal_advice_then(&std::io::Error::from_raw_os_error(errno), &then),
+        errno: Some(errno),
+    }
+}
+
+/// The first line of a run with the timer sampler: which sampler, and why.
+fn timer_line(plan: &TimerPlan) -> String {
+    const WHAT: &str = "stacks come from the in-process timer sampler instead (each thread of the job samples itself on its own CPU-time clock; no privilege needed; see docs/stacks.md)";
+    match &plan.refusal {
+        Some(e) => perf::refusal_advice_then(e, WHAT),
+        None => "--sampler timer: stacks come from the in-process timer sampler (each thread of the job samples itself on its own CPU-time clock), not perf events".into(),
+    }
+}
+
+impl StackCollectors {
     /// The recording window opened (`--delay` elapsed): perf's events are
     /// turned on, py-spy starts reading, the agents start sampling.
     pub fn set_active(&self) {
@@ -158,7 +273,7 @@ impl StackCollectors {
             "not in processes that were already running (attach): the agent is preloaded only into jobs gpuprof starts; Python frames come from py-spy alone".into(),
         );
         Self::start_with(opts, sink, quiet, Some(root), &agent, true, |o| {
-            perf::open_attached(root, o)
+            perf::open_attached(root, o).map_err(|e| attach_refused(root, e))
         })
     }
 
@@ -236,6 +351,10 @@ impl StackCollectors {
             source: AGENT_COVERAGE_SOURCE.into(),
             available: agent_running,
             detail: match agent {
+                AgentPlan::Ready(a) if agent_running && a.timer.is_some() => format!(
+                    "in-process agent preloaded into the job (LD_PRELOAD), sampling with per-thread CPU-time timers: every process that loads it (CPython 3.9–3.13 with its Python frames, native programs without) is sampled from inside, at {} Hz per thread; report.json stacks.python says per process what it did",
+                    opts.frequency
+                ),
                 AgentPlan::Ready(_) if agent_running => format!(
                     "in-process agent preloaded into the job (LD_PRELOAD): CPython 3.9–3.13 processes are sampled from inside, at {} Hz per thread; report.json stacks.python says per process what it did",
                     opts.frequency

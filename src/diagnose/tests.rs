@@ -689,6 +689,7 @@ fn worker_stacks() -> Vec<Event> {
         name: name.into(),
         file: file.into(),
         entry: id <= 2,
+        line: None,
     };
     let batch = |kind, pid, source, ks: Vec<u64>, stack: fn(u64) -> u32| {
         let mut dt = vec![0u32];
@@ -756,6 +757,7 @@ fn worker_stacks() -> Vec<Event> {
             pid: Pid(pid),
             version: "3.12.1".into(),
             same_instant,
+            timer: false,
             detail: String::new(),
         });
     }

@@ -204,10 +204,17 @@ fn titles<'a>(
     }
     let n = sum.samples;
     let hz = st.report.frequency_hz;
+    // Which sampler took them (perf events or the in-process timers).
+    let by = match st.report.sampler.as_str() {
+        _ if !st.report.sampler_named => "",
+        crate::collect::perf::SAMPLER_TIMER => " by in-process timers",
+        crate::collect::perf::SAMPLER_PERF => " by perf events",
+        _ => "",
+    };
     let mut parts = vec![if hz > 0.0 {
-        format!("{n} samples at {hz} Hz (~{:.1} CPU-s)", n as f64 / hz)
+        format!("{n} samples{by} at {hz} Hz (~{:.1} CPU-s)", n as f64 / hz)
     } else {
-        format!("{n} samples")
+        format!("{n} samples{by}")
     }];
     // How the samples got their Python frames, as shares of all of them
     // that add up to 100%.

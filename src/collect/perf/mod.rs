@@ -16,6 +16,7 @@ mod dump;
 pub mod offcpu;
 mod perfmap;
 pub mod pyagent;
+pub mod pylines;
 mod ring;
 mod symbolize;
 mod unwind;
@@ -28,7 +29,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub use dump::dump;
-pub use ring::{online_cpus, parse_cpu_list, perf_event_paranoid, ring_bytes_for, OpenError};
+pub use ring::{
+    online_cpus, parse_cpu_list, perf_event_paranoid, refusal_advice_then, ring_bytes_for,
+    OpenError,
+};
 
 use nix::sys::eventfd::{EfdFlags, EventFd};
 
@@ -42,6 +46,9 @@ use unwind::{Files, ProcessMaps, UnwindCache};
 
 /// Coverage source name of native stacks.
 pub const COVERAGE_SOURCE: &str = "native-stacks";
+/// `stacks.sampler` in report.json: which sampler took the native stacks.
+pub const SAMPLER_PERF: &str = "perf-events";
+pub const SAMPLER_TIMER: &str = "in-process-timer";
 
 /// Default and limits of the sampling settings.
 pub const DEFAULT_FREQUENCY: u64 = 99;
@@ -153,6 +160,31 @@ pub struct PerfOptions {
     pub hang_after: Option<Duration>,
     /// Where hang reports go (the output folder), set when recording.
     pub hang_dir: Option<PathBuf>,
+    /// Which native sampler (`--sampler`).
+    pub sampler: SamplerChoice,
+}
+
+/// `--sampler`: who takes the native stacks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SamplerChoice {
+    /// perf events where allowed, else the in-process timer sampler.
+    #[default]
+    Auto,
+    /// perf events only: none where they are refused.
+    Perf,
+    /// The in-process timer sampler, even where perf is allowed.
+    Timer,
+}
+
+impl SamplerChoice {
+    pub fn parse(s: &str) -> Option<SamplerChoice> {
+        match s {
+            "auto" => Some(SamplerChoice::Auto),
+            "perf" => Some(SamplerChoice::Perf),
+            "timer" => Some(SamplerChoice::Timer),
+            _ => None,
+        }
+    }
 }
 
 impl Default for PerfOptions {
@@ -163,6 +195,7 @@ impl Default for PerfOptions {
             same_instant_python: true,
             hang_after: None,
             hang_dir: None,
+            sampler: SamplerChoice::Auto,
         }
     }
 }
@@ -194,6 +227,9 @@ pub struct Opened {
     attached: Option<Attached>,
     /// The events stay off until the recording window opens (`--delay`).
     off: bool,
+    /// No perf events: the agents' CPU-time timers sample the job (see
+    /// [`timer_only`]); why.
+    timer: Option<String>,
 }
 
 /// Sampling a tree that already ran when the events were opened.
@@ -259,6 +295,7 @@ pub fn open_attached(root: Pid, opts: &PerfOptions) -> Result<Opened, OpenError>
             catch_ups: 0,
         }),
         off: false,
+        timer: None,
     })
 }
 
@@ -289,12 +326,32 @@ pub fn open(job: Pid, opts: &PerfOptions, at_exec: bool) -> Result<Opened, OpenE
         opts: opts.clone(),
         attached: None,
         off: !at_exec,
+        timer: None,
     })
 }
 
-/// Whether this process may open a sampling perf event on itself (what the
-/// in-process agent will do in the job's processes).
-pub fn self_sampling_allowed() -> bool {
+/// No perf events on `job`: its threads sample themselves, each on its own
+/// CPU-time clock, in the agent preloaded into it (the agent's timer
+/// sampler), and the reader drains the agents' rings alone. `why`: what the
+/// coverage entry says of the choice (perf refused, or `--sampler timer`).
+pub fn timer_only(job: Pid, opts: &PerfOptions, why: String) -> Opened {
+    Opened {
+        rings: Rings {
+            samplers: Vec::new(),
+            ring_bytes: 0,
+            followers: Vec::new(),
+        },
+        job,
+        opts: opts.clone(),
+        attached: None,
+        off: false,
+        timer: Some(why),
+    }
+}
+
+/// Why this process may not open a sampling perf event on itself, if it
+/// may not.
+pub fn self_sampling_refusal() -> Option<std::io::Error> {
     let mut b = perf_event::Builder::new(perf_event::events::Software::CPU_CLOCK);
     b.observe_self()
         .any_cpu()
@@ -302,7 +359,13 @@ pub fn self_sampling_allowed() -> bool {
         .exclude_kernel(true)
         .exclude_hv(true)
         .sample_period(10_000_000);
-    b.build().is_ok()
+    b.build().err()
+}
+
+/// Whether this process may open a sampling perf event on itself (what the
+/// in-process agent will do in the job's processes).
+pub fn self_sampling_allowed() -> bool {
+    self_sampling_refusal().is_none()
 }
 
 /// The coverage entry for a refused or failed `open`.
@@ -394,7 +457,8 @@ fn own_perf_map(pid: Pid, t: Option<MonoNs>) -> perfmap::SharedMap {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 enum FrameKey {
     Native(u32, u64),
-    Py(u32, bool),
+    /// (name id, entry frame, line: 0 when it could not be decoded).
+    Py(u32, bool, u32),
     /// A Python function read with py-spy for a blocked thread (index into
     /// the reader's `py_names`, entry).
     PyNamed(u32, bool),
@@ -478,7 +542,26 @@ struct Reader {
     /// Python functions of blocked threads: (name, file), and their index.
     py_names: Vec<(String, String)>,
     py_name_ids: HashMap<(String, String), u32>,
+    /// The agents' timers sample the job, no perf events (why).
+    timer: Option<String>,
+    /// Timer sampler: when each process's /proc maps were last read. No
+    /// MMAP2 records tell of libraries loaded later, so a sample that
+    /// leaves a known mapping has them read again, at most this often.
+    maps_read: HashMap<Pid, Instant>,
+    /// Timer sampler: processes found gone at the last sweep (their maps
+    /// go at the next one, when no sample of theirs can still be pending).
+    gone: Vec<Pid>,
+    last_sweep: Instant,
+    /// Timer sampler: periods that came merged into another's signal.
+    stats_overruns: u64,
 }
+
+/// Most periods one timer sample stands for (a thread stopped for a long
+/// time, then resumed, is not charged for more).
+const MAX_OVERRUN: u32 = 1000;
+
+/// How often a process's /proc maps may be read again (timer sampler).
+const MAPS_REREAD: Duration = Duration::from_millis(200);
 
 /// After attaching, the tree is listed again this long after the events
 /// were opened (and twice as long, and so on), to give threads that were
@@ -517,16 +600,19 @@ fn frame_event(
                 name: name.clone(),
                 file: file.clone(),
                 entry,
+                // py-spy's read of a blocked thread: by function only.
+                line: None,
             }
         }
         FrameKey::Native(file, offset) => Event::NativeFrame { id, file, offset },
-        FrameKey::Py(name, entry) => {
+        FrameKey::Py(name, entry, line) => {
             let (name, file) = rings.expect("agent frames come with the agent").name(name);
             Event::InlinePyFrame {
                 id,
                 name: name.to_string(),
                 file: file.to_string(),
                 entry,
+                line: Some(line),
             }
         }
         FrameKey::Marker(m) => Event::StackMarker {
@@ -582,6 +668,11 @@ impl Reader {
             py_names: Vec::new(),
             py_name_ids: HashMap::new(),
             sink,
+            timer: opened.timer,
+            maps_read: HashMap::new(),
+            gone: Vec::new(),
+            last_sweep: Instant::now(),
+            stats_overruns: 0,
         };
         r.announce_files();
         r
@@ -639,6 +730,7 @@ impl Reader {
             self.process_until(horizon);
             if !stopping {
                 self.catch_up();
+                self.sweep_gone();
             }
             self.interner
                 .flush(if stopping { None } else { Some(drain_start) }, &self.sink);
@@ -938,16 +1030,26 @@ impl Reader {
         match rec {
             AgentRecord::Hello(h) => {
                 a.procs.entry(h.pid).or_default();
-                a.verdicts.set(h.pid, h.sampling);
+                // A native program sampled by its timers has no Python
+                // frames for the agent to take: py-spy reads it if it is a
+                // Python after all (a static interpreter whose symbols the
+                // agent cannot see).
+                a.verdicts.set(h.pid, h.sampling && h.python);
                 // The py-spy sampler may be waiting for this word.
                 self.news.wake_listener();
-                self.sink.send_blocking(Event::PyProcess {
-                    t: h.t,
-                    pid: h.pid,
-                    version: h.version,
-                    same_instant: h.sampling,
-                    detail: h.detail,
-                });
+                if self.timer.is_some() {
+                    self.timer_process(&h);
+                }
+                if h.python {
+                    self.sink.send_blocking(Event::PyProcess {
+                        t: h.t,
+                        pid: h.pid,
+                        version: h.version,
+                        same_instant: h.sampling,
+                        timer: h.timer,
+                        detail: h.detail,
+                    });
+                }
             }
             AgentRecord::Note(Note::HandlerChained { pid, .. }) => {
                 a.procs.entry(pid).or_default().chained = true;
@@ -958,6 +1060,92 @@ impl Reader {
             AgentRecord::Sample(smp) => self.agent_sample(ring, smp),
             AgentRecord::Code(_) => {}
         }
+    }
+
+    /// Timer sampler: a process the agent just started sampling. No perf
+    /// records introduce processes, so its hello stands for them: a new
+    /// program (or a forked child) whose mappings are read afresh from
+    /// /proc, and its fork and name for the analysis (at the hello's time,
+    /// its first sample: no sample of it comes before).
+    fn timer_process(&mut self, h: &pyagent::Hello) {
+        self.procs.remove(&h.pid);
+        self.maps_read.remove(&h.pid);
+        if h.forked {
+            // Its parent's mappings, in case it is gone before its maps
+            // are read (a short-lived worker): read again if it is not.
+            if let Some(parent) = self.procs.get(&h.ppid) {
+                let mut copy = parent.clone();
+                copy.jit.insert(0, own_perf_map(h.pid, Some(h.t)));
+                self.procs.insert(h.pid, copy);
+            }
+        }
+        if std::path::Path::new(&format!("/proc/{}", h.pid.0)).exists() {
+            self.reread_maps(h.pid);
+        }
+        if h.forked && h.ppid.0 > 0 {
+            self.sink.send_blocking(Event::TaskFork {
+                t: h.t,
+                pid: h.pid,
+                tid: Tid(h.pid.0),
+                ppid: h.ppid,
+                ptid: Tid(h.ppid.0),
+            });
+        }
+        let comm = std::fs::read_to_string(format!("/proc/{}/comm", h.pid.0))
+            .map(|c| c.trim_end_matches('\n').to_string())
+            .unwrap_or_default();
+        if !comm.is_empty() {
+            self.sink.send_blocking(Event::TaskComm {
+                t: h.t,
+                pid: h.pid,
+                tid: Tid(h.pid.0),
+                comm,
+                exec: !h.forked,
+            });
+        }
+        self.news.new_process();
+    }
+
+    /// Timer sampler: no EXIT records say when a process is gone, so every
+    /// few seconds the maps of processes gone since the sweep before are
+    /// dropped (a job that starts thousands of short processes would keep
+    /// them all).
+    fn sweep_gone(&mut self) {
+        const EVERY: Duration = Duration::from_secs(5);
+        if self.timer.is_none() || self.last_sweep.elapsed() < EVERY {
+            return;
+        }
+        self.last_sweep = Instant::now();
+        for pid in std::mem::take(&mut self.gone) {
+            self.procs.remove(&pid);
+            self.maps_read.remove(&pid);
+        }
+        self.gone = self
+            .procs
+            .keys()
+            .filter(|p| !std::path::Path::new(&format!("/proc/{}", p.0)).exists())
+            .copied()
+            .collect();
+    }
+
+    /// Timer sampler: read `pid`'s mappings from /proc again (a library
+    /// loaded since), unless that was done less than [`MAPS_REREAD`] ago.
+    fn reread_maps(&mut self, pid: Pid) -> bool {
+        let now = Instant::now();
+        if self
+            .maps_read
+            .get(&pid)
+            .is_some_and(|t| now.duration_since(*t) < MAPS_REREAD)
+        {
+            return false;
+        }
+        self.maps_read.insert(pid, now);
+        let pm = self.procs.entry(pid).or_default();
+        for m in unwind::proc_maps(pid) {
+            pm.add(&mut self.files, &m);
+        }
+        pm.seeded = true;
+        true
     }
 
     /// An agent sample as one recorded stack: its Python frames, then its
@@ -988,16 +1176,17 @@ impl Reader {
                         break;
                     }
                     match a.rings.resolve(ring, code, key) {
-                        Some(id) => {
+                        Some((id, table)) => {
                             if a.rings.name(id).1 == "<shim>" {
                                 if entry {
-                                    if let Some(FrameKey::Py(_, e)) = inner_first.last_mut() {
+                                    if let Some(FrameKey::Py(_, e, _)) = inner_first.last_mut() {
                                         *e = true;
                                     }
                                 }
                                 continue;
                             }
-                            inner_first.push(FrameKey::Py(id, entry));
+                            let line = a.rings.line(table, pyagent::frame_instruction(flags));
+                            inner_first.push(FrameKey::Py(id, entry, line));
                         }
                         None => {
                             st.unknown_code += 1;
@@ -1022,18 +1211,10 @@ impl Reader {
                 marker = Some(MARKER_UNREADABLE);
             }
         }
-        self.prepare_maps(pid);
-        let pm = self.procs.get_mut(&pid).expect("prepared");
-        self.sample_gen += 1;
-        let files = &mut self.files;
-        let Some(u) = unwind::unwind(
-            pm,
-            &mut self.cache,
-            &smp.native,
-            self.unknown_file,
-            self.sample_gen,
-            &mut |path| files.id_of_text(path),
-        ) else {
+        if self.timer.is_some() && !self.maps_read.contains_key(&pid) {
+            self.reread_maps(pid);
+        }
+        let Some(u) = self.unwind_agent_sample(&smp.native) else {
             return;
         };
         for (i, _, e) in &u.jit {
@@ -1064,16 +1245,47 @@ impl Reader {
                 frame_event(id, k, Some(rings), py_names)
             });
         if let Some(stack) = stack {
-            self.interner.sample_from(
-                SampleSource::Agent,
-                pid,
-                tid,
-                t,
-                stack,
-                u.complete,
-                &self.sink,
-            );
+            // A timer signal that came for several periods (overruns)
+            // stands for each: the thread's CPU time stays exact.
+            for _ in 0..=smp.overrun.min(MAX_OVERRUN) {
+                self.interner.sample_from(
+                    SampleSource::Agent,
+                    pid,
+                    tid,
+                    t,
+                    stack,
+                    u.complete,
+                    &self.sink,
+                );
+            }
+            self.stats_overruns += smp.overrun.min(MAX_OVERRUN) as u64;
         }
+    }
+
+    /// Unwind an agent sample's native half. With the timer sampler a
+    /// frame outside every known mapping (a library loaded after the maps
+    /// were read) has the maps read again, and the sample unwound again.
+    fn unwind_agent_sample(&mut self, native: &ring::Sample) -> Option<unwind::Unwound> {
+        let pid = native.pid;
+        for attempt in 0..2 {
+            self.prepare_maps(pid);
+            let pm = self.procs.get_mut(&pid).expect("prepared");
+            self.sample_gen += 1;
+            let files = &mut self.files;
+            let u = unwind::unwind(
+                pm,
+                &mut self.cache,
+                native,
+                self.unknown_file,
+                self.sample_gen,
+                &mut |path| files.id_of_text(path),
+            )?;
+            let unknown = u.frames.iter().any(|&(f, _)| f == self.unknown_file);
+            if attempt == 1 || !unknown || self.timer.is_none() || !self.reread_maps(pid) {
+                return Some(u);
+            }
+        }
+        None
     }
 
     /// A perf sample of a thread the agent keeps up with. The analysis uses
@@ -1272,14 +1484,26 @@ impl Reader {
         s.busy_ns = crate::collect::thread_cpu_ns().unwrap_or(self.busy.as_nanos() as u64)
             + naming.as_nanos() as u64;
         s.interval_ns = 1_000_000_000 / self.opts.frequency.max(1);
-        s.detail = format!(
-            "perf cpu-clock at {} Hz on {} CPUs, {} KiB user stack copies, {} KiB ring per CPU, job pid {}",
-            self.opts.frequency,
-            self.rings.samplers.len(),
-            self.opts.stack_size / 1024,
-            self.rings.ring_bytes / 1024,
-            self.job
-        );
+        if let Some(why) = &self.timer {
+            s.sampler = SAMPLER_TIMER.into();
+            s.detail = format!(
+                "in-process timer sampler: each thread of the job samples itself on its own CPU-time clock at {} Hz, {} KiB user stack copies, job pid {}; {} periods came merged into a later signal (the kernel checks the timers at its tick) and are counted with it ({why})",
+                self.opts.frequency,
+                self.opts.stack_size / 1024,
+                self.job,
+                self.stats_overruns
+            );
+        } else {
+            s.sampler = SAMPLER_PERF.into();
+            s.detail = format!(
+                "perf cpu-clock at {} Hz on {} CPUs, {} KiB user stack copies, {} KiB ring per CPU, job pid {}",
+                self.opts.frequency,
+                self.rings.samplers.len(),
+                self.opts.stack_size / 1024,
+                self.rings.ring_bytes / 1024,
+                self.job
+            );
+        }
         if let Some(w) = &self.wall {
             let w = &w.stats;
             s.detail.push_str(&format!(

@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use super::pylines::{self, LineTable};
 use crate::event::{MonoNs, Pid, Tid};
 
 /// Name of the agent (`src/agent/pystacks.c`).
@@ -26,6 +27,7 @@ const ENV_DIR: &str = "GPUPROF_PYSTACKS_DIR";
 const ENV_PERIOD: &str = "GPUPROF_PYSTACKS_PERIOD_NS";
 const ENV_STACK: &str = "GPUPROF_PYSTACKS_STACK_BYTES";
 const ENV_RING: &str = "GPUPROF_PYSTACKS_RING_BYTES";
+const ENV_SAMPLER: &str = "GPUPROF_PYSTACKS_SAMPLER";
 
 const MAGIC: u64 = 0x3147_4e52_4652_5047;
 const HEADER_BYTES: usize = 4096;
@@ -36,6 +38,11 @@ const OFF_DROPPED: usize = 192;
 
 const REC_PAD: u16 = 1;
 const REC_HELLO: u16 = 2;
+/// HELLO statuses that mean sampling (pystacks.c): with the perf event,
+/// with the timers, and a native program with the timers.
+const HELLO_SAMPLING: u32 = 0;
+const HELLO_SAMPLING_TIMER: u32 = 4;
+const HELLO_NATIVE_TIMER: u32 = 5;
 const REC_SAMPLE: u16 = 3;
 const REC_CODE: u16 = 4;
 const REC_NOTE: u16 = 5;
@@ -189,6 +196,7 @@ pub fn job_env(
     ring_dir: &Path,
     frequency: u64,
     stack_bytes: u32,
+    timer: bool,
 ) -> Vec<(OsString, OsString)> {
     let mut preload = OsString::from(agent_so.as_os_str());
     if let Some(user) = std::env::var_os("LD_PRELOAD").filter(|v| !v.is_empty()) {
@@ -196,7 +204,7 @@ pub fn job_env(
         preload.push(user);
     }
     let period = 1_000_000_000 / frequency.max(1);
-    vec![
+    let mut env = vec![
         ("LD_PRELOAD".into(), preload),
         (ENV_DIR.into(), ring_dir.as_os_str().to_owned()),
         (ENV_PERIOD.into(), period.to_string().into()),
@@ -205,7 +213,11 @@ pub fn job_env(
             ENV_RING.into(),
             ring_bytes_for(frequency, stack_bytes).to_string().into(),
         ),
-    ]
+    ];
+    if timer {
+        env.push((ENV_SAMPLER.into(), "timer".into()));
+    }
+    env
 }
 
 /// Ring size of one process: room for 50 ms of 8 busy threads, counting
@@ -225,6 +237,10 @@ pub struct Hello {
     pub t: MonoNs,
     /// The agent samples this process (else `detail` says why not).
     pub sampling: bool,
+    /// It samples with per-thread CPU-time timers, not a perf event.
+    pub timer: bool,
+    /// The process is a CPython (else a native program the timers sample).
+    pub python: bool,
     pub version: String,
     /// A child forked by an agent-sampled process (its code objects are
     /// named in its parent's ring until it names new ones).
@@ -241,12 +257,23 @@ pub struct AgentSample {
     pub status: PyStatus,
     /// Python frames, innermost first: (code object, identity key, flags).
     pub frames: Vec<(u64, u32, u32)>,
+    /// Timer sampler: further periods that expired before this signal came
+    /// (the kernel checks CPU-time timers at its tick); the sample stands
+    /// for them too.
+    pub overrun: u32,
 }
 
 /// Frame flag: the oldest frame of the run one eval-loop call executes.
 pub const FRAME_ENTRY: u32 = 1;
 /// Frame flag: the pointer was not a code object.
 pub const FRAME_BAD_CODE: u32 = 2;
+
+/// The instruction a frame was executing, from its flags: its index in
+/// code units (-1: not started), or `None` when the agent could not tell.
+pub fn frame_instruction(flags: u32) -> Option<i64> {
+    let v = (flags >> 8) & 0x7f_ffff;
+    (v != 0).then(|| v as i64 - 2)
+}
 
 /// A code object's names, as the agent read them.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -257,6 +284,13 @@ pub struct CodeName {
     pub name: String,
     pub file: String,
     pub firstlineno: i32,
+    /// Its line table (`co_lnotab` / `co_linetable`), at most the agent's
+    /// 4 KiB.
+    pub lines: Vec<u8>,
+    /// The table was longer than what was sent.
+    pub lines_cut: bool,
+    /// The table could not be read.
+    pub lines_missing: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -335,7 +369,12 @@ pub fn parse(rec: &[u8]) -> Option<AgentRecord> {
             Some(AgentRecord::Hello(Hello {
                 pid,
                 t: MonoNs(u64_at(rec, 16)?),
-                sampling: status == 0,
+                sampling: matches!(
+                    status,
+                    HELLO_SAMPLING | HELLO_SAMPLING_TIMER | HELLO_NATIVE_TIMER
+                ),
+                timer: matches!(status, HELLO_SAMPLING_TIMER | HELLO_NATIVE_TIMER),
+                python: status != HELLO_NATIVE_TIMER,
                 forked: u32_at(rec, 36)? != 0,
                 ppid: Pid(u32_at(rec, 40)? as i32),
                 version: cstr(rec.get(56..104)?),
@@ -378,6 +417,7 @@ pub fn parse(rec: &[u8]) -> Option<AgentRecord> {
                 },
                 status,
                 frames,
+                overrun: u32_at(rec, 68)?,
             }))
         }
         REC_CODE => {
@@ -385,8 +425,11 @@ pub fn parse(rec: &[u8]) -> Option<AgentRecord> {
             let fk = *rec.get(33)?;
             let nb = u32_at(rec, 36)? as usize;
             let fb = u32_at(rec, 40)? as usize;
+            let lb = u32_at(rec, 44)? as usize;
+            let flags = u16::from_ne_bytes(rec.get(34..36)?.try_into().ok()?);
             let name = rec.get(48..48usize.checked_add(nb)?)?;
             let file = rec.get(48 + nb..(48 + nb).checked_add(fb)?)?;
+            let lines = rec.get(48 + nb + fb..(48 + nb + fb).checked_add(lb)?)?;
             Some(AgentRecord::Code(CodeName {
                 pid,
                 code: u64_at(rec, 16)?,
@@ -394,6 +437,9 @@ pub fn parse(rec: &[u8]) -> Option<AgentRecord> {
                 firstlineno: u32_at(rec, 28)? as i32,
                 name: decode_str(name, nk).unwrap_or_default(),
                 file: decode_str(file, fk).unwrap_or_default(),
+                lines: lines.to_vec(),
+                lines_cut: flags & 1 != 0,
+                lines_missing: flags & 2 != 0,
             }))
         }
         REC_NOTE => {
@@ -422,8 +468,11 @@ struct MappedRing {
     broken: bool,
     /// The process was seen gone and its ring drained.
     done: bool,
-    /// Code objects named in this ring: (code, key) → name id.
-    codes: HashMap<(u64, u32), u32>,
+    /// Code objects named in this ring: (code, key) → (name id, line
+    /// table id).
+    codes: HashMap<(u64, u32), (u32, u32)>,
+    /// CPython's minor version of the process, from its hello.
+    minor: u8,
     /// The ring of the process this one was forked from.
     parent: Option<usize>,
     /// Records dropped for a full ring, read when it was released.
@@ -527,6 +576,10 @@ pub struct AgentRings {
     pub malformed: u64,
     /// Python function names: id → (qualified name, file).
     names: Vec<(String, String)>,
+    /// Line tables of the code objects named, by table id.
+    tables: Vec<LineTable>,
+    /// Lines decoded: (table id, instruction index) → line (0: none).
+    line_cache: HashMap<(u32, i64), u32>,
     name_ids: HashMap<(String, String), u32>,
     scratch: Vec<AgentRecord>,
 }
@@ -559,6 +612,8 @@ impl AgentRings {
             soon: false,
             malformed: 0,
             names: Vec::new(),
+            tables: Vec::new(),
+            line_cache: HashMap::new(),
             name_ids: HashMap::new(),
             scratch: Vec::new(),
         }
@@ -614,6 +669,7 @@ impl AgentRings {
                         broken: false,
                         done: false,
                         codes: HashMap::new(),
+                        minor: 0,
                         parent: None,
                         dropped_at_end: 0,
                         used: 0.0,
@@ -670,6 +726,13 @@ impl AgentRings {
         for r in recs.drain(..) {
             match r {
                 AgentRecord::Code(c) => {
+                    let table = self.tables.len() as u32;
+                    self.tables.push(LineTable {
+                        minor: self.minor_of(i),
+                        firstlineno: c.firstlineno,
+                        bytes: c.lines,
+                        cut: c.lines_cut || c.lines_missing,
+                    });
                     let k = (c.name, c.file);
                     let id = match self.name_ids.get(&k) {
                         Some(id) => *id,
@@ -680,9 +743,15 @@ impl AgentRings {
                             id
                         }
                     };
-                    self.rings[i].codes.insert((c.code, c.key), id);
+                    self.rings[i].codes.insert((c.code, c.key), (id, table));
                 }
                 AgentRecord::Hello(h) => {
+                    self.rings[i].minor = h
+                        .version
+                        .split('.')
+                        .nth(1)
+                        .and_then(|m| m.parse().ok())
+                        .unwrap_or(0);
                     if h.forked && self.rings[i].parent.is_none() {
                         // The parent's ring at the fork: its latest one.
                         self.rings[i].parent = (0..self.rings.len())
@@ -699,7 +768,7 @@ impl AgentRings {
 
     /// The name id of a code object seen in `ring`'s process: named there,
     /// or (a forked child) in the process it was forked from.
-    pub fn resolve(&self, ring: usize, code: u64, key: u32) -> Option<u32> {
+    pub fn resolve(&self, ring: usize, code: u64, key: u32) -> Option<(u32, u32)> {
         let mut r = Some(ring);
         for _ in 0..64 {
             let ring = self.rings.get(r?)?;
@@ -709,6 +778,30 @@ impl AgentRings {
             r = ring.parent;
         }
         None
+    }
+
+    /// CPython's minor version in ring `i`'s process (0: not said yet).
+    fn minor_of(&self, i: usize) -> u8 {
+        self.rings.get(i).map_or(0, |r| r.minor)
+    }
+
+    /// The line a frame of line table `table` was on when executing
+    /// instruction `index` (see [`frame_instruction`]): `Some(0)` when it
+    /// cannot be decoded (cached per table and instruction).
+    pub fn line(&mut self, table: u32, index: Option<i64>) -> u32 {
+        let Some(index) = index else {
+            return 0;
+        };
+        if let Some(l) = self.line_cache.get(&(table, index)) {
+            return *l;
+        }
+        let l = self
+            .tables
+            .get(table as usize)
+            .and_then(|t| pylines::line_of(t, index))
+            .unwrap_or(0);
+        self.line_cache.insert((table, index), l);
+        l
     }
 
     /// (qualified name, file) of a name id.
@@ -857,6 +950,7 @@ mod tests {
             Path::new("/r"),
             99,
             32768,
+            false,
         );
         let get = |k: &str| env.iter().find(|e| e.0 == k).map(|e| e.1.clone());
         assert!(get("LD_PRELOAD")
@@ -864,5 +958,8 @@ mod tests {
             .to_string_lossy()
             .starts_with("/x/libgpuprof_pystacks.so"));
         assert_eq!(get(ENV_PERIOD).unwrap(), "10101010");
+        assert_eq!(get(ENV_SAMPLER), None);
+        let env = job_env(Path::new("/a.so"), Path::new("/r"), 99, 32768, true);
+        assert!(env.iter().any(|e| e.0 == ENV_SAMPLER && e.1 == "timer"));
     }
 }

@@ -121,6 +121,11 @@ pub fn perf_event_paranoid() -> Option<i32> {
 
 /// One line saying why perf was refused and exactly how to allow it.
 pub fn refusal_advice(err: &io::Error) -> String {
+    refusal_advice_then(err, "no native stacks")
+}
+
+/// [`refusal_advice`], saying `then` of what gpuprof does instead.
+pub fn refusal_advice_then(err: &io::Error, then: &str) -> String {
     let errno = err.raw_os_error();
     let paranoid = perf_event_paranoid();
     match errno {
@@ -135,17 +140,17 @@ pub fn refusal_advice(err: &io::Error) -> String {
                 _ => "give gpuprof CAP_PERFMON (`sudo setcap cap_perfmon+ep $(which gpuprof)`), or run `sudo sysctl kernel.perf_event_paranoid=2`; in a container also allow the perf_event_open syscall (seccomp) and CAP_PERFMON".to_string(),
             };
             format!(
-                "perf_event_open was refused ({err}; kernel.perf_event_paranoid = {}): no native stacks; to allow it, {fix}",
+                "perf_event_open was refused ({err}; kernel.perf_event_paranoid = {}): {then}; to allow it, {fix}",
                 paranoid.map_or("unknown".into(), |p| p.to_string())
             )
         }
         Some(libc::ENOSYS) => format!(
-            "perf_event_open is not available ({err}): this kernel has no perf events (CONFIG_PERF_EVENTS); no native stacks"
+            "perf_event_open is not available ({err}): this kernel has no perf events (CONFIG_PERF_EVENTS); {then}"
         ),
         Some(libc::ENOMEM) | Some(libc::EINVAL) => format!(
-            "perf_event_open failed ({err}): the ring buffers could not be set up; try a smaller `--stack-size`, or raise `kernel.perf_event_mlock_kb`; no native stacks"
+            "perf_event_open failed ({err}): the ring buffers could not be set up; try a smaller `--stack-size`, or raise `kernel.perf_event_mlock_kb`; {then}"
         ),
-        _ => format!("perf_event_open failed ({err}): no native stacks"),
+        _ => format!("perf_event_open failed ({err}): {then}"),
     }
 }
 
