@@ -487,7 +487,9 @@ fn py_spy_reads_only_what_the_agent_does_not_sample() {
             let mut per_thread: BTreeMap<(u64, u64), (u64, u64)> = BTreeMap::new();
             for l in events.lines() {
                 let e: Value = serde_json::from_str(l).unwrap();
-                if e["k"] != "samples" || e["kind"] != "native" {
+                // The wall-clock sampler's looks at blocked threads are
+                // neither the agent's nor perf's CPU samples.
+                if e["k"] != "samples" || e["kind"] != "native" || e["source"] == "wall" {
                     continue;
                 }
                 let n = e["stacks"].as_array().map_or(0, |a| a.len() as u64);
