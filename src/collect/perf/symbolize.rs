@@ -15,7 +15,9 @@
 //! naming everything at the end.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, Sender, TryRecvError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use blazesym::symbolize::source::{Elf, Source};
@@ -81,21 +83,29 @@ enum Item {
 pub struct Streamer {
     tx: Option<Sender<Item>>,
     thread: Option<std::thread::JoinHandle<Duration>>,
+    /// Set by `finish`: the last batch is not waited for. An unpark alone
+    /// is not enough: the channel's own blocking `recv` parks the thread
+    /// too, and can take the wake-up meant for the batch pause (the end of
+    /// a run then waited out the whole pause, 0.5 s, one run in two).
+    finishing: Arc<AtomicBool>,
 }
 
 impl Streamer {
     pub fn start(sink: Sink) -> Streamer {
         let (tx, rx) = std::sync::mpsc::channel();
+        let finishing = Arc::new(AtomicBool::new(false));
+        let f2 = finishing.clone();
         let thread = std::thread::Builder::new()
             .name("gpuprof-symbols".into())
             .spawn(move || {
                 let _cost = crate::collect::selfcost::Charge::new("symbolizer");
-                run(rx, sink)
+                run(rx, sink, &f2)
             })
             .ok();
         Streamer {
             tx: thread.is_some().then_some(tx),
             thread,
+            finishing,
         }
     }
 
@@ -116,6 +126,7 @@ impl Streamer {
     /// Name what is queued, write it, and stop. Returns the thread's CPU
     /// time (its busy time where the clock is not available).
     pub fn finish(mut self) -> Duration {
+        self.finishing.store(true, Ordering::Release);
         drop(self.tx.take());
         self.thread
             .take()
@@ -138,7 +149,7 @@ fn add(
     }
 }
 
-fn run(rx: Receiver<Item>, sink: Sink) -> Duration {
+fn run(rx: Receiver<Item>, sink: Sink, finishing: &AtomicBool) -> Duration {
     let symbolizer = symbolizer();
     let mut pending: BTreeMap<String, Vec<(u32, u64)>> = BTreeMap::new();
     let mut named: Vec<(u32, String)> = Vec::new();
@@ -151,7 +162,9 @@ fn run(rx: Receiver<Item>, sink: Sink) -> Duration {
         // out the batch's time, take what gathered, and block only when
         // nothing did. `finish` unparks the thread so that the last batch
         // does not wait.
-        std::thread::park_timeout(BATCH_EVERY.saturating_sub(since.elapsed()));
+        if !finishing.load(Ordering::Acquire) {
+            std::thread::park_timeout(BATCH_EVERY.saturating_sub(since.elapsed()));
+        }
         loop {
             match rx.try_recv() {
                 Ok(item) => add(item, &mut pending, &mut named),
