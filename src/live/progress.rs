@@ -230,6 +230,13 @@ impl Progress {
 
     fn draw_in_place(&mut self, now: Instant, line: String) {
         self.width = term_width();
+        // Look again just before drawing: the job may have written since
+        // the tick began (reading the live figures takes a while on a busy
+        // machine), and moving up one line would then erase its output.
+        if self.drain() {
+            self.last_foreign = now;
+            self.shown = false;
+        }
         let quiet = now - self.last_foreign >= QUIET;
         let warn_due = self
             .pending_warnings
