@@ -17,6 +17,17 @@ use serde_json::Value;
 /// running (woken, waiting for a CPU on two loaded cores).
 const TOLERANCE: f64 = 0.10;
 
+/// The tests run one at a time: each measures shares of a thread's wall
+/// time against the job's own clock, and gpuprof counts a woken thread
+/// still waiting for a CPU as on a CPU (docs/stacks.md). Two DDP ranks
+/// importing PyTorch beside the queue job on two cores would make that
+/// wait, and not the product, decide the figure.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn tmpdir(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("gpuprof-waits-test-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
@@ -52,6 +63,7 @@ fn share(t: &Value, class: &str) -> f64 {
 /// "next batch". ~4 s per job (3 s of loop).
 #[test]
 fn a_loops_wait_for_batches_and_for_the_gpu_match_its_own_log() {
+    let _g = serial();
     if let Some(why) = perf_refused() {
         skip!("{why}");
     }
@@ -118,6 +130,7 @@ fn a_loops_wait_for_batches_and_for_the_gpu_match_its_own_log() {
 /// torch; the loop itself is 3 s.
 #[test]
 fn ddp_waits_inside_backward_count_as_collective_waits() {
+    let _g = serial();
     let Some(py) = torch_python() else {
         skip!("no PyTorch virtual environment (see .ci/run): torchrun unavailable");
     };
@@ -209,6 +222,7 @@ fn ddp_waits_inside_backward_count_as_collective_waits() {
 /// ~4 s (3 s of loop).
 #[test]
 fn gil_contention_names_the_holders_function() {
+    let _g = serial();
     if let Some(why) = perf_refused() {
         skip!("{why}");
     }
@@ -244,6 +258,7 @@ fn gil_contention_names_the_holders_function() {
 /// system call, and the job carries on (it is neither stopped nor killed).
 #[test]
 fn dump_prints_python_and_native_frames_and_leaves_the_job_running() {
+    let _g = serial();
     use std::io::BufRead;
     let mut job = std::process::Command::new("python3")
         .arg(script("dump_job.py"))
@@ -300,6 +315,7 @@ fn dump_prints_python_and_native_frames_and_leaves_the_job_running() {
 /// torch; the hang itself is detected after 3 s.
 #[test]
 fn a_hung_ddp_job_is_reported_and_dumped() {
+    let _g = serial();
     let Some(py) = torch_python() else {
         skip!("no PyTorch virtual environment (see .ci/run): torchrun unavailable");
     };
