@@ -47,6 +47,10 @@ pub const NVML_LIB_ENV: &str = "GPUPROF_NVML_LIB";
 /// PCIe throughput is measured by the driver over a 20 ms window per call
 /// (two calls per GPU): polled every this many ticks, not every tick.
 const PCIE_EVERY_TICKS: u64 = 10;
+/// A GPM sample call longer than this (2 ms) was preempted: its instant is
+/// retaken (see `Poller::gpm_sample`).
+const GPM_STAMP_SLACK_NS: u64 = 2_000_000;
+const GPM_STAMP_TRIES: u32 = 3;
 
 #[derive(Clone, Debug)]
 pub struct GpuOptions {
@@ -353,11 +357,22 @@ impl<'n> Poller<'n> {
     }
 
     /// A GPM sample and the instant it stands for (the middle of the call).
+    /// The driver takes it at some moment inside the call, so a call that
+    /// was preempted (a busy host) leaves the window's edge uncertain by
+    /// half its length: such a sample is taken again, up to
+    /// [`GPM_STAMP_TRIES`] times, and the last one kept. Any later sample
+    /// is as good a window end as the first.
     fn gpm_sample(&self) -> Result<(GpmSample<'n>, MonoNs), NvmlError> {
-        let before = MonoNs::now();
-        let s = self.dev.gpm_sample()?;
-        let after = MonoNs::now();
-        Ok((s, MonoNs(before.0 + (after.0 - before.0) / 2)))
+        let mut tries = 0;
+        loop {
+            let before = MonoNs::now();
+            let s = self.dev.gpm_sample()?;
+            let after = MonoNs::now();
+            tries += 1;
+            if after.0 - before.0 <= GPM_STAMP_SLACK_NS || tries >= GPM_STAMP_TRIES {
+                return Ok((s, MonoNs(before.0 + (after.0 - before.0) / 2)));
+            }
+        }
     }
 
     /// Use GPM when the GPU supports it and a first sample works. MIG
