@@ -417,7 +417,8 @@ impl GpuAnalysis {
     /// earlier work) does not end the wait when idle time follows it: then
     /// the first busy moment after that idle time. None without GPU data
     /// (or never busy again).
-    pub fn busy_again_after(&self, t: MonoNs, within: u64) -> Option<MonoNs> {
+    /// `idle` is [`GpuAnalysis::idle_weights`], built once by the caller.
+    pub fn busy_again_after(&self, idle: &IdleWeights, t: MonoNs, within: u64) -> Option<MonoNs> {
         let devs = self.job_devices();
         let step = devs
             .iter()
@@ -428,7 +429,7 @@ impl GpuAnalysis {
             / 2;
         let (mut at, mut was_idle, mut first_busy) = (t, false, None);
         while at.0 <= t.0 + within {
-            match self.idle_weight_at(at) {
+            match idle.at(at) {
                 Some(w) if w >= 0.5 => was_idle = true,
                 Some(_) if was_idle => return Some(at),
                 Some(_) => {
@@ -453,8 +454,9 @@ impl GpuAnalysis {
     /// How idle the job's GPUs were at `t`: the mean over them of the idle
     /// share of the driver sample covering `t` (the expected share of the
     /// job's GPU capacity that sat idle then). None when no GPU of the job
-    /// was sampled at `t`. What `flame-gpu-idle.svg` weights a CPU stack
-    /// sample by.
+    /// was sampled at `t`. The reference [`IdleWeights`] is checked
+    /// against: one search per GPU, too slow for millions of samples.
+    #[cfg(test)]
     pub fn idle_weight_at(&self, t: MonoNs) -> Option<f64> {
         let (mut sum, mut n) = (0.0, 0usize);
         for d in self.job_devices() {
@@ -466,10 +468,14 @@ impl GpuAnalysis {
         (n > 0).then(|| sum / n as f64)
     }
 
-    /// [`GpuAnalysis::idle_weight_at`] for many instants: the job's GPUs'
-    /// idle series merged once into one step function, so that weighting
-    /// each of millions of stack samples is one search, not one per GPU
-    /// (and a scan of every GPU's processes).
+    /// How idle the job's GPUs were, instant by instant: the mean over them
+    /// of the idle share of the driver sample covering each instant (the
+    /// expected share of the job's GPU capacity that sat idle then), None
+    /// where no GPU of the job was sampled. What `flame-gpu-idle.svg`
+    /// weights a CPU stack sample by. The GPUs' idle series are merged once
+    /// into one step function, so that weighting each of millions of stack
+    /// samples is one search, not one per GPU (and a scan of every GPU's
+    /// processes).
     pub fn idle_weights(&self) -> IdleWeights {
         let devs = self.job_devices();
         let mut cuts: Vec<u64> = devs
@@ -504,7 +510,7 @@ pub struct IdleWeights {
 }
 
 impl IdleWeights {
-    /// The same as [`GpuAnalysis::idle_weight_at`].
+    /// The job's GPUs' mean idle share at `t`.
     pub fn at(&self, t: MonoNs) -> Option<f64> {
         let i = self.steps.partition_point(|s| s.1 <= t.0);
         self.steps.get(i).filter(|s| s.0 <= t.0).map(|s| s.2)

@@ -63,10 +63,10 @@ pub(super) fn other_programs(a: &Analysis) -> Option<Finding> {
     } else {
         1.0
     };
-    let gpu = super::causes::idle_weighted(a);
+    let idle = super::causes::idle_weighted(a).then(|| a.gpu.idle_weights());
     let lost: f64 = hogs
         .iter()
-        .map(|p| taken_while_gpu_idle(a, p, gpu))
+        .map(|p| taken_while_gpu_idle(a, p, idle.as_ref()))
         .sum::<f64>()
         // Together they cannot take more than the job waited.
         .min(o.job_wait_s)
@@ -92,7 +92,7 @@ pub(super) fn other_programs(a: &Analysis) -> Option<Finding> {
             basis: Basis::Estimated,
             method: format!(
                 "CPU time taken from the job while its threads waited for a CPU, over the {runnable_threads:.1} threads it had runnable on average{}",
-                if gpu {
+                if idle.is_some() {
                     ", each second weighted by how idle the job's GPUs were"
                 } else {
                     ""
@@ -111,10 +111,14 @@ pub(super) fn other_programs(a: &Analysis) -> Option<Finding> {
 /// What `p` took from the job (seconds); with GPU data, each interval
 /// weighted by how idle the job's GPUs were in it (CPU taken from a job
 /// whose GPU stays busy costs it no GPU time).
-fn taken_while_gpu_idle(a: &Analysis, p: &OtherProgram, gpu: bool) -> f64 {
-    if !gpu {
+fn taken_while_gpu_idle(
+    a: &Analysis,
+    p: &OtherProgram,
+    idle: Option<&crate::analysis::gpu::IdleWeights>,
+) -> f64 {
+    let Some(idle) = idle else {
         return p.took_s;
-    }
+    };
     const POINTS: u64 = 10;
     let mut sum = 0.0;
     for i in &a.others.intervals {
@@ -125,7 +129,7 @@ fn taken_while_gpu_idle(a: &Analysis, p: &OtherProgram, gpu: bool) -> f64 {
         let idle: f64 = (0..POINTS)
             .map(|k| {
                 let t = crate::event::MonoNs(i.from.0 + len * (2 * k + 1) / (2 * POINTS));
-                a.gpu.idle_weight_at(t).unwrap_or(0.0)
+                idle.at(t).unwrap_or(0.0)
             })
             .sum::<f64>()
             / POINTS as f64;

@@ -532,7 +532,10 @@ impl Timeline {
             .filter(in_scope)
             .collect();
         let window_ns = (th::RESTART_WINDOW_S * 1e9) as u64;
-        let restarts = restarts(&worker_procs, end, |t| a.gpu.busy_again_after(t, window_ns));
+        let idle = a.gpu.idle_weights();
+        let restarts = restarts(&worker_procs, end, |t| {
+            a.gpu.busy_again_after(&idle, t, window_ns)
+        });
         let restarting = restarting_bins(&restarts, start, bin_ns, n);
         let workers_r = wsum.mean(&wsum.r);
         let workers_cpu = wsum.mean(&wsum.cpu);

@@ -425,7 +425,7 @@ pub const PYTHON_ONLY_SVG: &str = "flame-python-only.svg";
 /// process in `stacks-gpu-idle-native.folded`): what every process did
 /// while the job's GPUs were idle. Each CPU sample is weighted by the idle
 /// share of the driver sample covering it (mean over the job's GPUs,
-/// [`crate::analysis::gpu::GpuAnalysis::idle_weight_at`]): at the driver's
+/// [`crate::analysis::gpu::GpuAnalysis::idle_weights`]): at the driver's
 /// 1/6 s resolution a sample cannot be placed inside or outside a kernel,
 /// but (1 − utilization) is the chance that the GPU was idle at its
 /// instant, so the weighted counts estimate the CPU time spent during GPU
