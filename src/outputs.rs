@@ -260,6 +260,7 @@ fn write_outputs(
             &mut by_path,
         )?;
         export::flame::write_gpu_idle(&a, out.path(), flame, opts.flame_max_bytes, &mut by_path)?;
+        export::flame::write_loop_wall(&a, out.path(), flame, opts.flame_max_bytes, &mut by_path)?;
         Ok(())
     });
     if let Err(e) = flames {

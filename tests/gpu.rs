@@ -890,3 +890,84 @@ fn gpu_idle_flamegraph_shows_what_ran_while_the_gpu_waited() {
     assert!(svg.starts_with("<?xml") && svg.contains("augment (train_sim.py)"));
     let _ = std::fs::remove_dir_all(&tmp);
 }
+
+/// The loop's wait track lines up with the GPU's idle gaps: a loop that
+/// waits for its one slow worker's batches has "waiting: next batch"
+/// slices on its wait track across each long gap of its steady state, and
+/// each such gap says in its args that the main thread was waiting for
+/// its next batch.
+#[test]
+fn gpu_idle_gaps_say_what_the_loop_waited_for() {
+    let _machine = exclusive();
+    if let Some(why) = perf_refused() {
+        skip!("{why}");
+    }
+    let tmp = tmpdir("gap-waits");
+    let (r, _log) = activity_run_in(
+        &tmp,
+        "activity",
+        "gap-waits",
+        &[
+            "--workers",
+            "1",
+            "--augment-ms",
+            "400",
+            "--gpu-ms",
+            "20",
+            "--steps",
+            "8",
+        ],
+    );
+    let pid = job_process(&r)["pid"].as_i64().unwrap();
+    let t = check_trace(&tmp.join("gap-waits").join("trace.json"));
+    let events = t["traceEvents"].as_array().unwrap();
+    let track = pid + 2_000_000_000;
+    let waits: Vec<(f64, f64)> = events
+        .iter()
+        .filter(|e| {
+            e["ph"] == "X"
+                && e["pid"] == pid
+                && e["tid"] == track
+                && e["name"] == "waiting: next batch"
+        })
+        .map(|e| {
+            let ts = e["ts"].as_f64().unwrap();
+            (ts, ts + e["dur"].as_f64().unwrap())
+        })
+        .collect();
+    assert!(
+        !waits.is_empty(),
+        "no next-batch slices on the main thread's wait track"
+    );
+    let gaps: Vec<&Value> = events
+        .iter()
+        .filter(|e| {
+            e["ph"] == "X" && e["name"] == "GPU idle" && e["dur"].as_f64().unwrap() >= 300e3
+        })
+        .collect();
+    // Before its first batch the loop starts its worker and imports: what
+    // it waits for then is not a batch.
+    let first = waits[0].0;
+    let gaps: Vec<&Value> = gaps
+        .into_iter()
+        .filter(|g| g["ts"].as_f64().unwrap() >= first)
+        .collect();
+    assert!(gaps.len() >= 4, "{} long gaps", gaps.len());
+    for g in gaps {
+        let (a, b) = (
+            g["ts"].as_f64().unwrap(),
+            g["ts"].as_f64().unwrap() + g["dur"].as_f64().unwrap(),
+        );
+        let covered: f64 = waits
+            .iter()
+            .map(|w| (w.1.min(b) - w.0.max(a)).max(0.0))
+            .sum();
+        assert!(
+            covered >= 0.5 * (b - a),
+            "gap [{a}, {b}] µs: the wait track covers {covered} µs"
+        );
+        let said = g["args"]["loop_waiting"].to_string();
+        assert!(said.contains("next batch"), "{g}");
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+}

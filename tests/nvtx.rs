@@ -344,6 +344,8 @@ fn torch_steps_with_a_slow_checkpoint_step_and_forked_worker_ranges() {
     // must not be blamed on a checkpoint it did not have.
     let ckpt_steps = [4u64, 9, 14, 19];
     let mut slow: Vec<u64> = Vec::new();
+    // Other slow steps that no other program's CPU use explains.
+    let mut unexplained: Vec<u64> = Vec::new();
     for x in s["slow"].as_array().unwrap() {
         let i = x["index"].as_u64().unwrap();
         slow.push(i);
@@ -358,6 +360,9 @@ fn torch_steps_with_a_slow_checkpoint_step_and_forked_worker_ranges() {
             assert!(has("io", "wrote"), "{x}");
         } else {
             assert!(!has("nvtx-range", "`save_checkpoint`"), "{x}");
+            if !has("other-program", "") {
+                unexplained.push(i);
+            }
         }
     }
     slow.sort();
@@ -366,16 +371,17 @@ fn torch_steps_with_a_slow_checkpoint_step_and_forked_worker_ranges() {
         .copied()
         .filter(|i| !ckpt_steps.contains(i))
         .collect();
+    // A loaded host makes more steps slow: those say which program took
+    // the job's CPU; at most one step may be slow for no reason measured.
     assert!(
-        ckpt_steps.iter().all(|i| slow.contains(i)) && extra.len() <= 1,
-        "slow steps {slow:?}: {s}"
+        ckpt_steps.iter().all(|i| slow.contains(i)) && unexplained.len() <= 1,
+        "slow steps {slow:?}, unexplained {unexplained:?}: {s}"
     );
-    let pattern = if extra.is_empty() {
-        "every 5th step (steps 4, 9, …)"
-    } else {
-        "mostly every 5th step"
-    };
-    assert_eq!(s["slow_pattern"], pattern, "{s}");
+    match extra.len() {
+        0 => assert_eq!(s["slow_pattern"], "every 5th step (steps 4, 9, …)", "{s}"),
+        1 => assert_eq!(s["slow_pattern"], "mostly every 5th step", "{s}"),
+        _ => {}
+    }
     let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
     assert!(summary.contains("## Steps"), "{summary}");
     assert!(summary.contains("every 5th step"), "{summary}");

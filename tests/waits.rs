@@ -102,6 +102,41 @@ fn a_loops_wait_for_batches_and_for_the_gpu_match_its_own_log() {
             "{mode}: gpuprof {ours:.3}, the job's own {truth:.3}: {t}"
         );
         assert_eq!(other, 0.0, "{mode}: {t}");
+        // The loop's wall-clock flamegraph says the same: its blocked
+        // towers weigh the waited share, its on-CPU ones are the loop's
+        // own code, and together they are the span counted.
+        let folded = std::fs::read_to_string(out.join("stacks-loop-wall.folded")).unwrap();
+        let (mut total, mut waiting, mut computing) = (0u64, 0u64, 0u64);
+        let marker = match mode {
+            "batch" => "[waiting: next batch]",
+            _ => "[waiting: GPU synchronization]",
+        };
+        for l in folded.lines() {
+            let (path, n) = l.rsplit_once(' ').unwrap();
+            let n: u64 = n.parse().unwrap();
+            total += n;
+            if path.contains(marker) {
+                waiting += n;
+            }
+            if path.contains("compute (queue_loop.py)") && !path.contains("[waiting:") {
+                computing += n;
+            }
+        }
+        let wall_share = waiting as f64 / total.max(1) as f64;
+        assert!(
+            (wall_share - truth).abs() <= TOLERANCE,
+            "{mode}: flame-loop-wall {wall_share:.3}, the job's own {truth:.3}:\n{folded}"
+        );
+        assert!(
+            computing > 0,
+            "{mode}: no on-CPU tower of compute:\n{folded}"
+        );
+        let span_us = t["span_s"].as_f64().unwrap() * 1e6;
+        assert!(
+            (total as f64 - span_us).abs() <= 0.1 * span_us,
+            "{mode}: {total} µs drawn over a {span_us:.0} µs span"
+        );
+        assert!(out.join("flame-loop-wall.svg").is_file());
         let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
         let verdict = if mode == "sync" {
             "GPU-bound"
@@ -398,5 +433,77 @@ fn a_hung_ddp_job_is_reported_and_dumped() {
     for f in ["py  all_reduce (", "py  rank1_never_reduces (", "c   "] {
         assert!(dump.contains(f), "{f}: {dump}");
     }
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
+/// Per step: a PyTorch loop marked with NVTX whose steps each sleep
+/// 0.06 + 0.04 s (its stand-in for the GPU), and every 5th writes and
+/// syncs a ~100 MB checkpoint. The steps' waits give the sleep per step;
+/// a checkpoint step that waited more than usual waited on file IO; the
+/// loop's wait track in the trace holds the sleeps.
+#[test]
+fn steps_say_where_the_loop_waited() {
+    let _g = serial();
+    let Some(py) = torch_python() else {
+        skip!("no PyTorch virtual environment (see .ci/run)");
+    };
+    if let Some(why) = perf_refused() {
+        skip!("{why}");
+    }
+    let tmp = tmpdir("steps");
+    let ckpt = tmp.join("ckpt");
+    std::fs::create_dir_all(&ckpt).unwrap();
+    let (out, o) = record(
+        &tmp,
+        "out",
+        &["--no-gpu"],
+        &[
+            py.to_str().unwrap(),
+            &script("nvtx_steps.py"),
+            "15",
+            "5",
+            ckpt.to_str().unwrap(),
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let r = report(&out);
+    let s = &r["steps"];
+    assert_eq!(s["name"], "train_step", "{s}");
+    let sleep = s["waits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["class"] == "sleep")
+        .unwrap_or_else(|| panic!("no sleep among the steps' waits: {s}"));
+    let p50 = sleep["p50_s"].as_f64().unwrap();
+    assert!((0.07..0.13).contains(&p50), "slept {p50} s per step: {s}");
+    for x in s["slow"].as_array().unwrap() {
+        for c in x["causes"].as_array().unwrap() {
+            if c["kind"] == "wait" && [4, 9, 14].contains(&x["index"].as_u64().unwrap()) {
+                assert!(c["text"].as_str().unwrap().contains("on file IO"), "{x}");
+            }
+        }
+    }
+    let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
+    assert!(
+        summary.lines().any(
+            |l| l.contains("Where the loop thread waited within its steps:") && l.contains("sleep")
+        ),
+        "{summary}"
+    );
+    let pid = job_process(&r)["pid"].as_i64().unwrap();
+    let t = check_trace(&out.join("trace.json"));
+    let slept = t["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| {
+            e["ph"] == "X"
+                && e["pid"] == pid
+                && e["tid"] == pid + 2_000_000_000
+                && e["name"] == "waiting: sleep"
+        })
+        .count();
+    assert!(slept >= 15, "{slept} sleep slices on the loop's wait track");
     let _ = std::fs::remove_dir_all(&tmp);
 }

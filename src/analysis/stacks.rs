@@ -1251,7 +1251,7 @@ fn basename(path: &str) -> &str {
 /// folder where the name alone says nothing — every package has an
 /// `__init__.py`, so `<module> (__init__.py)` does not say which import ran
 /// (`<module> (torch/__init__.py)` does).
-fn py_file_label(path: &str) -> &str {
+pub(crate) fn py_file_label(path: &str) -> &str {
     let base = basename(path);
     if !matches!(base, "__init__.py" | "__main__.py") {
         return base;
@@ -1462,7 +1462,7 @@ impl<'a> Resolver<'a> {
 
 /// Make a name safe for the folded format (`;` separates frames, the last
 /// space separates the count).
-fn clean(s: &str) -> String {
+pub(crate) fn clean(s: &str) -> String {
     s.chars()
         .map(|c| match c {
             ';' => ':',

@@ -88,6 +88,17 @@ pub struct SlowStep {
     pub causes: Vec<Cause>,
 }
 
+/// One wait class's time in the loop thread's steps.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct StepWait {
+    pub class: super::waits::WaitClass,
+    /// Seconds per step: median and 90th percentile over the steps.
+    pub p50_s: f64,
+    pub p90_s: f64,
+    /// Its seconds over all the steps' time.
+    pub share: f64,
+}
+
 #[derive(Clone, Debug, Serialize, Default)]
 pub struct Steps {
     /// `nvtx-range` (named with --step-range), `nvtx-range-auto`,
@@ -113,6 +124,10 @@ pub struct Steps {
     pub slow_causes: Vec<String>,
     pub slow: Vec<SlowStep>,
     pub notes: Vec<String>,
+    /// Where the loop thread waited within its steps (the wall-clock
+    /// sampler's blocked stretches), per wait class: seconds per step and
+    /// the share of all step time. Empty when the thread was not looked at.
+    pub waits: Vec<StepWait>,
     /// The steps, in time order (start, end).
     #[serde(skip)]
     pub intervals: Vec<(MonoNs, MonoNs)>,
@@ -698,6 +713,8 @@ struct Metrics {
     /// sample), and in all.
     frames: HashMap<String, f64>,
     sampled_s: f64,
+    /// Seconds the loop thread was blocked, per wait class.
+    waits: HashMap<String, f64>,
 }
 
 fn overlap(iv: &[(MonoNs, MonoNs)], s: MonoNs, e: MonoNs) -> f64 {
@@ -716,6 +733,8 @@ struct Context<'a> {
     step_group: Option<String>,
     ranges_on_thread: Vec<&'a NvtxRange>,
     samples: Vec<&'a super::stacks::Sample>,
+    /// The loop thread's blocked stretches (wall-clock sampler).
+    wait_runs: &'a [super::waits::WaitRun],
 }
 
 impl Context<'_> {
@@ -774,6 +793,9 @@ impl Context<'_> {
                 .entry(a.nvtx.label(r).replace(a.nvtx.name(r.name), &g))
                 .or_default() += r.end.min(e).secs_since(r.start).max(0.0);
         }
+        for (class, secs) in wait_overlap(self.wait_runs, s, e) {
+            m.waits.insert(class.label().to_string(), secs);
+        }
         let period = a.stacks.period_ns as f64 / 1e9;
         if period > 0.0 {
             let j = self.samples.partition_point(|x| x.t < s);
@@ -793,6 +815,61 @@ impl Context<'_> {
         }
         m
     }
+}
+
+/// Seconds of each wait class in [s, e) of a thread's blocked stretches.
+fn wait_overlap(
+    runs: &[super::waits::WaitRun],
+    s: MonoNs,
+    e: MonoNs,
+) -> BTreeMap<super::waits::WaitClass, f64> {
+    let mut out = BTreeMap::new();
+    let i = runs.partition_point(|r| r.to <= s);
+    for r in runs[i..].iter().take_while(|r| r.from < e) {
+        *out.entry(r.class).or_default() +=
+            r.to.min(e).0.saturating_sub(r.from.max(s).0) as f64 / 1e9;
+    }
+    out
+}
+
+/// The blocked stretches of a thread the wall-clock sampler looked at.
+fn wait_runs_of(a: &Analysis, pt: Option<(Pid, Tid)>) -> &[super::waits::WaitRun] {
+    pt.and_then(|(p, t)| a.waits.thread(p, t))
+        .map_or(&[], |w| w.runs.as_slice())
+}
+
+/// The loop thread's waits over the steps `iv`, per class (see
+/// [`Steps::waits`]).
+fn step_waits(runs: &[super::waits::WaitRun], iv: &[(MonoNs, MonoNs)]) -> Vec<StepWait> {
+    if runs.is_empty() || iv.is_empty() {
+        return Vec::new();
+    }
+    let total: f64 = iv.iter().map(|x| x.1.secs_since(x.0).max(0.0)).sum();
+    let mut per: BTreeMap<super::waits::WaitClass, Vec<f64>> = BTreeMap::new();
+    for (k, (s, e)) in iv.iter().enumerate() {
+        for (class, secs) in wait_overlap(runs, *s, *e) {
+            // Steps without this class count as 0 s of it.
+            per.entry(class).or_insert_with(|| vec![0.0; iv.len()])[k] = secs;
+        }
+    }
+    let mut out: Vec<StepWait> = per
+        .into_iter()
+        .filter_map(|(class, v)| {
+            let d = Dist::of(&v)?;
+            Some(StepWait {
+                class,
+                p50_s: d.p50_s,
+                p90_s: d.p90_s,
+                share: if total > 0.0 {
+                    v.iter().sum::<f64>() / total
+                } else {
+                    0.0
+                },
+            })
+        })
+        .collect();
+    out.sort_by(|a, b| b.share.total_cmp(&a.share));
+    out
 }
 
 fn mb(b: f64) -> String {
@@ -853,6 +930,7 @@ fn causes(
     out.extend(io_cause(m, &vs));
     out.extend(cpu_causes(m, &vs));
     out.extend(range_causes(m, &vs));
+    out.extend(wait_cause(m, &vs));
     out.extend(stack_cause(ctx, m, &vs, s, e));
     if out.is_empty() {
         out.push(Cause {
@@ -967,6 +1045,24 @@ fn range_causes(m: &Metrics, vs: &Against) -> Vec<Cause> {
             excess_s: Some(ex),
         })
         .collect()
+}
+
+/// The wait class in which the loop thread spent the most extra time,
+/// when that is a big share of the step's excess.
+fn wait_cause(m: &Metrics, vs: &Against) -> Option<Cause> {
+    let mut ws = vs.by_key(&m.waits, |x| &x.waits);
+    ws.retain(|x| vs.big(x.0));
+    ws.sort_by(|x, y| y.0.total_cmp(&x.0).then(x.1.cmp(y.1)));
+    let (ex, class, v, tv) = ws.into_iter().next()?;
+    let phrase = super::waits::WaitClass::ALL
+        .iter()
+        .find(|c| c.label() == class)
+        .map_or("blocked", |c| c.phrase());
+    Some(Cause {
+        kind: "wait",
+        text: format!("the loop thread waited {v:.2} s {phrase} (typical step {tv:.2} s)"),
+        excess_s: Some(ex),
+    })
 }
 
 /// Functions on the loop thread specific to the slow step: the outermost
@@ -1145,6 +1241,7 @@ fn examine_slow(
         step_group,
         ranges_on_thread,
         samples,
+        wait_runs: wait_runs_of(a, loop_pt),
     };
     // Typical steps: up to 300 of the others, evenly spread.
     let normal: Vec<usize> = (0..iv.len()).filter(|i| !slow.contains(i)).collect();
@@ -1292,6 +1389,11 @@ pub fn analyze(a: &Analysis, step_range: Option<&str>) -> Steps {
     if method == "gpu-idle-gaps" || method == "python-stacks" {
         notes.push("steps are estimated (see `how`): add an NVTX range around the training step for exact step times".into());
     }
+    let loop_pt = match (pid, tid) {
+        (Some(p), Some(t)) => Some((p, t)),
+        _ => loop_thread(a, None),
+    };
+    steps.waits = step_waits(wait_runs_of(a, loop_pt), &iv);
     steps.notes = notes;
     steps.intervals = iv;
     steps

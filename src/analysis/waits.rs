@@ -38,6 +38,29 @@ pub enum WaitClass {
 }
 
 impl WaitClass {
+    pub const ALL: [WaitClass; 7] = [
+        WaitClass::Gil,
+        WaitClass::Collective,
+        WaitClass::GpuSync,
+        WaitClass::NextBatch,
+        WaitClass::FileIo,
+        WaitClass::Sleep,
+        WaitClass::Other,
+    ];
+
+    /// "waited 0.4 s …": what the time was spent doing.
+    pub fn phrase(&self) -> &'static str {
+        match self {
+            WaitClass::Gil => "for the GIL",
+            WaitClass::Collective => "in collectives (for the other ranks)",
+            WaitClass::GpuSync => "for the GPU (synchronization)",
+            WaitClass::NextBatch => "for its next batch",
+            WaitClass::FileIo => "on file IO",
+            WaitClass::Sleep => "sleeping",
+            WaitClass::Other => "blocked elsewhere",
+        }
+    }
+
     pub fn label(&self) -> &'static str {
         match self {
             WaitClass::Gil => "GIL",
@@ -211,6 +234,30 @@ pub struct ThreadWall {
     /// function ("thread TID in FUNCTION (FILE)", or "not read"), with
     /// seconds, most first.
     pub gil_holders: Vec<(String, f64)>,
+    /// The span counted: from its first look to the end of its last.
+    #[serde(skip)]
+    pub window: (MonoNs, MonoNs),
+    /// Its blocked time as folded paths (without the process's root frame,
+    /// outermost first, `[waiting: CLASS]` above the native frames it
+    /// waited in) → ns, in the Python view and in the native view: the
+    /// off-CPU half of `flame-loop-wall.svg`. A loop thread blocks in a few
+    /// places, so these stay small.
+    #[serde(skip)]
+    pub off_cpu: [BTreeMap<String, u64>; 2],
+    /// Its blocked stretches over its whole life, in time order: the wait
+    /// track of the trace.
+    #[serde(skip)]
+    pub runs: Vec<WaitRun>,
+}
+
+/// Consecutive looks that found a thread blocked in one class: from the
+/// first look to the end of the last (each look standing for the time to
+/// the next, capped as the shares are).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct WaitRun {
+    pub from: MonoNs,
+    pub to: MonoNs,
+    pub class: WaitClass,
 }
 
 /// Every sampled thread's wall time.
@@ -246,6 +293,7 @@ pub fn analyze(d: &StackData, window: (MonoNs, MonoNs)) -> Waits {
             Some((lo, hi)) => (lo, hi, true),
             None => (0, slots.len(), false),
         };
+        let all = &slots[..];
         let slots = &slots[lo..hi];
         let total: u64 = slots.iter().map(|s| s.1).sum();
         if total < MIN_LOOKS {
@@ -277,9 +325,30 @@ pub fn analyze(d: &StackData, window: (MonoNs, MonoNs)) -> Waits {
             steady,
             ..Default::default()
         };
+        if let (Some(a), Some(b)) = (slots.first(), slots.last()) {
+            w.window = (a.0, MonoNs(b.0 .0 + weight_of(slots.len() - 1)));
+        }
+        w.runs = wait_runs(all, median.min(cap), cap);
         let mut other: BTreeMap<String, u64> = BTreeMap::new();
         let mut holders: BTreeMap<String, f64> = BTreeMap::new();
+        let mut paths: BTreeMap<u32, [String; 2]> = BTreeMap::new();
         for (i, (_, n, slot)) in slots.iter().enumerate() {
+            let (_, _, stack) = samples[lo + i];
+            let off = match slot {
+                Slot::OnCpu => None,
+                Slot::Unknown => Some([UNKNOWN_LOOK.to_string(), UNKNOWN_LOOK.to_string()]),
+                Slot::Blocked(class, ..) => Some(
+                    paths
+                        .entry(stack)
+                        .or_insert_with(|| wall_paths(&d.wall_frames(stack), *class))
+                        .clone(),
+                ),
+            };
+            if let Some(p) = off {
+                for (k, p) in p.into_iter().enumerate() {
+                    *w.off_cpu[k].entry(p).or_default() += weight_of(i);
+                }
+            }
             let c = match slot {
                 Slot::OnCpu => &mut w.on_cpu,
                 Slot::Unknown => &mut w.unknown,
@@ -314,6 +383,96 @@ pub fn analyze(d: &StackData, window: (MonoNs, MonoNs)) -> Waits {
         out.threads.push(w);
     }
     out
+}
+
+/// The blocked stretches of a thread's looks (see [`WaitRun`]); a look
+/// on a CPU or dropped ends a stretch.
+fn wait_runs(slots: &[(MonoNs, u64, Slot)], last: u64, cap: u64) -> Vec<WaitRun> {
+    let mut out: Vec<WaitRun> = Vec::new();
+    let mut open = false;
+    for (i, (t, _, slot)) in slots.iter().enumerate() {
+        let Slot::Blocked(class, ..) = slot else {
+            open = false;
+            continue;
+        };
+        let end = MonoNs(t.0 + slots.get(i + 1).map_or(last, |n| (n.0 .0 - t.0).min(cap)));
+        match out.last_mut() {
+            Some(r) if open && r.class == *class && r.to >= *t => r.to = end,
+            _ => out.push(WaitRun {
+                from: *t,
+                to: end,
+                class: *class,
+            }),
+        }
+        open = true;
+    }
+    out
+}
+
+/// A look whose read was dropped, in the wall-clock flamegraph.
+pub const UNKNOWN_LOOK: &str = "[blocked: woke while read, stack unknown]";
+/// Native frames kept under the innermost Python frame of a blocked stack
+/// in the Python view: the call that blocked and what it waits in.
+const WALL_NATIVE_LEAVES: usize = 8;
+
+/// A blocked stack (frames leaf first) as folded paths, outermost first,
+/// in the Python view and the native view. The Python view keeps the
+/// Python frames, `[waiting: CLASS]`, the native frames below the
+/// interpreter's last frame (at most [`WALL_NATIVE_LEAVES`]) and the
+/// system call; the native view every native frame, then the same marker
+/// and system call.
+fn wall_paths(f: &[WallFrame], class: WaitClass) -> [String; 2] {
+    use super::fold::native_class;
+    use super::stacks::{clean, py_file_label};
+    let waiting = format!("[waiting: {}]", class.label());
+    let native_label = |name: Option<&str>, file: &str| match name {
+        Some(n) => clean(&super::symbols::short_label(n)),
+        None => format!("[{}]", clean(file.rsplit('/').next().unwrap_or(file))),
+    };
+    // Root first.
+    let mut python: Vec<String> = Vec::new();
+    let mut native: Vec<(String, bool)> = Vec::new();
+    let mut syscall: Option<&str> = None;
+    for x in f.iter().rev() {
+        match x {
+            WallFrame::Python { name, file } => {
+                python.push(format!("{} ({})", clean(name), clean(py_file_label(file))))
+            }
+            WallFrame::Native { name, file } => native.push((
+                native_label(*name, file),
+                native_class(file, false) == super::fold::FrameClass::Interpreter,
+            )),
+            WallFrame::Marker(m) if m.starts_with("[syscall:") || m.starts_with("[blocked:") => {
+                syscall = Some(m)
+            }
+            WallFrame::Marker(_) => {}
+        }
+    }
+    let dedup = |v: Vec<String>| {
+        // One library's unnamed frames in a row are one frame.
+        let mut out: Vec<String> = Vec::with_capacity(v.len());
+        for s in v {
+            if !(s.starts_with('[') && out.last() == Some(&s)) {
+                out.push(s);
+            }
+        }
+        out
+    };
+    let below = native
+        .iter()
+        .rposition(|n| n.1)
+        .map_or(0, |i| i + 1)
+        .max(native.len().saturating_sub(WALL_NATIVE_LEAVES));
+    let mut py_view = python;
+    py_view.push(waiting.clone());
+    py_view.extend(dedup(native[below..].iter().map(|n| n.0.clone()).collect()));
+    let mut native_view = dedup(native.into_iter().map(|n| n.0).collect());
+    native_view.push(waiting);
+    if let Some(m) = syscall {
+        py_view.push(m.to_string());
+        native_view.push(m.to_string());
+    }
+    [py_view.join(";"), native_view.join(";")]
 }
 
 /// Where one look found a thread.

@@ -13,6 +13,7 @@
 //! frames by a hash of their name (`deterministic`), and nothing depends on
 //! hash-map order or the time of the run.
 
+use std::collections::BTreeMap;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
@@ -510,3 +511,135 @@ pub fn write_gpu_idle(
     }
     Ok(written)
 }
+
+/// `flame-loop-wall.svg` (+ `stacks-loop-wall.folded` and its native
+/// view): the wall time of each process's main thread (the training loop)
+/// over the span its waits were counted (the loop's steady state where one
+/// was found), on and off the CPU together, in µs. On-CPU time is drawn
+/// from the CPU samples of that thread (each one sampling period); blocked
+/// time from the wall-clock sampler's looks (each the time until the next
+/// look), under `[waiting: CLASS]` and the system call it was blocked in.
+/// The time the looks found it on a CPU beyond what its CPU samples cover
+/// (runnable but waiting for a CPU, or not sampled) is
+/// [`ON_CPU_UNSAMPLED`]. Writes nothing when no main thread was looked at.
+pub fn write_loop_wall(
+    a: &Analysis,
+    dir: &Path,
+    view: View,
+    max_bytes: u64,
+    write: &mut dyn FnMut(&Path, &[u8]) -> anyhow::Result<()>,
+) -> anyhow::Result<Vec<PathBuf>> {
+    let st = &a.stacks;
+    let mut written = Vec::new();
+    let threads: Vec<_> = a
+        .waits
+        .threads
+        .iter()
+        .filter(|t| {
+            t.pid.0 == t.tid.0
+                && a.processes
+                    .get(&t.pid)
+                    .is_some_and(|p| p.role == Role::Main)
+        })
+        .collect();
+    if threads.is_empty() {
+        return Ok(written);
+    }
+    let period_us = if st.period_ns > 0 {
+        st.period_ns as f64 / 1e3
+    } else if st.report.frequency_hz > 0.0 {
+        1e6 / st.report.frequency_hz
+    } else {
+        1e4
+    };
+    let fold = |view: View| -> String {
+        let mut lines: BTreeMap<String, u64> = BTreeMap::new();
+        let add_folded = |lines: &mut BTreeMap<String, u64>, folded: &str| {
+            for l in folded.lines() {
+                if let Some((path, n)) = l.rsplit_once(' ') {
+                    *lines.entry(path.to_string()).or_default() += n.parse::<u64>().unwrap_or(0);
+                }
+            }
+        };
+        for t in &threads {
+            let on: Vec<(&Sample, f64)> = st
+                .samples
+                .iter()
+                .filter(|s| s.pid == t.pid && s.tid == t.tid)
+                .filter(|s| s.t >= t.window.0 && s.t < t.window.1)
+                .map(|s| (s, s.weight as f64))
+                .collect();
+            let on_us = on.iter().map(|x| x.1).sum::<f64>() * period_us;
+            add_folded(
+                &mut lines,
+                &st.folded_weighted(
+                    on.into_iter(),
+                    FoldOptions {
+                        view,
+                        merge_workers: false,
+                    },
+                    period_us,
+                ),
+            );
+            let root = st.root_frame(t.pid);
+            let k = usize::from(view == View::Native);
+            for (path, ns) in &t.off_cpu[k] {
+                let us = ns / 1000;
+                if us > 0 {
+                    *lines.entry(format!("{root};{path}")).or_default() += us;
+                }
+            }
+            let rest = t.on_cpu.seconds * 1e6 - on_us;
+            if rest >= 1.0 {
+                *lines
+                    .entry(format!("{root};{ON_CPU_UNSAMPLED}"))
+                    .or_default() += rest as u64;
+            }
+        }
+        let mut out = String::new();
+        for (l, n) in lines {
+            out.push_str(&format!("{l} {n}\n"));
+        }
+        out
+    };
+    let folded = by_name(fold(view), view);
+    let wall_s: f64 = threads
+        .iter()
+        .map(|t| (t.window.1 .0 - t.window.0 .0) as f64 / 1e9)
+        .sum();
+    let which = if threads.len() == 1 {
+        "the main thread".to_string()
+    } else {
+        format!("the main threads of {} processes", threads.len())
+    };
+    let steady = if threads.iter().all(|t| t.steady) {
+        "the loop's steady state"
+    } else {
+        "its life where no loop was found"
+    };
+    let title = "Wall time of the training loop: on and off the CPU";
+    let sub = format!(
+        "{wall_s:.1} s of {which} over {steady} · on-CPU from CPU samples, blocked time from the wall-clock sampler under [waiting: …] · {} view",
+        match view {
+            View::Python => "Python",
+            View::Native => "native",
+        }
+    );
+    if let Some(buf) = svg_capped(&folded, title, &sub, ("ms", 1e-3), max_bytes)? {
+        let p = dir.join("stacks-loop-wall.folded");
+        write(&p, bounded(&folded, view).as_bytes())?;
+        written.push(p);
+        let p = dir.join("stacks-loop-wall-native.folded");
+        write(&p, bounded(&fold(View::Native), View::Native).as_bytes())?;
+        written.push(p);
+        let p = dir.join("flame-loop-wall.svg");
+        write(&p, &buf)?;
+        written.push(p);
+    }
+    Ok(written)
+}
+
+/// In `flame-loop-wall.svg`: time the wall-clock sampler found the thread
+/// on a CPU beyond what its CPU samples cover.
+pub const ON_CPU_UNSAMPLED: &str =
+    "[on a CPU without a user-space sample: kernel time, or runnable]";

@@ -18,3 +18,4 @@ pub mod trace_fragment;
 pub mod trace_gpu;
 pub mod trace_nvtx;
 pub mod trace_stacks;
+pub mod trace_waits;

@@ -155,6 +155,9 @@ pub fn steps(a: &Analysis) -> Value {
                 "kind": c.kind, "text": c.text, "excess_s": c.excess_s.map(|v| r(v, 3)),
             })).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
+        "waits": s.waits.iter().map(|w| json!({
+            "class": w.class, "p50_s": r(w.p50_s, 6), "p90_s": r(w.p90_s, 6), "share": r(w.share, 3),
+        })).collect::<Vec<_>>(),
         "notes": s.notes,
         "hint": hint(a),
     })
@@ -211,6 +214,27 @@ pub fn steps_lines(a: &Analysis) -> Vec<String> {
                 dur(d.p90_s),
                 dur(d.p99_s),
                 dur(d.max_s)
+            ));
+        }
+        let waits: Vec<String> = s
+            .waits
+            .iter()
+            .filter(|w| w.share >= 0.01)
+            .map(|w| {
+                let d = |x: f64| if x > 0.0 { dur(x) } else { "0 s".into() };
+                format!(
+                    "{} {:.0}% of step time (per step: median {}, p90 {})",
+                    w.class.label(),
+                    w.share * 100.0,
+                    d(w.p50_s),
+                    d(w.p90_s)
+                )
+            })
+            .collect();
+        if !waits.is_empty() {
+            out.push(format!(
+                "Where the loop thread waited within its steps: {}.",
+                waits.join("; ")
             ));
         }
         if s.slow_count > 0 {

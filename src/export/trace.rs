@@ -505,12 +505,14 @@ fn write_with<W: Write>(
             write_names(a, tw)?;
             super::trace_gpu::write_names(a, tw)?;
             ctx.write_names(tw)?;
+            super::trace_waits::write_names(a, tw)?;
             Ok(None)
         }),
     });
     parts.extend(super::trace_gpu::parts(a, &ctx));
     parts.extend(ctx.stack_parts());
     parts.extend(super::trace_nvtx::parts(a, &nvtx_meta));
+    parts.extend(super::trace_waits::parts(a));
     parts.extend(process_parts(a));
     parts.extend(system_parts(a));
     if timeline {

@@ -359,6 +359,9 @@ fn write_gaps(
         } else {
             "GPU idle"
         };
+        if let Some(w) = super::trace_waits::during(ctx.a, sp.start, sp.end) {
+            args["loop_waiting"] = w;
+        }
         let c = causes.get(&sp.start);
         if let Some(c) = c {
             if let (Some(o), Some(extra)) = (args.as_object_mut(), ctx.gap_args(c).as_object()) {
