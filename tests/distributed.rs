@@ -19,27 +19,11 @@ fn torch_lock() -> std::sync::MutexGuard<'static, ()> {
     TORCH.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("gpuprof-dist-test-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
 /// The venv's `torchrun` (beside its python), when PyTorch is installed.
 fn torchrun() -> Option<PathBuf> {
     let py = torch_python()?;
     let t = py.parent()?.join("torchrun");
     t.is_file().then_some(t)
-}
-
-/// A TCP port free right now on localhost (for the rendezvous).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn processes(r: &Value) -> &Vec<Value> {
@@ -67,7 +51,7 @@ fn torchrun_ranks_their_workers_and_the_straggler() {
         skip!("no PyTorch virtual environment (see .ci/run): torchrun unavailable");
     };
     let _one_at_a_time = torch_lock();
-    let tmp = tmpdir("torchrun");
+    let tmp = scratch("torchrun");
     let port = free_port().to_string();
     let script = sample("train_ddp.py");
     let mut job: Vec<&str> = vec![
@@ -231,7 +215,7 @@ fn torchrun_ranks_their_workers_and_the_straggler() {
 
 #[test]
 fn output_placeholders_name_the_folder_from_the_launchers_variables() {
-    let tmp = tmpdir("placeholders");
+    let tmp = scratch("placeholders");
     let host = Command::new("hostname").arg("-s").output().unwrap();
     let host = String::from_utf8_lossy(&host.stdout).trim().to_string();
     let template = tmp.join("{job}").join("{host}-rank{rank}");
@@ -317,7 +301,7 @@ fn two_nodes_merge_onto_one_timeline_and_name_the_slow_node() {
         skip!("unshare -u is not available here");
     }
     let _one_at_a_time = torch_lock();
-    let tmp = tmpdir("nodes");
+    let tmp = scratch("nodes");
     let port = free_port().to_string();
     let script = sample("train_ddp.py");
     let node = |name: &str, node_rank: &str| {
@@ -552,7 +536,7 @@ fn rewrite_header(dir: &std::path::Path, edit: impl Fn(&mut Value)) {
 /// and too-new ones are left out with the reason, and the rest merged.
 #[test]
 fn merge_leaves_out_bad_inputs_with_a_reason_and_merges_the_rest() {
-    let tmp = tmpdir("merge-bad");
+    let tmp = scratch("merge-bad");
     let rec = |name: &str| {
         let (dir, o) = record(&tmp, name, &["--no-gpu", "--no-stacks"], &["sleep", "0.3"]);
         assert_eq!(

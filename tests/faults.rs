@@ -353,15 +353,6 @@ fn a_process_of_another_user_gets_no_loader_error() {
     );
 }
 
-/// A free TCP port on loopback.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn raise_own_fd_limit(to: u64) -> bool {
     let mut rl = libc::rlimit {
         rlim_cur: 0,

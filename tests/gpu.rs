@@ -37,13 +37,6 @@ fn scenario(name: &str) -> PathBuf {
     sample(&format!("gpu/{name}.json"))
 }
 
-fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("gpuprof-gpu-test-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
 /// Run gpuprof with the given NVML library and scenario.
 fn run_with(
     lib: &Path,
@@ -118,7 +111,7 @@ fn assert_job_on_gpu(r: &Value, g: &Value) {
 #[test]
 fn two_gpus_job_attributed_to_gpu0_with_tracks_and_counters() {
     let _machine = shared();
-    let tmp = tmpdir("two");
+    let tmp = scratch("two");
     let out = tmp.join("out");
     let job = train_sim(&[
         "--workers",
@@ -265,7 +258,7 @@ fn activity_run_in(tmp: &Path, scen: &str, name: &str, args: &[&str]) -> (Value,
 #[test]
 fn idle_time_follows_the_jobs_activity() {
     let _machine = exclusive();
-    let tmp = tmpdir("activity");
+    let tmp = scratch("activity");
     // What gpuprof reports must match what the job did, whatever the load.
     let check = |g: &Value, log: &Path, out: &Path| -> f64 {
         let period_s = g["utilization"]["sample_period_s"].as_f64().unwrap();
@@ -427,7 +420,7 @@ fn idle_time_follows_the_jobs_activity() {
 #[test]
 fn gpm_measures_activity_at_the_poll_interval() {
     let _machine = exclusive();
-    let tmp = tmpdir("gpm");
+    let tmp = scratch("gpm");
     let (r, log) = activity_run_in(
         &tmp,
         "activity-gpm",
@@ -469,7 +462,7 @@ fn gpm_measures_activity_at_the_poll_interval() {
 #[test]
 fn thermal_throttling_is_reported_with_its_duration() {
     let _machine = exclusive();
-    let tmp = tmpdir("thermal");
+    let tmp = scratch("thermal");
     let out = tmp.join("out");
     let job = train_sim(&[
         "--workers",
@@ -523,7 +516,7 @@ fn thermal_throttling_is_reported_with_its_duration() {
 #[test]
 fn unsupported_metrics_are_listed_and_the_run_succeeds() {
     let _machine = shared();
-    let tmp = tmpdir("notsup");
+    let tmp = scratch("notsup");
     let out = tmp.join("out");
     let job = train_sim(&[
         "--workers",
@@ -576,7 +569,7 @@ fn unsupported_metrics_are_listed_and_the_run_succeeds() {
 #[test]
 fn old_driver_without_v2_v3_symbols_falls_back() {
     let _machine = shared();
-    let tmp = tmpdir("old");
+    let tmp = scratch("old");
     let out = tmp.join("out");
     let job = train_sim(&[
         "--workers",
@@ -621,7 +614,7 @@ fn old_driver_without_v2_v3_symbols_falls_back() {
 #[test]
 fn without_library_or_driver_the_job_runs_and_its_exit_code_passes_through() {
     let _machine = shared();
-    let tmp = tmpdir("nolib");
+    let tmp = scratch("nolib");
     let cases: [(PathBuf, Option<PathBuf>, &str); 2] = [
         (tmp.join("no/such/libnvidia-ml.so.1"), None, "cannot load"),
         (
@@ -680,7 +673,7 @@ fn without_library_or_driver_the_job_runs_and_its_exit_code_passes_through() {
 #[test]
 fn foreign_pids_make_attribution_unavailable_instead_of_guessing() {
     let _machine = shared();
-    let tmp = tmpdir("pidns");
+    let tmp = scratch("pidns");
     let out = tmp.join("out");
     let o = run_with(
         &fake_lib(),
@@ -711,7 +704,7 @@ fn foreign_pids_make_attribution_unavailable_instead_of_guessing() {
 #[test]
 fn hardware_state_scenarios() {
     let _machine = shared();
-    let tmp = tmpdir("hw");
+    let tmp = scratch("hw");
     let job = train_sim(&[
         "--workers",
         "0",
@@ -770,7 +763,7 @@ fn hardware_state_scenarios() {
 #[test]
 fn a_hung_driver_does_not_hold_up_the_end_of_the_job() {
     let _machine = shared();
-    let tmp = tmpdir("hung");
+    let tmp = scratch("hung");
     let out = tmp.join("out");
     let started = std::time::Instant::now();
     let o = run_with(
@@ -796,7 +789,7 @@ fn a_hung_driver_does_not_hold_up_the_end_of_the_job() {
 #[test]
 fn each_gpu_is_attributed_to_its_rank_process() {
     let _machine = shared();
-    let tmp = tmpdir("ranks");
+    let tmp = scratch("ranks");
     let out = tmp.join("out");
     // A launcher shell starting two "ranks", like torchrun; only each
     // rank's own command line says which rank it is.
@@ -841,7 +834,7 @@ fn each_gpu_is_attributed_to_its_rank_process() {
 #[test]
 fn gpu_idle_flamegraph_shows_what_ran_while_the_gpu_waited() {
     let _machine = exclusive();
-    let tmp = tmpdir("idle-flame");
+    let tmp = scratch("idle-flame");
     let (r, _log) = activity_run(
         &tmp,
         "idle-flame",
@@ -902,7 +895,7 @@ fn gpu_idle_gaps_say_what_the_loop_waited_for() {
     if let Some(why) = perf_refused() {
         skip!("{why}");
     }
-    let tmp = tmpdir("gap-waits");
+    let tmp = scratch("gap-waits");
     let (r, _log) = activity_run_in(
         &tmp,
         "activity",

@@ -6,8 +6,6 @@
 #[macro_use]
 mod common;
 
-use std::path::PathBuf;
-
 use common::*;
 use serde_json::Value;
 
@@ -26,13 +24,6 @@ static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("gpuprof-waits-test-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
 }
 
 fn script(name: &str) -> String {
@@ -67,7 +58,7 @@ fn a_loops_wait_for_batches_and_for_the_gpu_match_its_own_log() {
     if let Some(why) = perf_refused() {
         skip!("{why}");
     }
-    let tmp = tmpdir("queue");
+    let tmp = scratch("queue");
     for mode in ["batch", "sync"] {
         let log = tmp.join(format!("{mode}.json"));
         let (out, o) = record(
@@ -173,7 +164,7 @@ fn ddp_waits_inside_backward_count_as_collective_waits() {
         skip!("{why}");
     }
     let torchrun = py.parent().unwrap().join("torchrun");
-    let tmp = tmpdir("ddp");
+    let tmp = scratch("ddp");
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -261,7 +252,7 @@ fn gil_contention_names_the_holders_function() {
     if let Some(why) = perf_refused() {
         skip!("{why}");
     }
-    let tmp = tmpdir("gil");
+    let tmp = scratch("gil");
     let (out, o) = record(
         &tmp,
         "out",
@@ -358,7 +349,7 @@ fn a_hung_ddp_job_is_reported_and_dumped() {
         skip!("{why}");
     }
     let torchrun = py.parent().unwrap().join("torchrun");
-    let tmp = tmpdir("hang");
+    let tmp = scratch("hang");
     let out = tmp.join("out");
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -450,7 +441,7 @@ fn steps_say_where_the_loop_waited() {
     if let Some(why) = perf_refused() {
         skip!("{why}");
     }
-    let tmp = tmpdir("steps");
+    let tmp = scratch("steps");
     let ckpt = tmp.join("ckpt");
     std::fs::create_dir_all(&ckpt).unwrap();
     let (out, o) = record(

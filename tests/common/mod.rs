@@ -778,6 +778,31 @@ pub fn log_truth(g: &Value, log: &Path) -> LogTruth {
     }
 }
 
+/// A fresh, empty scratch folder for one test:
+/// `$TMPDIR/gpuprof-<test binary>-<pid>-<name>`.
+#[allow(dead_code)]
+pub fn scratch(name: &str) -> PathBuf {
+    let bin = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.file_stem().map(|s| s.to_string_lossy().into_owned()))
+        .map(|s| s.split('-').next().unwrap_or("test").to_string())
+        .unwrap_or_else(|| "test".into());
+    let d = std::env::temp_dir().join(format!("gpuprof-{bin}-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A TCP port free right now on loopback (a rendezvous, a /metrics server).
+#[allow(dead_code)]
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 /// A message when this machine refuses perf events to us, `None` otherwise.
 pub fn perf_refused() -> Option<String> {
     // A software cpu-clock counter on ourselves, user space only: what
