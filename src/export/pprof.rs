@@ -25,11 +25,12 @@
 //! frame was on, where the recording has it (every recording with the
 //! agent's same-instant frames, `--lines` or not), else none (0, pprof's
 //! "unknown"). pprof shows functions by default and lines with `-lines`
-//! (granularity "lines" in its web UI). Native frames have their library
-//! or executable as the location's mapping (`has_functions`, so pprof does
-//! not try to symbolize again) and, as address, the file offset: of a named
-//! function, the lowest offset sampled in it (the analysis counts per
-//! function, not per instruction). py-spy's Python-only stacks (processes without same-instant Python frames) are not
+//! (its line granularity, in the web UI too). Native frames have their
+//! library or executable as the location's mapping (`has_functions`, so
+//! pprof does not try to symbolize again) and, as address, the file
+//! offset: of a named function, the lowest offset sampled in it (the
+//! analysis counts per function, not per instruction). py-spy's
+//! Python-only stacks (processes without same-instant Python frames) are not
 //! CPU samples of the same kind and are left out, as from the role files.
 //!
 //! The output is deterministic: ids and strings are numbered in the order
