@@ -31,29 +31,6 @@ use serde_json::Value;
 /// label → (self, total) samples.
 type Functions = BTreeMap<String, (u64, u64)>;
 
-/// The folder holding `pprof-format` and `speedscope`, with a working
-/// `node`; Err says what is missing.
-fn node_modules() -> Result<PathBuf, String> {
-    let dir = match std::env::var_os("GPUPROF_TEST_NODE_MODULES") {
-        Some(d) => PathBuf::from(d),
-        None => PathBuf::from(std::env::var_os("HOME").ok_or("HOME is not set")?)
-            .join(".cache/gpuprof-ci/npm/node_modules"),
-    };
-    match Command::new("node").arg("--version").output() {
-        Ok(o) if o.status.success() => {}
-        _ => return Err("node is not installed".into()),
-    }
-    for p in ["pprof-format", "speedscope"] {
-        if !dir.join(p).join("package.json").is_file() {
-            return Err(format!(
-                "the npm package {p} is not in {} (set GPUPROF_TEST_NODE_MODULES, or run `npm install --prefix ~/.cache/gpuprof-ci/npm pprof-format speedscope`)",
-                dir.display()
-            ));
-        }
-    }
-    Ok(dir)
-}
-
 fn python() -> String {
     let o = Command::new("python3")
         .args(["-c", "import sys; print(sys.executable)"])
@@ -84,23 +61,6 @@ fn recording() -> &'static Path {
         );
         out
     })
-}
-
-/// Run a reader script of tests/scripts with node.
-fn node(script: &str, modules: &Path, file: &Path) -> Value {
-    let o = Command::new("node")
-        .arg(common::repo().join("tests/scripts").join(script))
-        .arg(modules)
-        .arg(file)
-        .output()
-        .expect("run node");
-    assert!(
-        o.status.success(),
-        "{script} could not read {}: {}",
-        file.display(),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    serde_json::from_slice(&o.stdout).expect("the reader prints JSON")
 }
 
 /// (stack without its root frame, root, count) of a folded file.
@@ -192,12 +152,12 @@ fn functions_json(v: &Value) -> Functions {
 #[test]
 fn pprof_profile_decoded_by_pprof_format_matches_the_folded_files() {
     need_perf!();
-    let modules = match node_modules() {
+    let modules = match common::node_modules() {
         Ok(m) => m,
         Err(why) => skip!("{why}"),
     };
     let out = recording();
-    let p = node("read_pprof.js", &modules, &out.join("profile.pb.gz"));
+    let p = common::node_reader("read_pprof.js", &modules, &out.join("profile.pb.gz"));
     let report = common::read_json(&out.join("report.json"));
 
     // Sample types and period as Go's CPU profiles have them.
@@ -277,19 +237,47 @@ fn pprof_profile_decoded_by_pprof_format_matches_the_folded_files() {
 
     // A Python frame keeps its file, a native frame its library.
     let frames = p["frames"].as_array().unwrap();
-    let augment = frames
+    let augment: Vec<&Value> = frames.iter().filter(|f| f["name"] == "augment").collect();
+    assert!(!augment.is_empty(), "augment in the profile");
+    // Its locations are its lines, within its body, where the agent read
+    // them (same-instant frames); none (0, "unknown") otherwise.
+    let script = std::fs::read_to_string(common::repo().join("tests/scripts/stacks_job.py"))
+        .expect("stacks_job.py");
+    let def = script
+        .lines()
+        .position(|l| l.starts_with("def augment("))
+        .expect("def augment")
+        + 1;
+    let end = def
+        + script
+            .lines()
+            .skip(def)
+            .position(|l| l.starts_with("def "))
+            .expect("a def after augment");
+    let agent = report["stacks"]["python"]["processes"]
+        .as_array()
+        .unwrap()
         .iter()
-        .find(|f| f["name"] == "augment")
-        .expect("augment in the profile");
-    assert!(
-        augment["file"]
-            .as_str()
-            .unwrap()
-            .ends_with("tests/scripts/stacks_job.py"),
-        "{augment}"
-    );
-    assert!(augment["library"].is_null(), "{augment}");
-    assert_eq!(augment["line"], 0);
+        .any(|p| p["sampler"] == "same-instant");
+    for f in &augment {
+        assert!(
+            f["file"]
+                .as_str()
+                .unwrap()
+                .ends_with("tests/scripts/stacks_job.py"),
+            "{f}"
+        );
+        assert!(f["library"].is_null(), "{f}");
+        let line = f["line"].as_u64().unwrap();
+        if agent {
+            assert!(
+                (def as u64..=end as u64).contains(&line),
+                "{f}: not in {def}..={end}"
+            );
+        } else {
+            assert_eq!(line, 0, "{f}");
+        }
+    }
     let zlib: Vec<&Value> = frames
         .iter()
         .filter(|f| f["library"].as_str().is_some_and(|l| l.contains("libz.so")))
@@ -334,13 +322,13 @@ fn speedscope_label(name: &str, file: Option<&str>) -> String {
 #[test]
 fn speedscope_profile_loaded_by_speedscope_matches_the_folded_files() {
     need_perf!();
-    let modules = match node_modules() {
+    let modules = match common::node_modules() {
         Ok(m) => m,
         Err(why) => skip!("{why}"),
     };
     let out = recording();
     let path = out.join("profile.speedscope.json");
-    let s = node("read_speedscope.js", &modules, &path);
+    let s = common::node_reader("read_speedscope.js", &modules, &path);
     eprintln!("speedscope {}", s["version"]);
     assert_eq!(
         s["schema"],

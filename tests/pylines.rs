@@ -9,6 +9,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::OnceLock;
 
 const BIN: &str = env!("CARGO_BIN_EXE_gpuprof");
 
@@ -48,72 +49,111 @@ fn line_of(script: &Path, marker: &str) -> String {
     (i + 1).to_string()
 }
 
-/// On every installed CPython 3.9–3.13: one function, two hot loops on
-/// known lines doing 70% and 30% of its work. With `--lines` the folded
-/// file and the flamegraph show `work (two_loops.py:LINE)`, and the two
-/// lines' shares of the function's samples are 70/30 within sampling noise
-/// (3σ of a binomial share, plus one sample); nothing is filed under a
-/// third line or an undecoded one. The same recording drawn again without
-/// `--lines` is by function. ~3 s per version.
+/// The 70/30 job (tests/scripts/two_loops.py: one function, two hot loops
+/// on known lines doing 70% and 30% of its work, 1.5 s of CPU at 250 Hz)
+/// on one CPython, recorded with `--lines` (`out`) and drawn again from the
+/// recording without it (`again`).
+struct Run {
+    minor: u32,
+    out: PathBuf,
+    again: PathBuf,
+}
+
+/// The job on every installed CPython 3.9–3.13 the agent samples (lines
+/// come with its same-instant frames), recorded once for the tests of this
+/// file. ~3 s per version.
+fn runs() -> &'static [Run] {
+    static RUNS: OnceLock<Vec<Run>> = OnceLock::new();
+    RUNS.get_or_init(|| {
+        let script = common::repo().join("tests/scripts/two_loops.py");
+        let dir = tmp("shares");
+        let mut runs = Vec::new();
+        for minor in 9..=13 {
+            let Some(py) = common::python_minor(minor) else {
+                continue;
+            };
+            let out = dir.join(format!("py{minor}"));
+            let o = Command::new(BIN)
+                .args(["-q", "--lines", "--frequency", "250", "-o"])
+                .arg(&out)
+                .arg("--")
+                .arg(&py)
+                .arg(&script)
+                .arg("1.5")
+                .output()
+                .unwrap();
+            assert_eq!(
+                o.status.code(),
+                Some(0),
+                "{}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+            let r = common::report(&out);
+            let procs = r["stacks"]["python"]["processes"].as_array().unwrap();
+            if procs.iter().all(|p| p["sampler"] != "same-instant") {
+                eprintln!("3.{minor}: the agent did not sample ({procs:?})");
+                continue;
+            }
+            let again = dir.join(format!("again{minor}"));
+            let o = Command::new(BIN)
+                .arg("report")
+                .arg(&out)
+                .arg("-o")
+                .arg(&again)
+                .output()
+                .unwrap();
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            runs.push(Run { minor, out, again });
+        }
+        runs
+    })
+}
+
+/// The lines of the two loops, `# LOOP_A` and `# LOOP_B`.
+fn loop_lines() -> (String, String) {
+    let script = common::repo().join("tests/scripts/two_loops.py");
+    (line_of(&script, "# LOOP_A"), line_of(&script, "# LOOP_B"))
+}
+
+/// Whether `na` of `na + nb` samples is 70% within sampling noise (3σ of
+/// a binomial share, plus one sample), with enough samples to tell.
+fn check_share(what: &str, na: u64, nb: u64) -> f64 {
+    let n = na + nb;
+    assert!(n >= 100, "{what}: only {n} samples on the loops");
+    let share = na as f64 / n as f64;
+    let sigma = (0.7 * 0.3 / n as f64).sqrt();
+    assert!(
+        (share - 0.7).abs() <= 3.0 * sigma + 1.0 / n as f64,
+        "{what}: the first loop has {share:.3} of {n} samples, not 0.70 ± {:.3}",
+        3.0 * sigma
+    );
+    share
+}
+
+/// On every installed CPython 3.9–3.13, with `--lines` the folded file and
+/// the flamegraph show `work (two_loops.py:LINE)`, and the two loops'
+/// shares of the function's samples are 70/30 within sampling noise;
+/// nothing is filed under a third line or an undecoded one. The same
+/// recording drawn again without `--lines` is by function.
 #[test]
 fn per_line_shares_match_the_work_on_each_python() {
-    let script = common::repo().join("tests/scripts/two_loops.py");
-    let (a, b) = (line_of(&script, "# LOOP_A"), line_of(&script, "# LOOP_B"));
-    let dir = tmp("shares");
-    let mut tried = 0;
+    let (a, b) = loop_lines();
     let mut table = Vec::new();
-    for minor in 9..=13 {
-        let Some(py) = common::python_minor(minor) else {
-            continue;
-        };
-        let out = dir.join(format!("py{minor}"));
-        let o = Command::new(BIN)
-            .args(["-q", "--lines", "--frequency", "250", "-o"])
-            .arg(&out)
-            .arg("--")
-            .arg(&py)
-            .arg(&script)
-            .arg("1.5")
-            .output()
-            .unwrap();
-        assert_eq!(
-            o.status.code(),
-            Some(0),
-            "{}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        let r = common::report(&out);
-        let procs = r["stacks"]["python"]["processes"].as_array().unwrap();
-        if procs.iter().all(|p| p["sampler"] != "same-instant") {
-            // Lines come with the agent's same-instant frames.
-            eprintln!("3.{minor}: the agent did not sample ({procs:?})");
-            continue;
-        }
-        tried += 1;
+    for Run { minor, out, again } in runs() {
         let (lines, by_function) = per_line(&out.join("stacks-main.folded"));
         assert_eq!(by_function, 0, "3.{minor}: frames without a line");
         let na = lines.get(&a).copied().unwrap_or(0);
         let nb = lines.get(&b).copied().unwrap_or(0);
         let n = na + nb;
         let others: u64 = lines.values().sum::<u64>() - n;
-        table.push(format!("3.{minor}: {lines:?}"));
-        assert!(
-            n >= 100,
-            "3.{minor}: only {n} samples on the loops: {lines:?}"
-        );
         // The while line around them runs once per 1000 sums: nothing
         // else, and no line left undecoded ("?").
         assert!(
             others as f64 <= 0.02 * n as f64 && !lines.contains_key("?"),
             "3.{minor}: {lines:?}"
         );
-        let share = na as f64 / n as f64;
-        let sigma = (0.7 * 0.3 / n as f64).sqrt();
-        assert!(
-            (share - 0.7).abs() <= 3.0 * sigma + 1.0 / n as f64,
-            "3.{minor}: line {a} has {share:.3} of {n} samples, not 0.70 ± {:.3}: {lines:?}",
-            3.0 * sigma
-        );
+        let share = check_share(&format!("3.{minor}: {lines:?}"), na, nb);
+        table.push(format!("3.{minor}: {share:.3} of {n}: {lines:?}"));
         let svg = std::fs::read_to_string(out.join("flame-main.svg")).unwrap();
         assert!(
             svg.contains(&format!("work (two_loops.py:{a})")),
@@ -122,24 +162,134 @@ fn per_line_shares_match_the_work_on_each_python() {
 
         // The recording keeps the lines; by default the outputs are by
         // function.
-        let again = dir.join(format!("again{minor}"));
-        let o = Command::new(BIN)
-            .arg("report")
-            .arg(&out)
-            .arg("-o")
-            .arg(&again)
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         let (lines, by_function) = per_line(&again.join("stacks-main.folded"));
         assert!(lines.is_empty(), "3.{minor}: {lines:?}");
         assert!(by_function >= n, "3.{minor}: {by_function} < {n}");
     }
     eprintln!("{}", table.join("\n"));
-    let _ = std::fs::remove_dir_all(&dir);
-    if tried == 0 {
+    if runs().is_empty() {
         skip!("no CPython 3.9-3.13 sampled by the agent here");
     }
+}
+
+/// label → (self, total) samples of a folded file; with `--lines`, a frame
+/// whose line was not decoded (`name (file.py:?)`) is by function, as the
+/// profiles have no line for it.
+fn functions(folded: &Path) -> BTreeMap<String, (u64, u64)> {
+    let mut f: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    for l in std::fs::read_to_string(folded).unwrap().lines() {
+        let (stack, n) = l.rsplit_once(' ').unwrap();
+        let n: u64 = n.parse().unwrap();
+        // Without the process root, which the profiles keep as labels.
+        let frames: Vec<String> = stack
+            .split(';')
+            .skip(1)
+            .map(|x| x.replace(":?)", ")"))
+            .collect();
+        if let Some(leaf) = frames.last() {
+            f.entry(leaf.clone()).or_default().0 += n;
+        }
+        let mut seen: Vec<&String> = Vec::new();
+        for x in &frames {
+            if !seen.contains(&x) {
+                seen.push(x);
+                f.entry(x.clone()).or_default().1 += n;
+            }
+        }
+    }
+    f
+}
+
+fn functions_json(v: &serde_json::Value) -> BTreeMap<String, (u64, u64)> {
+    v.as_object()
+        .unwrap()
+        .iter()
+        .map(|(k, e)| (k.clone(), (e[0].as_u64().unwrap(), e[1].as_u64().unwrap())))
+        .collect()
+}
+
+/// `profile.pb.gz` and `profile.speedscope.json` hold every Python frame's
+/// line whether or not `--lines` was given: the files drawn without it are
+/// the same bytes as with it. Read back by their own readers (the
+/// `pprof-format` and `speedscope` npm packages, as in tests/profiles.rs),
+/// on every CPython the job ran on: pprof's samples per (function, line)
+/// are the `--lines` folded file's, its samples per function the default
+/// folded file's (by function nothing changed), and in both files the two
+/// loops' shares of `work` are 70/30 within sampling noise.
+#[test]
+fn profiles_hold_the_lines_with_or_without_the_flag() {
+    let modules = match common::node_modules() {
+        Ok(m) => m,
+        Err(why) => skip!("{why}"),
+    };
+    if runs().is_empty() {
+        skip!("no CPython 3.9-3.13 sampled by the agent here");
+    }
+    let (a, b) = loop_lines();
+    let mut table = Vec::new();
+    for Run { minor, out, again } in runs() {
+        for f in ["profile.pb.gz", "profile.speedscope.json"] {
+            let x = std::fs::read(out.join(f)).unwrap();
+            let y = std::fs::read(again.join(f)).unwrap();
+            assert!(x == y, "3.{minor}: {f} differs with and without --lines");
+        }
+
+        let p = common::node_reader("read_pprof.js", &modules, &again.join("profile.pb.gz"));
+        let by_line = functions_json(&p["roles"]["all"]["lines"]);
+        let want = functions(&out.join("stacks-all.folded"));
+        assert_eq!(by_line, want, "3.{minor}: pprof by line vs --lines folded");
+        let by_function = functions_json(&p["roles"]["all"]["functions"]);
+        let want = functions(&again.join("stacks-all.folded"));
+        assert_eq!(by_function, want, "3.{minor}: pprof by function vs folded");
+        let at = |l: &str| {
+            by_line
+                .get(&format!("work (two_loops.py:{l})"))
+                .map_or(0, |e| e.1)
+        };
+        let pprof_share = check_share(&format!("3.{minor} pprof"), at(&a), at(&b));
+        // Every `work` location has a line.
+        for f in p["frames"].as_array().unwrap() {
+            if f["name"] == "work" {
+                assert!(f["line"].as_u64().unwrap() > 0, "3.{minor}: {f}");
+            }
+        }
+
+        let s = common::node_reader(
+            "read_speedscope.js",
+            &modules,
+            &again.join("profile.speedscope.json"),
+        );
+        let period = p["period"].as_u64().unwrap();
+        let mut work: BTreeMap<String, u64> = BTreeMap::new();
+        let mut work_total = 0;
+        for profile in s["profiles"].as_array().unwrap() {
+            for st in profile["stacks"].as_array().unwrap() {
+                let w = st[1].as_u64().unwrap();
+                assert_eq!(w % period, 0, "3.{minor}: {w} ns");
+                let frames = st[0].as_array().unwrap();
+                if let Some(f) = frames.iter().rev().find(|f| {
+                    f[0] == "work" && f[1].as_str().is_some_and(|x| x.ends_with("two_loops.py"))
+                }) {
+                    let line = f[2].as_u64().map_or("?".to_string(), |l| l.to_string());
+                    *work.entry(line).or_default() += w / period;
+                    work_total += w / period;
+                }
+            }
+        }
+        assert_eq!(
+            work_total, by_function["work (two_loops.py)"].1,
+            "3.{minor}: speedscope's work vs the folded file's"
+        );
+        let (lines, _) = per_line(&out.join("stacks-all.folded"));
+        assert_eq!(work, lines, "3.{minor}: speedscope's lines of work");
+        let get = |l: &str| work.get(l).copied().unwrap_or(0);
+        let ss_share = check_share(&format!("3.{minor} speedscope"), get(&a), get(&b));
+        table.push(format!(
+            "3.{minor}: pprof {pprof_share:.3}, speedscope {ss_share:.3} of {} samples",
+            get(&a) + get(&b)
+        ));
+    }
+    eprintln!("{}", table.join("\n"));
 }
 
 /// `LINE_LAYOUTS` in pystacks.c (where a frame's instruction and a code

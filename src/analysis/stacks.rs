@@ -913,6 +913,10 @@ pub struct Sample {
     pub tid: Tid,
     pub stack: u32,
     pub py_stack: u32,
+    /// `stack` and `py_stack` with each Python frame at its line, where
+    /// the recording has lines: ids of [`Stacks::lined_stack_ids`].
+    pub lined_stack: u32,
+    pub lined_py_stack: u32,
     pub attribution: Attribution,
     /// Recorded samples this one stands for: 1, or more when the analysis
     /// thinned a long recording (see [`ANALYSIS_MAX_SAMPLES`]). Every count
@@ -1091,6 +1095,10 @@ pub struct FrameInfo {
     pub file: String,
     /// A frame of the interpreter loop (runs Python frames).
     pub eval: bool,
+    /// Python frames of the agent's samples: the line at the sample's
+    /// instant (`Some(0)`: not decoded); None otherwise, and in the tables
+    /// that are by function (see [`Stacks::lined`]).
+    pub line: Option<u32>,
 }
 
 /// What the Python view folded in some samples, for a flamegraph's
@@ -1204,6 +1212,19 @@ pub struct Stacks {
     /// when the analysis thinned the recording; 0 otherwise.
     pub bucket_ns: u64,
     pub report: StacksReport,
+    /// The tables with each Python frame at its line, when the ones above
+    /// are by function (no `--lines`) and the recording has lines; None
+    /// when the tables above are those already.
+    lined: Option<Box<Lined>>,
+}
+
+/// Frames and stacks with Python frames by line (see
+/// [`Stacks::collapse_lines`]).
+#[derive(Clone, Default)]
+struct Lined {
+    frames: Vec<FrameInfo>,
+    frame_offsets: Vec<Option<u64>>,
+    stacks: Vec<Vec<u32>>,
 }
 
 impl std::fmt::Debug for Stacks {
@@ -1290,12 +1311,15 @@ impl<'a> Resolver<'a> {
             Some(l) => format!("{} ({file_label}:{l})", clean(name)),
             None => format!("{} ({file_label})", clean(name)),
         };
+        // Interned by line even when labelled by function: the profiles
+        // keep the lines (see `Stacks::collapse_lines`).
         self.intern(FrameInfo {
             label,
             class: FrameClass::Python,
             name: name.to_string(),
             file: file.to_string(),
             eval: false,
+            line,
         })
     }
 
@@ -1323,6 +1347,7 @@ impl<'a> Resolver<'a> {
                     name: m,
                     file: String::new(),
                     eval: false,
+                    line: None,
                 });
                 self.native_name.insert(frame, id);
                 return id;
@@ -1347,6 +1372,7 @@ impl<'a> Resolver<'a> {
                     name: sym.clone(),
                     file,
                     eval,
+                    line: None,
                 })
             }
             (None, Some((path, offset))) => {
@@ -1357,6 +1383,7 @@ impl<'a> Resolver<'a> {
                     class: FrameClass::Native,
                     file: path.to_string(),
                     eval: false,
+                    line: None,
                 })
             }
             (None, None) => self.intern(FrameInfo {
@@ -1365,6 +1392,7 @@ impl<'a> Resolver<'a> {
                 name: "[unknown]".into(),
                 file: String::new(),
                 eval: false,
+                line: None,
             }),
         };
         self.native_name.insert(frame, id);
@@ -1390,6 +1418,7 @@ impl<'a> Resolver<'a> {
                 name: "[unknown python]".into(),
                 file: String::new(),
                 eval: false,
+                line: None,
             }),
         };
         self.py_name.insert(frame, id);
@@ -1661,6 +1690,8 @@ pub fn analyze(
             tid: s.tid,
             stack: id,
             py_stack: id,
+            lined_stack: id,
+            lined_py_stack: id,
             attribution,
             weight: s.weight(),
         });
@@ -1715,6 +1746,7 @@ pub fn analyze(
         period_ns,
         bucket_ns,
         report: rep,
+        lined: None,
     };
     st.report.analysis_stride = if bucket_ns > 0 && period_ns > 0 {
         (bucket_ns as f64 / period_ns as f64).round().max(1.0) as u64
@@ -1722,9 +1754,15 @@ pub fn analyze(
         1
     };
     st.report.analysis_bucket_ms = round4(bucket_ns as f64 / 1e6);
+    // Each step below interns the stacks it makes on its own: where each
+    // began, so that collapsing the lines keeps them apart as they were.
+    let mut phases = vec![st.stacks.len()];
     st.build_python_view();
+    phases.push(st.stacks.len());
     st.place_pool_samples(&pool_links);
+    phases.push(st.stacks.len());
     st.estimate_python_frames();
+    st.collapse_lines(&phases, !d.lines);
     st.summarize_roles();
     st
 }
@@ -1927,6 +1965,7 @@ impl<'a> Merger<'a> {
                 name: m.to_string(),
                 file: String::new(),
                 eval: false,
+                line: None,
             })
         };
         let markers = Markers {
@@ -2034,6 +2073,8 @@ impl<'a> Merger<'a> {
                 tid: s.tid,
                 stack: id,
                 py_stack: id,
+                lined_stack: id,
+                lined_py_stack: id,
                 attribution: Attribution::NativeOnly,
                 weight: s.weight(),
             });
@@ -2406,6 +2447,7 @@ impl Stacks {
                                 name: String::new(),
                                 file,
                                 eval: false,
+                                line: None,
                             });
                             self.frames.len() as u32 - 1
                         })
@@ -2417,6 +2459,7 @@ impl Stacks {
                             name: label.to_string(),
                             file: String::new(),
                             eval: false,
+                            line: None,
                         });
                         self.frames.len() as u32 - 1
                     }),
@@ -2502,6 +2545,7 @@ impl Stacks {
             name: fold::PYSPY_BRACKETED.to_string(),
             file: String::new(),
             eval: false,
+            line: None,
         });
         let mut py_views: HashMap<u32, Vec<u32>> = HashMap::new();
         let mut made: HashMap<(u32, u32), u32> = HashMap::new();
@@ -2927,6 +2971,117 @@ impl Stacks {
     /// [`Stacks::name`]).
     pub fn stack_ids(&self, id: u32) -> &[u32] {
         &self.stacks[id as usize]
+    }
+
+    /// The stack a sample shows in `view` with each Python frame at its
+    /// line where the recording has it (what the profiles for other tools
+    /// hold, whatever `--lines` says): an id of [`Stacks::lined_stack_ids`].
+    pub fn lined_view_stack(&self, s: &Sample, view: View) -> u32 {
+        match view {
+            View::Python => s.lined_py_stack,
+            View::Native => s.lined_stack,
+        }
+    }
+
+    /// Frame ids of a stack of [`Stacks::lined_view_stack`], outermost
+    /// first: ids of [`Stacks::lined_frame`].
+    pub fn lined_stack_ids(&self, id: u32) -> &[u32] {
+        match &self.lined {
+            Some(l) => &l.stacks[id as usize],
+            None => &self.stacks[id as usize],
+        }
+    }
+
+    /// A frame of [`Stacks::lined_stack_ids`]: Python frames carry their
+    /// line (`FrameInfo::line`).
+    pub fn lined_frame(&self, id: u32) -> &FrameInfo {
+        match &self.lined {
+            Some(l) => &l.frames[id as usize],
+            None => &self.frames[id as usize],
+        }
+    }
+
+    /// [`Stacks::frame_offset`] of a frame of [`Stacks::lined_stack_ids`].
+    pub fn lined_frame_offset(&self, id: u32) -> Option<u64> {
+        let offsets = match &self.lined {
+            Some(l) => &l.frame_offsets,
+            None => &self.frame_offsets,
+        };
+        offsets.get(id as usize).copied().flatten()
+    }
+
+    /// The samples' stacks so far are by line: keep them as such, and,
+    /// when `by_function` (no `--lines`), make the tables by function from
+    /// the ones by line, keeping those for the profiles. Python
+    /// frames were interned by (function, line) with their function's
+    /// label; here each function becomes one frame again and each stack
+    /// one stack, interned within the step that made it (`phases`: where
+    /// each step's stacks begin), so the tables are the ones an analysis
+    /// by function builds, in the same order.
+    fn collapse_lines(&mut self, phases: &[usize], by_function: bool) {
+        for s in self.samples.iter_mut().chain(self.python_only.iter_mut()) {
+            s.lined_stack = s.stack;
+            s.lined_py_stack = s.py_stack;
+        }
+        if !by_function || !self.frames.iter().any(|f| f.line.is_some()) {
+            return;
+        }
+        let mut frames: Vec<FrameInfo> = Vec::with_capacity(self.frames.len());
+        let mut frame_offsets: Vec<Option<u64>> = Vec::with_capacity(self.frames.len());
+        let mut python: HashMap<FrameInfo, u32> = HashMap::new();
+        let mut fmap: Vec<u32> = Vec::with_capacity(self.frames.len());
+        for (i, f) in self.frames.iter().enumerate() {
+            let g = FrameInfo {
+                line: None,
+                ..f.clone()
+            };
+            // Only the resolver makes Python frames, interned; the other
+            // steps push frames of their own, which stay apart.
+            let known = (f.class == FrameClass::Python)
+                .then(|| python.get(&g).copied())
+                .flatten();
+            let id = match known {
+                Some(id) => id,
+                None => {
+                    let id = frames.len() as u32;
+                    if f.class == FrameClass::Python {
+                        python.insert(g.clone(), id);
+                    }
+                    frames.push(g);
+                    frame_offsets.push(self.frame_offsets.get(i).copied().flatten());
+                    id
+                }
+            };
+            fmap.push(id);
+        }
+        let mut stacks: Vec<Vec<u32>> = Vec::with_capacity(self.stacks.len());
+        let mut ids: HashMap<(usize, Vec<u32>), u32> = HashMap::new();
+        let smap: Vec<u32> = self
+            .stacks
+            .iter()
+            .enumerate()
+            .map(|(i, st)| {
+                let phase = phases.partition_point(|&b| b <= i);
+                let by_function: Vec<u32> = st.iter().map(|f| fmap[*f as usize]).collect();
+                *ids.entry((phase, by_function.clone())).or_insert_with(|| {
+                    stacks.push(by_function);
+                    stacks.len() as u32 - 1
+                })
+            })
+            .collect();
+        for s in self.samples.iter_mut().chain(self.python_only.iter_mut()) {
+            s.stack = smap[s.lined_stack as usize];
+            s.py_stack = smap[s.lined_py_stack as usize];
+        }
+        self.fold_notes = std::mem::take(&mut self.fold_notes)
+            .into_iter()
+            .map(|(k, v)| (smap[k as usize], v))
+            .collect();
+        self.lined = Some(Box::new(Lined {
+            frames: std::mem::replace(&mut self.frames, frames),
+            frame_offsets: std::mem::replace(&mut self.frame_offsets, frame_offsets),
+            stacks: std::mem::replace(&mut self.stacks, stacks),
+        }));
     }
 
     /// Number of frames (ids are 0..name_count, and [`OUTER_FRAMES_CUT`]).
@@ -3638,6 +3793,100 @@ mod tests {
             };
             assert!(folded.contains(want), "{folded}");
         }
+    }
+
+    /// Without `--lines` the tables are by function, exactly as an analysis
+    /// of the same recording without lines builds them, while the stacks
+    /// by line (what the profiles hold) keep each Python frame's line; with
+    /// `--lines` both are the same tables.
+    #[test]
+    fn stacks_by_line_are_kept_beside_the_tables_by_function() {
+        // `augment` sampled on line 30, then 31 (frame 16), then 30 again.
+        let build = |lines: bool, recorded: bool| {
+            let mut d = data();
+            d.lines = lines;
+            let mut evs = Vec::new();
+            for (base, augment) in [(7, 6), (20, 16)] {
+                evs.push(node(StackKind::Native, base, None, 5));
+                evs.push(node(StackKind::Native, base + 1, Some(base), augment));
+                for k in 0..5 {
+                    evs.push(node(StackKind::Native, base + 2 + k, Some(base + 1 + k), k));
+                }
+            }
+            for (id, name, entry, line) in [
+                (5, "<module>", true, 12),
+                (6, "augment", false, 30),
+                (16, "augment", false, 31),
+            ] {
+                evs.push(Event::InlinePyFrame {
+                    id,
+                    name: name.into(),
+                    file: "/x/job.py".into(),
+                    entry,
+                    line: recorded.then_some(line),
+                });
+            }
+            evs.extend(same_instant_python().into_iter().skip(2));
+            evs.push(Event::Samples(SampleBatch {
+                kind: StackKind::Native,
+                pid: Pid(10),
+                tid: Tid(10),
+                t0: MonoNs(1_003_000_000),
+                dt_us: vec![0, 10_000, 10_000],
+                stacks: vec![13, 26, 13],
+                incomplete: vec![],
+                source: SampleSource::Agent,
+            }));
+            for e in &evs {
+                d.add(e);
+            }
+            analyze_all(&mut d)
+        };
+        let plain = build(false, false);
+        let st = build(false, true);
+        assert_eq!(st.frames, plain.frames);
+        assert_eq!(st.stacks, plain.stacks);
+        let ids = |st: &Stacks| -> Vec<(u32, u32)> {
+            st.samples.iter().map(|s| (s.stack, s.py_stack)).collect()
+        };
+        assert_eq!(ids(&st), ids(&plain));
+        assert_eq!(st.samples[0].py_stack, st.samples[1].py_stack);
+        // (name, line) of each sample's Python frames, in both views.
+        let lines = |st: &Stacks, view: View| -> Vec<Vec<(String, Option<u32>)>> {
+            st.samples
+                .iter()
+                .map(|s| {
+                    st.lined_stack_ids(st.lined_view_stack(s, view))
+                        .iter()
+                        .map(|f| st.lined_frame(*f))
+                        .filter(|f| f.class == FrameClass::Python)
+                        .map(|f| (f.name.clone(), f.line))
+                        .collect()
+                })
+                .collect()
+        };
+        let at = |l: u32| {
+            vec![
+                ("<module>".to_string(), Some(12)),
+                ("augment".to_string(), Some(l)),
+            ]
+        };
+        let want = vec![at(30), at(31), at(30)];
+        for view in [View::Python, View::Native] {
+            assert_eq!(lines(&st, view), want, "{view:?}");
+            assert_eq!(lines(&build(true, true), view), want, "--lines, {view:?}");
+        }
+        assert_eq!(st.samples[0].lined_py_stack, st.samples[2].lined_py_stack);
+        // Python frames without a recorded line have none.
+        assert!(lines(&plain, View::Python)
+            .iter()
+            .flatten()
+            .all(|f| f.1.is_none()));
+        // With --lines the tables are by line already.
+        let by_line = build(true, true);
+        assert!(by_line.lined.is_none());
+        assert_eq!(by_line.samples.len(), 3);
+        assert_ne!(by_line.samples[0].py_stack, by_line.samples[1].py_stack);
     }
 
     /// A thread the perf reader left to the agent for some samples but the

@@ -294,6 +294,7 @@ mod tests {
             name: name.into(),
             file: file.into(),
             eval: false,
+            line: None,
         }
     }
 
@@ -304,6 +305,7 @@ mod tests {
             name: name.into(),
             file: "/usr/lib/libtorch_cpu.so".into(),
             eval: false,
+            line: None,
         }
     }
 

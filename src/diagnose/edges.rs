@@ -193,6 +193,7 @@ mod tests {
             name: label.into(),
             file: file.into(),
             eval,
+            line: None,
         }
     }
 

@@ -21,11 +21,15 @@
 //! period, which is `period` with `period_type` `cpu/nanoseconds`), as Go's
 //! own CPU profiles do. Samples of one thread with one stack are one
 //! `Sample` (pprof keeps no time per sample). Python frames are functions
-//! with their source file (`line` 0: line numbers are not recorded); native
-//! frames have their library or executable as the location's mapping
-//! (`has_functions`, so pprof does not try to symbolize again) and, as
-//! address, the file offset: of a named function, the lowest offset sampled
-//! in it (the analysis counts per function, not per instruction). py-spy's
+//! with their source file, one location per (function, line): the line the
+//! frame was on, where the recording has it (every recording with the
+//! agent's same-instant frames, `--lines` or not), else none (0, pprof's
+//! "unknown"). pprof shows functions by default and lines with `-lines`
+//! (its line granularity, in the web UI too). Native frames have their
+//! library or executable as the location's mapping (`has_functions`, so
+//! pprof does not try to symbolize again) and, as address, the file
+//! offset: of a named function, the lowest offset sampled in it (the
+//! analysis counts per function, not per instruction). py-spy's
 //! Python-only stacks (processes without same-instant Python frames) are not
 //! CPU samples of the same kind and are left out, as from the role files.
 //!
@@ -129,10 +133,23 @@ fn thread_labels(a: &Analysis, s: &mut Strings, pid: Pid, tid: Tid) -> Vec<Messa
     out
 }
 
+/// What makes a location: a Python function at a line (0: unknown), or
+/// any other frame (each with its own address).
+#[derive(Clone, Copy, Hash, PartialEq, Eq)]
+enum LocationKey {
+    Python { function: u64, line: u32 },
+    Frame(u32),
+}
+
 /// Locations, functions and mappings, numbered from 1 as first used.
+#[derive(Default)]
 struct Tables {
-    /// frame id → location id (one function per location).
-    locations: HashMap<u32, u64>,
+    /// frame id → location id.
+    frames: HashMap<u32, u64>,
+    locations: HashMap<LocationKey, u64>,
+    /// (name, source file or library) → function id: a Python function
+    /// sampled on several lines is one function.
+    functions: HashMap<(String, String), u64>,
     location_msgs: Vec<Message>,
     function_msgs: Vec<Message>,
     /// library path → (mapping id, highest address + 1).
@@ -142,21 +159,48 @@ struct Tables {
 
 impl Tables {
     fn location(&mut self, a: &Analysis, s: &mut Strings, frame: u32) -> u64 {
-        if let Some(id) = self.locations.get(&frame) {
+        if let Some(id) = self.frames.get(&frame) {
+            return *id;
+        }
+        let desc = sampled::describe(&a.stacks, frame);
+        let (file, line) = match desc {
+            FrameDesc::Python { file, line, .. } => (file, line),
+            FrameDesc::Native { library, .. } | FrameDesc::Unnamed { library, .. } => {
+                (library, None)
+            }
+            FrameDesc::Marker { .. } => ("", None),
+        };
+        let n = self.function_msgs.len() as u64 + 1;
+        let function = *self
+            .functions
+            .entry((desc.name().to_string(), file.to_string()))
+            .or_insert_with(|| {
+                let mut func = Message::new();
+                func.uint(1, n)
+                    .int(2, s.id(desc.name()))
+                    .int(3, s.id(desc.name()));
+                if let FrameDesc::Python { file, .. } = desc {
+                    func.int(4, s.id(file));
+                }
+                self.function_msgs.push(func);
+                n
+            });
+        let key = match desc {
+            FrameDesc::Python { .. } => LocationKey::Python {
+                function,
+                line: line.unwrap_or(0),
+            },
+            _ => LocationKey::Frame(frame),
+        };
+        if let Some(id) = self.locations.get(&key) {
+            self.frames.insert(frame, *id);
             return *id;
         }
         let id = self.location_msgs.len() as u64 + 1;
-        let desc = sampled::describe(&a.stacks, frame);
-        let mut func = Message::new();
-        func.uint(1, id)
-            .int(2, s.id(desc.name()))
-            .int(3, s.id(desc.name()));
         let mut loc = Message::new();
         loc.uint(1, id);
         match desc {
-            FrameDesc::Python { file, .. } => {
-                func.int(4, s.id(file));
-            }
+            FrameDesc::Python { .. } => {}
             FrameDesc::Native {
                 library, offset, ..
             }
@@ -174,13 +218,13 @@ impl Tables {
             }
             FrameDesc::Marker { .. } => {}
         }
-        // Line { function_id, line }: no line numbers are recorded.
-        let mut line = Message::new();
-        line.uint(1, id);
-        loc.message(4, &line);
+        // Line { function_id, line }: a line left out is 0, "unknown".
+        let mut l = Message::new();
+        l.uint(1, function).int(2, line.map_or(0, i64::from));
+        loc.message(4, &l);
         self.location_msgs.push(loc);
-        self.function_msgs.push(func);
-        self.locations.insert(frame, id);
+        self.locations.insert(key, id);
+        self.frames.insert(frame, id);
         id
     }
 }
@@ -197,28 +241,22 @@ pub fn encode(a: &Analysis, view: View) -> Vec<u8> {
         &value_type(&mut s, "cpu", "nanoseconds"),
     );
 
-    // (pid, tid, stack) → recorded samples. Samples come sorted by (pid,
-    // tid, t); the map sorts stacks within a thread.
+    // (pid, tid, stack by line) → recorded samples. Samples come sorted
+    // by (pid, tid, t); the map sorts stacks within a thread.
     let mut counts: BTreeMap<(Pid, Tid, u32), u64> = BTreeMap::new();
     for x in &st.samples {
         *counts
-            .entry((x.pid, x.tid, st.view_stack(x, view)))
+            .entry((x.pid, x.tid, st.lined_view_stack(x, view)))
             .or_default() += x.weight as u64;
     }
-    let mut tables = Tables {
-        locations: HashMap::new(),
-        location_msgs: Vec::new(),
-        function_msgs: Vec::new(),
-        mappings: HashMap::new(),
-        mapping_order: Vec::new(),
-    };
+    let mut tables = Tables::default();
     let mut labels: Option<((Pid, Tid), Vec<Message>)> = None;
     for ((pid, tid), stack, n) in counts.iter().map(|((p, t, k), n)| ((*p, *t), *k, *n)) {
         if labels.as_ref().map(|l| l.0) != Some((pid, tid)) {
             labels = Some(((pid, tid), thread_labels(a, &mut s, pid, tid)));
         }
         let ids: Vec<u64> = st
-            .stack_ids(stack)
+            .lined_stack_ids(stack)
             .iter()
             .rev()
             .map(|f| tables.location(a, &mut s, *f))

@@ -8,11 +8,16 @@ use crate::analysis::Analysis;
 use crate::event::{Pid, Tid};
 
 /// A frame as other tools describe it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum FrameDesc<'a> {
-    /// A Python function: its qualified name and source file (line numbers
-    /// are not recorded).
-    Python { name: &'a str, file: &'a str },
+    /// A Python function: its qualified name and source file, and the line
+    /// the frame was on where the recording has it (None: not recorded, or
+    /// not decoded; never 0).
+    Python {
+        name: &'a str,
+        file: &'a str,
+        line: Option<u32>,
+    },
     /// Native code named by its file's symbols: the function and the
     /// library or executable it lies in, with the lowest file offset
     /// sampled in it.
@@ -43,25 +48,27 @@ impl<'a> FrameDesc<'a> {
     }
 }
 
-/// How frame `id` of `st` is described.
+/// How frame `id` of `st`'s stacks by line ([`Stacks::lined_stack_ids`])
+/// is described.
 pub fn describe(st: &Stacks, id: u32) -> FrameDesc<'_> {
-    let f = st.frame(id);
+    let f = st.lined_frame(id);
     match f.class {
         FrameClass::Python => FrameDesc::Python {
             name: &f.name,
             file: &f.file,
+            line: f.line.filter(|l| *l > 0),
         },
         FrameClass::Marker => FrameDesc::Marker { label: &f.label },
         _ if f.file.is_empty() => FrameDesc::Marker { label: &f.label },
         _ if f.name.is_empty() => FrameDesc::Unnamed {
             label: &f.label,
             library: &f.file,
-            offset: st.frame_offset(id),
+            offset: st.lined_frame_offset(id),
         },
         _ => FrameDesc::Native {
             name: &f.name,
             library: &f.file,
-            offset: st.frame_offset(id),
+            offset: st.lined_frame_offset(id),
         },
     }
 }

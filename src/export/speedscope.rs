@@ -12,10 +12,12 @@
 //! the sampling period). Speedscope's "Time Order" view therefore shows the
 //! thread's CPU time one sample after another (time off the CPU is not in
 //! it), and `startValue` is the first sample's time since the start of the
-//! recording. Frames are shared: Python functions with their source file,
-//! native functions with their library. The same samples as the folded
-//! files: the weights of all profiles add up to `stacks-all.folded`'s count
-//! × the period.
+//! recording. Frames are shared: Python functions with their source file
+//! and, where the recording has it (`--lines` or not), the line the frame
+//! was on — one frame per (function, line), which speedscope shows as
+//! `file:line` — native functions with their library. The same samples as
+//! the folded files: the weights of all profiles add up to
+//! `stacks-all.folded`'s count × the period.
 //!
 //! The file stays within [`DEFAULT_MAX_BYTES`]: past it, each thread's
 //! samples of one stack are joined within windows of time (see
@@ -66,7 +68,7 @@ fn entries(
     let mut in_cell: HashMap<u32, usize> = HashMap::new();
     let mut cell = None;
     for s in thread {
-        let stack = st.view_stack(s, view);
+        let stack = st.lined_view_stack(s, view);
         let w = (s.weight as u64).saturating_mul(per_sample);
         if window == 0 {
             match out.last_mut() {
@@ -120,21 +122,26 @@ pub fn write_capped<W: Write>(a: &Analysis, view: View, max_bytes: u64, w: W) ->
         ("none", 1)
     };
     // Shared frames, numbered as first used (samples are sorted by
-    // process, thread and time).
+    // process, thread and time); frames described alike are one (a Python
+    // function whose line was not decoded, and the same function from
+    // py-spy, which has no lines).
     let mut frame_index: HashMap<u32, usize> = HashMap::new();
+    let mut by_desc: HashMap<FrameDesc, usize> = HashMap::new();
     let mut frames: Vec<u32> = Vec::new();
     // Bytes of each stack's JSON array.
     let mut stack_bytes: HashMap<u32, u64> = HashMap::new();
     for s in &st.samples {
-        let stack = st.view_stack(s, view);
+        let stack = st.lined_view_stack(s, view);
         if stack_bytes.contains_key(&stack) {
             continue;
         }
         let mut b = 2;
-        for f in st.stack_ids(stack) {
+        for f in st.lined_stack_ids(stack) {
             let i = *frame_index.entry(*f).or_insert_with(|| {
-                frames.push(*f);
-                frames.len() - 1
+                *by_desc.entry(sampled::describe(st, *f)).or_insert_with(|| {
+                    frames.push(*f);
+                    frames.len() - 1
+                })
             });
             b += digits(i as u64) + 1;
         }
@@ -213,7 +220,7 @@ pub fn write_capped<W: Write>(a: &Analysis, view: View, max_bytes: u64, w: W) ->
                 w.write_all(b",")?;
             }
             w.write_all(b"[")?;
-            for (j, f) in st.stack_ids(*stack).iter().enumerate() {
+            for (j, f) in st.lined_stack_ids(*stack).iter().enumerate() {
                 if j > 0 {
                     w.write_all(b",")?;
                 }
@@ -258,9 +265,15 @@ fn write_frames(
         let desc = sampled::describe(st, *f);
         json_str(w, desc.name())?;
         match desc {
-            FrameDesc::Python { file, .. } if !file.is_empty() => {
-                w.write_all(b",\"file\":")?;
-                json_str(w, file)?;
+            FrameDesc::Python { file, line, .. } => {
+                if !file.is_empty() {
+                    w.write_all(b",\"file\":")?;
+                    json_str(w, file)?;
+                }
+                // speedscope shows it as `file:line`.
+                if let Some(l) = line {
+                    write!(w, ",\"line\":{l}")?;
+                }
             }
             FrameDesc::Native { library, .. } | FrameDesc::Unnamed { library, .. } => {
                 w.write_all(b",\"file\":")?;

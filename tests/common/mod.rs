@@ -1134,3 +1134,43 @@ pub fn assert_idle_accounted(r: &Value) -> (f64, f64, f64) {
     }
     (steady, explained, unexplained.unwrap_or(0.0))
 }
+
+/// The folder holding `pprof-format` and `speedscope`, with a working
+/// `node`; Err says what is missing.
+pub fn node_modules() -> Result<PathBuf, String> {
+    let dir = match std::env::var_os("GPUPROF_TEST_NODE_MODULES") {
+        Some(d) => PathBuf::from(d),
+        None => PathBuf::from(std::env::var_os("HOME").ok_or("HOME is not set")?)
+            .join(".cache/gpuprof-ci/npm/node_modules"),
+    };
+    match Command::new("node").arg("--version").output() {
+        Ok(o) if o.status.success() => {}
+        _ => return Err("node is not installed".into()),
+    }
+    for p in ["pprof-format", "speedscope"] {
+        if !dir.join(p).join("package.json").is_file() {
+            return Err(format!(
+                "the npm package {p} is not in {} (set GPUPROF_TEST_NODE_MODULES, or run `npm install --prefix ~/.cache/gpuprof-ci/npm pprof-format speedscope`)",
+                dir.display()
+            ));
+        }
+    }
+    Ok(dir)
+}
+
+/// Run a reader script of tests/scripts with node.
+pub fn node_reader(script: &str, modules: &Path, file: &Path) -> Value {
+    let o = Command::new("node")
+        .arg(repo().join("tests/scripts").join(script))
+        .arg(modules)
+        .arg(file)
+        .output()
+        .expect("run node");
+    assert!(
+        o.status.success(),
+        "{script} could not read {}: {}",
+        file.display(),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    serde_json::from_slice(&o.stdout).expect("the reader prints JSON")
+}

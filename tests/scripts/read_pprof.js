@@ -35,8 +35,13 @@ for (const loc of p.location) {
   const m = num(loc.mappingId) ? mappings.get(num(loc.mappingId)) : null;
   if (num(loc.mappingId) && !m) throw new Error(`location ${loc.id}: no mapping ${loc.mappingId}`);
   const label = !m && file ? `${clean(name)} (${clean(pyFileLabel(file))})` : clean(name);
+  // The folded files' label with --lines: a Python function at a known
+  // line is `name (file:LINE)` (line 0 is pprof's "unknown").
+  const line = num(loc.line[0].line);
+  const lineLabel = !m && file && line > 0
+    ? `${clean(name)} (${clean(pyFileLabel(file))}:${line})` : label;
   locations.set(num(loc.id), {
-    label, name, file, line: num(loc.line[0].line),
+    label, lineLabel, name, file, line,
     library: m ? str(m.filename) : null, address: num(loc.address),
   });
 }
@@ -50,7 +55,8 @@ const out = {
   duration_nanos: num(p.durationNanos),
   samples: 0,
   cpu_ns: 0,
-  // Per role ("all" too): recorded samples, and per frame label [self, total].
+  // Per role ("all" too): recorded samples, and per frame label [self,
+  // total], by function (`functions`) and by line (`lines`).
   roles: {},
   pids: {},
   label_keys: [],
@@ -68,15 +74,17 @@ for (const s of p.sample) {
   }
   out.pids[labels.pid] = (out.pids[labels.pid] || 0) + n;
   for (const role of ['all', labels.role]) {
-    const r = out.roles[role] || (out.roles[role] = { samples: 0, functions: {} });
+    const r = out.roles[role] || (out.roles[role] = { samples: 0, functions: {}, lines: {} });
     r.samples += n;
-    const stack = s.locationId.map(id => locations.get(num(id)).label);
-    const seen = new Set();
-    stack.forEach((label, i) => {
-      const e = r.functions[label] || (r.functions[label] = [0, 0]);
-      if (i === 0) e[0] += n; // location_id[0] is the leaf
-      if (!seen.has(label)) { seen.add(label); e[1] += n; }
-    });
+    for (const [key, into] of [['label', r.functions], ['lineLabel', r.lines]]) {
+      const stack = s.locationId.map(id => locations.get(num(id))[key]);
+      const seen = new Set();
+      stack.forEach((label, i) => {
+        const e = into[label] || (into[label] = [0, 0]);
+        if (i === 0) e[0] += n; // location_id[0] is the leaf
+        if (!seen.has(label)) { seen.add(label); e[1] += n; }
+      });
+    }
   }
 }
 out.label_keys = [...keys].sort();

@@ -48,12 +48,12 @@ const out = {
   name: group.name,
   active: group.indexToView,
   // Per profile: its weight, and its stacks as speedscope's own call tree
-  // holds them (root to leaf; frames as [name, file]) with their self
-  // weight.
+  // holds them (root to leaf; frames as [name, file, line]) with their
+  // self weight.
   profiles: group.profiles.map(p => {
     const stacks = [];
     const walk = (node, path) => {
-      const here = node.frame && node.parent ? [...path, [node.frame.name, node.frame.file === undefined ? null : node.frame.file]] : path;
+      const here = node.frame && node.parent ? [...path, [node.frame.name, node.frame.file === undefined ? null : node.frame.file, node.frame.line === undefined ? null : node.frame.line]] : path;
       if (node.getSelfWeight() > 0 && here.length > 0) stacks.push([here, node.getSelfWeight()]);
       for (const c of node.children) walk(c, here);
     };

@@ -238,6 +238,7 @@ impl Stacks {
                     name: label,
                     file: String::new(),
                     eval: false,
+                    line: None,
                 });
                 self.frames.len() as u32 - 1
             });
