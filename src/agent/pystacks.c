@@ -1055,6 +1055,28 @@ static int our_event(int fd)
     return ioctl(fd, PERF_EVENT_IOC_ID, &id) == 0 && id == g_event_id;
 }
 
+/* Everything the handler calls, directly or not, and why each may run in
+ * a signal handler that interrupted any code of the job (malloc, a lock
+ * held, the sigaction() wrapper on this very thread):
+ *   - on POSIX's async-signal-safe list: clock_gettime, getpid, getppid,
+ *     fstat, open, close, unlink, sigaction, sigaddset, timer_settime (as
+ *     its system call), memcpy, memset, strnlen;
+ *   - system calls through syscall(), which only sets errno (saved and
+ *     restored): gettid, tgkill, process_vm_readv (every read of the
+ *     interpreter's memory, so a stale pointer is an error, not a fault),
+ *     ioctl on our perf event (its id; disable), and, once per process
+ *     when its first sample makes the ring, fallocate and mmap (ring.h);
+ *   - PyGILState_GetThisThreadState: the interpreter's thread-local
+ *     lookup (pthread_getspecific, which reads this thread's own
+ *     descriptor: no lock, no allocation); CPython's faulthandler calls it
+ *     from its fatal-signal handler too;
+ *   - lock-free atomics (asserted below), and TLS variables of the
+ *     initial-exec model, allocated with the thread (never lazily);
+ *   - the job's own SIGTRAP handler, for a SIGTRAP that is not ours, read
+ *     whole from its slot (chain_read), as the job installed it.
+ * Not called: pthread_self (cached at thread start, g_thread_desc), stdio,
+ * malloc, posix_fallocate, anything that may take a lock. */
+_Static_assert(ATOMIC_INT_LOCK_FREE == 2 && ATOMIC_LONG_LOCK_FREE == 2, "lock-free atomics");
 static void on_sigtrap(int sig, siginfo_t *si, void *ucv)
 {
     const struct perf_siginfo *ps = (const struct perf_siginfo *)si;
@@ -1335,7 +1357,9 @@ static void ring_path(char *out, size_t cap, uint32_t pid, uint64_t nonce)
     memcpy(out + n, ".ring", 6);
 }
 
-/* Create this process's ring in the gpuprof folder. Async-signal-safe. */
+/* Create this process's ring in the gpuprof folder. Async-signal-safe:
+ * open, close, unlink, getpid and clock_gettime are on POSIX's list, the
+ * rest are system calls (gp_ring_create). */
 static int open_ring(struct gp_ring *out)
 {
     char path[600];
