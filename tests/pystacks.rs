@@ -669,6 +669,44 @@ fn the_jobs_signals_and_children_are_untouched() {
     let _ = std::fs::remove_dir_all(&out);
 }
 
+/// The job rewrites its own SIGTRAP disposition on two threads in a tight
+/// loop while its other threads raise SIGTRAPs (at themselves and at a
+/// writer, in the middle of its `sigaction` calls) and the agent samples
+/// them all: the job runs to its end, every SIGTRAP a thread raised reaches
+/// the job's handler exactly once, called as it was installed, and every
+/// disposition `sigaction()` hands back is one the job set, whole.
+#[test]
+fn the_jobs_sigaction_races_the_agents_samples() {
+    need_perf!();
+    let Some(py) = common::python_minor(12).or_else(|| common::python_minor(11)) else {
+        skip!("no CPython 3.11/3.12 installed (pyenv)");
+    };
+    let dir = tmp("sigrace-lib");
+    std::fs::create_dir_all(&dir).unwrap();
+    let so = match common::build_sigtrap_race(&dir) {
+        Ok(so) => so,
+        Err(e) => skip!("{e}"),
+    };
+    let (out, code, stdout) = record_stdout(
+        "sigrace",
+        &[],
+        &[
+            py.to_str().unwrap(),
+            scripts().join("sigtrap_race.py").to_str().unwrap(),
+            so.to_str().unwrap(),
+            "2",
+        ],
+    );
+    assert_eq!(code, 0, "{stdout}");
+    assert!(stdout.contains("race ok"), "{stdout}");
+    let r = report(&out);
+    let pr = &r["stacks"]["python"]["processes"][0];
+    assert_eq!(pr["agent"]["handler_chained"], true, "{pr}");
+    assert!(pr["same_instant"].as_u64().unwrap() > 0, "{pr}");
+    let _ = std::fs::remove_dir_all(&out);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Without the agent (`--python-frames py-spy`): nothing matched in time;
 /// native samples of Python code under `[python: not sampled]`, py-spy's
 /// stacks as the Python-only view.

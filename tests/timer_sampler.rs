@@ -485,6 +485,48 @@ fn the_jobs_signals_are_untouched_under_the_timer() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The job's SIGTRAP disposition rewritten on two threads in a tight loop
+/// while its other threads raise SIGTRAPs and the timers sample them all
+/// (as `tests/pystacks.rs` does under perf): the job runs to its end, and
+/// each of its SIGTRAPs reaches its handler once, as installed.
+#[test]
+fn the_jobs_sigaction_races_the_timer_samples() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(py) = common::python_minor(12).or_else(|| common::python_minor(11)) else {
+        skip!("no CPython 3.11/3.12 installed (pyenv)");
+    };
+    let dir = tmp("sigrace");
+    let so = match common::build_sigtrap_race(&dir) {
+        Ok(so) => so,
+        Err(e) => skip!("{e}"),
+    };
+    let out = dir.join("out");
+    let o = Command::new(BIN)
+        .args(["-q", "--sampler", "timer", "-o"])
+        .arg(&out)
+        .arg("--")
+        .arg(&py)
+        .arg(scripts().join("sigtrap_race.py"))
+        .arg(&so)
+        .arg("2")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(stdout.contains("race ok"), "{stdout}");
+    let r = common::report(&out);
+    assert_eq!(r["stacks"]["sampler"], "in-process-timer");
+    let pr = &r["stacks"]["python"]["processes"][0];
+    assert_eq!(pr["agent"]["handler_chained"], true, "{pr}");
+    assert!(pr["same_instant"].as_u64().unwrap() > 0, "{pr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// `gpuprof doctor` says which sampler a recording would use and, where
 /// perf events are refused, what each privilege would add.
 #[test]

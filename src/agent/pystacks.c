@@ -347,8 +347,31 @@ static _Atomic uint32_t g_drops_in_a_row;
 #define WINDOW_OPEN 1u
 #define WINDOW_OVER 2u
 static const _Atomic uint32_t *g_window;
-static struct sigaction g_chain; /* the job's SIGTRAP disposition */
-static _Atomic int g_chain_seq;
+/* The job's SIGTRAP disposition, read by the handler (chain()) while the
+ * sigaction()/signal() wrappers may be rewriting it on another thread, or
+ * on this one, interrupted by the very signal: a torn copy would call a
+ * garbage handler. So it lives in slots, each written whole and only
+ * then published by swapping the index of the current one; a writer owns
+ * the slot it fills and, after the swap, the one it replaced (a slot is
+ * claimed only when free, never while current). A reader that copied a
+ * slot checks the slot's sequence number did not move meanwhile, else
+ * copies the current one again: only a writer on another thread can make
+ * it retry, since one interrupted on this thread writes a slot that is not
+ * current, and so no reader ever waits on its own thread. Eight slots:
+ * every writer in progress holds one, the current one another; a ninth
+ * concurrent writer waits for one to be freed (yielding). */
+#define CHAIN_SLOTS 8
+#define CHAIN_WORDS (sizeof(struct sigaction) / 8)
+_Static_assert(sizeof(struct sigaction) % 8 == 0, "struct sigaction in whole words");
+struct chain_slot {
+    _Atomic uint32_t seq;  /* odd while being written */
+    _Atomic uint32_t busy; /* current, or held by a writer */
+    _Atomic uint64_t words[CHAIN_WORDS];
+};
+static struct chain_slot g_chain[CHAIN_SLOTS];
+static _Atomic uint32_t g_chain_cur;
+/* How many times the job set it (a note in the ring the first time). */
+static _Atomic int g_chain_sets;
 static sigaction_fn real_sigaction;
 static signal_fn real_signal;
 static sigmask_fn real_pthread_sigmask;
@@ -866,6 +889,84 @@ static void stop_signals(int by_timer)
     }
 }
 
+/* A copy of the job's disposition (async-signal-safe, see g_chain). */
+static void chain_read(struct sigaction *out)
+{
+    uint64_t w[CHAIN_WORDS];
+    for (;;) {
+        struct chain_slot *c = &g_chain[atomic_load_explicit(&g_chain_cur, memory_order_acquire)];
+        uint32_t q = atomic_load_explicit(&c->seq, memory_order_acquire);
+        if (q & 1)
+            continue; /* freed and being refilled: the current one is another */
+        for (size_t k = 0; k < CHAIN_WORDS; k++)
+            w[k] = atomic_load_explicit(&c->words[k], memory_order_relaxed);
+        atomic_thread_fence(memory_order_acquire);
+        if (atomic_load_explicit(&c->seq, memory_order_relaxed) == q)
+            break;
+    }
+    memcpy(out, w, sizeof w);
+}
+
+static void slot_copy(struct sigaction *out, const struct chain_slot *c)
+{
+    uint64_t w[CHAIN_WORDS];
+    for (size_t k = 0; k < CHAIN_WORDS; k++)
+        w[k] = atomic_load_explicit(&c->words[k], memory_order_relaxed);
+    memcpy(out, w, sizeof w);
+}
+
+/* Make `act` the job's disposition; the one it replaces into `old`. */
+static void chain_write(const struct sigaction *act, struct sigaction *old)
+{
+    uint64_t w[CHAIN_WORDS];
+    memcpy(w, act, sizeof w);
+    struct chain_slot *mine = NULL;
+    while (!mine) {
+        for (int i = 0; i < CHAIN_SLOTS && !mine; i++) {
+            uint32_t free_ = 0;
+            if (atomic_compare_exchange_strong(&g_chain[i].busy, &free_, 1))
+                mine = &g_chain[i];
+        }
+        if (!mine)
+            syscall(SYS_sched_yield);
+    }
+    atomic_fetch_add_explicit(&mine->seq, 1, memory_order_relaxed);
+    atomic_thread_fence(memory_order_release);
+    for (size_t k = 0; k < CHAIN_WORDS; k++)
+        atomic_store_explicit(&mine->words[k], w[k], memory_order_relaxed);
+    atomic_fetch_add_explicit(&mine->seq, 1, memory_order_release);
+    uint32_t was = atomic_exchange_explicit(&g_chain_cur, (uint32_t)(mine - g_chain), memory_order_acq_rel);
+    if (old)
+        slot_copy(old, &g_chain[was]);
+    atomic_store_explicit(&g_chain[was].busy, 0, memory_order_release);
+}
+
+/* The disposition found at install time, before any wrapper can run. */
+static void chain_init(const struct sigaction *prev)
+{
+    uint64_t w[CHAIN_WORDS];
+    memcpy(w, prev, sizeof w);
+    for (size_t k = 0; k < CHAIN_WORDS; k++)
+        atomic_store_explicit(&g_chain[0].words[k], w[k], memory_order_relaxed);
+    atomic_store(&g_chain[0].busy, 1);
+    atomic_store(&g_chain_cur, 0);
+}
+
+/* In a forked child only the forking thread is left: a slot another
+ * thread of the parent was filling is free again, and whole. */
+static void chain_after_fork(void)
+{
+    uint32_t cur = atomic_load(&g_chain_cur);
+    for (uint32_t i = 0; i < CHAIN_SLOTS; i++) {
+        if (i == cur)
+            continue;
+        uint32_t q = atomic_load(&g_chain[i].seq);
+        if (q & 1)
+            atomic_store(&g_chain[i].seq, q + 1);
+        atomic_store(&g_chain[i].busy, 0);
+    }
+}
+
 static void chain(int sig, siginfo_t *si, void *ucv)
 {
     if (g_trap_blocked) {
@@ -880,7 +981,8 @@ static void chain(int sig, siginfo_t *si, void *ucv)
         return;
     }
     void *uc = ucv;
-    struct sigaction c = g_chain;
+    struct sigaction c;
+    chain_read(&c);
     if (c.sa_flags & SA_SIGINFO) {
         if (c.sa_sigaction)
             c.sa_sigaction(sig, si, uc);
@@ -924,10 +1026,15 @@ extern void *__libc_stack_end __attribute__((weak));
  * another C library) leaves the copy at g_stack_bytes, which the kernel
  * cuts at the end of the mapping. */
 #define STACK_END_SLACK 128
+/* This thread's pthread_self(), taken where the thread starts (the
+ * constructor, pthread_create's trampoline below): pthread_self() is not
+ * on the async-signal-safe list. 0 for a thread not started through the
+ * wrapper: its copy is then g_stack_bytes long. */
+static __thread uintptr_t g_thread_desc __attribute__((tls_model("initial-exec")));
 static size_t stack_copy_len(uintptr_t sp)
 {
     size_t len = g_stack_bytes;
-    uintptr_t ends[2] = {(uintptr_t)pthread_self(), 0};
+    uintptr_t ends[2] = {g_thread_desc, 0};
     if (&__libc_stack_end)
         ends[1] = (uintptr_t)__libc_stack_end;
     for (int i = 0; i < 2; i++) {
@@ -948,6 +1055,28 @@ static int our_event(int fd)
     return ioctl(fd, PERF_EVENT_IOC_ID, &id) == 0 && id == g_event_id;
 }
 
+/* Everything the handler calls, directly or not, and why each may run in
+ * a signal handler that interrupted any code of the job (malloc, a lock
+ * held, the sigaction() wrapper on this very thread):
+ *   - on POSIX's async-signal-safe list: clock_gettime, getpid, getppid,
+ *     fstat, open, close, unlink, sigaction, sigaddset, timer_settime (as
+ *     its system call), memcpy, memset, strnlen;
+ *   - system calls through syscall(), which only sets errno (saved and
+ *     restored): gettid, tgkill, process_vm_readv (every read of the
+ *     interpreter's memory, so a stale pointer is an error, not a fault),
+ *     ioctl on our perf event (its id; disable), and, once per process
+ *     when its first sample makes the ring, fallocate and mmap (ring.h);
+ *   - PyGILState_GetThisThreadState: the interpreter's thread-local
+ *     lookup (pthread_getspecific, which reads this thread's own
+ *     descriptor: no lock, no allocation); CPython's faulthandler calls it
+ *     from its fatal-signal handler too;
+ *   - lock-free atomics (asserted below), and TLS variables of the
+ *     initial-exec model, allocated with the thread (never lazily);
+ *   - the job's own SIGTRAP handler, for a SIGTRAP that is not ours, read
+ *     whole from its slot (chain_read), as the job installed it.
+ * Not called: pthread_self (cached at thread start, g_thread_desc), stdio,
+ * malloc, posix_fallocate, anything that may take a lock. */
+_Static_assert(ATOMIC_INT_LOCK_FREE == 2 && ATOMIC_LONG_LOCK_FREE == 2, "lock-free atomics");
 static void on_sigtrap(int sig, siginfo_t *si, void *ucv)
 {
     const struct perf_siginfo *ps = (const struct perf_siginfo *)si;
@@ -989,7 +1118,7 @@ static void on_sigtrap(int sig, siginfo_t *si, void *ucv)
             hello(HELLO_SAMPLING, 0, g_forked, NULL);
         /* A disposition the job set before the first sample had no ring
          * to be noted in. */
-        if (atomic_load(&g_chain_seq) > 0)
+        if (atomic_load(&g_chain_sets) > 0)
             note(NOTE_HANDLER_CHAINED, 0);
     }
     uint64_t t = now_ns();
@@ -1089,12 +1218,14 @@ EXPORT int sigaction(int sig, const struct sigaction *act, struct sigaction *old
         return -1;
     }
     if (sig == SIGTRAP && atomic_load(&g_installed)) {
-        if (old)
-            *old = g_chain;
         if (act) {
-            g_chain = *act;
-            if (atomic_fetch_add(&g_chain_seq, 1) == 0)
+            /* act and old may be one struct. */
+            struct sigaction a = *act;
+            chain_write(&a, old);
+            if (atomic_fetch_add(&g_chain_sets, 1) == 0)
                 note(NOTE_HANDLER_CHAINED, 0);
+        } else if (old) {
+            chain_read(old);
         }
         return 0;
     }
@@ -1226,7 +1357,9 @@ static void ring_path(char *out, size_t cap, uint32_t pid, uint64_t nonce)
     memcpy(out + n, ".ring", 6);
 }
 
-/* Create this process's ring in the gpuprof folder. Async-signal-safe. */
+/* Create this process's ring in the gpuprof folder. Async-signal-safe:
+ * open, close, unlink, getpid and clock_gettime are on POSIX's list, the
+ * rest are system calls (gp_ring_create). */
 static int open_ring(struct gp_ring *out)
 {
     char path[600];
@@ -1380,16 +1513,18 @@ static void start_sampling(void)
 typedef int (*pcreate_fn)(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *);
 static pcreate_fn real_pthread_create;
 
-struct timer_start {
+struct start_args {
     void *(*fn)(void *);
     void *arg;
 };
 
-/* A new thread's first steps: its own timer, then the job's function. */
-static void *timer_thread_start(void *p)
+/* A new thread's first steps: where its stack ends, its own timer, then
+ * the job's function. */
+static void *thread_start(void *p)
 {
-    struct timer_start t = *(struct timer_start *)p;
+    struct start_args t = *(struct start_args *)p;
     free(p);
+    g_thread_desc = (uintptr_t)pthread_self();
     if (atomic_load(&g_timer_on) && !atomic_load(&g_timer_stopped) &&
         !(g_window && atomic_load_explicit(g_window, memory_order_relaxed) == WINDOW_OVER))
         thread_timer_start();
@@ -1397,21 +1532,21 @@ static void *timer_thread_start(void *p)
 }
 
 /* Threads get their timer from their first instruction on (a perf event
- * is inherited; a timer is not). */
+ * is inherited; a timer is not), and say where their stack ends. */
 EXPORT int pthread_create(pthread_t *th, const pthread_attr_t *attr, void *(*fn)(void *), void *arg)
 {
     if (!real_pthread_create)
         real_pthread_create = (pcreate_fn)dlsym(RTLD_NEXT, "pthread_create");
     if (!real_pthread_create)
         return ENOSYS;
-    struct timer_start *t = NULL;
-    if (atomic_load(&g_timer_on) && !atomic_load(&g_timer_stopped))
+    struct start_args *t = NULL;
+    if (atomic_load(&g_installed))
         t = malloc(sizeof *t);
     if (!t)
         return real_pthread_create(th, attr, fn, arg);
     t->fn = fn;
     t->arg = arg;
-    int rc = real_pthread_create(th, attr, timer_thread_start, t);
+    int rc = real_pthread_create(th, attr, thread_start, t);
     if (rc)
         free(t);
     return rc;
@@ -1422,6 +1557,7 @@ static void after_fork_child(void)
     if (!atomic_load(&g_installed))
         return;
     g_pid = getpid();
+    chain_after_fork();
     /* The parent's event is not inherited (inherit_thread), its fd is; and
      * the parent's ring is the parent's. The number is closed only if it
      * still is that event: the job may have closed it and reused it. */
@@ -1600,7 +1736,8 @@ static void install_and_start(void)
             hello(HELLO_FAILED, errno, 0, "cannot install the SIGTRAP handler");
         return;
     }
-    g_chain = prev;
+    chain_init(&prev);
+    g_thread_desc = (uintptr_t)pthread_self();
     /* A mask inherited from the parent with SIGTRAP blocked is the job's:
      * keep it as its wish, and take SIGTRAP out of the real one. */
     sigset_t cur;

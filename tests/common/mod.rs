@@ -713,6 +713,24 @@ pub fn build_nvtx_program(src: &Path, out: &Path) -> Result<PathBuf, String> {
     Ok(out.to_path_buf())
 }
 
+/// Build `tests/scripts/sigtrap_race.c` (the job's own SIGTRAP
+/// disposition rewritten while its threads raise SIGTRAPs) into a shared
+/// library in `dir`, for `tests/scripts/sigtrap_race.py`.
+pub fn build_sigtrap_race(dir: &Path) -> Result<PathBuf, String> {
+    let so = dir.join("sigtrap_race.so");
+    let st = Command::new("gcc")
+        .args(["-O2", "-Wall", "-shared", "-fPIC", "-o"])
+        .arg(&so)
+        .arg(repo().join("tests/scripts/sigtrap_race.c"))
+        .arg("-lpthread")
+        .status()
+        .map_err(|e| format!("cannot run gcc: {e}"))?;
+    if !st.success() {
+        return Err("gcc could not build sigtrap_race.c".into());
+    }
+    Ok(so)
+}
+
 /// The simulated GPU steps (start, end) in CLOCK_MONOTONIC ns that a job
 /// wrote to its activity log (format in docs/testing.md): what the fake
 /// driver's utilization follows, so the truth gpuprof is checked against.
