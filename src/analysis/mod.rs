@@ -1274,8 +1274,12 @@ impl Builder {
             .clone()
             .or_else(|| self.a.header.step_range.clone());
         let procs = &self.a.processes;
-        self.a.others =
-            std::mem::take(&mut self.others).finish(window, &|p| procs.contains_key(&p));
+        let throttled = &self.a.system.cgroup.throttled_share;
+        self.a.others = std::mem::take(&mut self.others).finish(
+            window,
+            &|p| procs.contains_key(&p),
+            &|from, to| throttled.mean_in(from, to).unwrap_or(0.0),
+        );
         self.a.steps = steps::analyze(&self.a, step_range.as_deref());
         others::annotate_slow_steps(&mut self.a.steps, &self.a.others);
         self.a

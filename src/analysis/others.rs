@@ -31,6 +31,10 @@ pub struct Interval {
     /// What each of them took from the job (ns), once the job's own
     /// processes are known (see [`Interval::takes`]).
     pub took: Vec<(Pid, f64)>,
+    /// Share of the job cgroup's CPU periods in which its own quota
+    /// throttled it: that much of the job's wait was the quota's, not any
+    /// other program's.
+    pub quota_share: f64,
 }
 
 impl Interval {
@@ -43,11 +47,8 @@ impl Interval {
     ) -> impl Iterator<Item = (Pid, f64)> + 'a {
         let on = |o: &(Pid, u64, f64)| o.1 as f64 * o.2.clamp(0.0, 1.0);
         let sum: f64 = self.others.iter().filter(|o| !job(o.0)).map(on).sum();
-        let scale = if sum > self.wait_ns as f64 {
-            self.wait_ns as f64 / sum
-        } else {
-            1.0
-        };
+        let wait = self.wait_ns as f64 * (1.0 - self.quota_share.clamp(0.0, 1.0));
+        let scale = if sum > wait { wait / sum.max(1.0) } else { 1.0 };
         self.others
             .iter()
             .filter(move |o| !job(o.0))
@@ -129,12 +130,20 @@ impl Builder {
                 .map(|p| (p.pid, p.cpu_ns, p.on_job_cpus as f64))
                 .collect(),
             took: Vec::new(),
+            quota_share: 0.0,
         });
     }
 
     /// The figures of the recorded window; `job` says which pids are the
-    /// job's own (a pid the tree learnt of late is never blamed).
-    pub fn finish(self, window: (MonoNs, MonoNs), job: &dyn Fn(Pid) -> bool) -> OtherPrograms {
+    /// job's own (a pid the tree learnt of late is never blamed);
+    /// `throttled` the share of the job cgroup's CPU periods throttled by
+    /// its quota between two instants (0 without a quota).
+    pub fn finish(
+        self,
+        window: (MonoNs, MonoNs),
+        job: &dyn Fn(Pid) -> bool,
+        throttled: &dyn Fn(MonoNs, MonoNs) -> f64,
+    ) -> OtherPrograms {
         let s = |ns: u64| ns as f64 / 1e9;
         let mut intervals: Vec<Interval> = self
             .intervals
@@ -142,6 +151,7 @@ impl Builder {
             .filter(|i| i.to > window.0 && i.from < window.1)
             .collect();
         for i in &mut intervals {
+            i.quota_share = throttled(i.from, i.to);
             i.took = i.takes(job).collect();
         }
         let mut out = OtherPrograms {
@@ -314,6 +324,22 @@ mod tests {
         }
     }
 
+    /// A job held back by its own cgroup's CPU quota waits for its next
+    /// period, not for the programs that run meanwhile.
+    #[test]
+    fn the_quota_s_share_of_the_wait_is_nobody_s_taking() {
+        let run = |share: f64| {
+            let mut b = Builder::default();
+            b.add(&ev(1, 400, 600, &[(9, 900)]));
+            b.finish((MonoNs(0), MonoNs(2_000_000_000)), &|_| false, &|_, _| {
+                share
+            })
+        };
+        assert_eq!(run(0.0).processes[0].took_s, 0.6);
+        assert_eq!(run(0.5).processes[0].took_s, 0.3);
+        assert!(run(1.0).processes.is_empty());
+    }
+
     #[test]
     fn a_process_takes_at_most_the_jobs_wait() {
         let mut b = Builder::default();
@@ -326,7 +352,11 @@ mod tests {
         // Two on the job's CPUs using twice what the job waited: half each;
         // one on other CPUs only (pid 6): nothing.
         b.add(&ev(5, 400, 600, &[(9, 600), (5, 600), (6, 900)]));
-        let o = b.finish((MonoNs(0), MonoNs(6_000_000_000)), &|p| p.0 == 8);
+        let o = b.finish(
+            (MonoNs(0), MonoNs(6_000_000_000)),
+            &|p| p.0 == 8,
+            &|_, _| 0.0,
+        );
         assert!(o.measured);
         assert_eq!(o.processes.len(), 2, "{:?}", o.processes);
         let p = &o.processes[0];
