@@ -236,9 +236,12 @@ fn a_job_that_blocks_every_signal_sees_none_of_the_agents() {
         r#"
 import signal, threading, time
 def burn(s):
+    # CPU time in user space, where the samples are taken: a bare
+    # process_time() loop spends most of it in the clock's system call.
     t = time.process_time()
     while time.process_time() - t < s:
-        pass
+        for _ in range(20000):
+            pass
 def blocked(out):
     signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
     burn(0.3)
