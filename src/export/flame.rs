@@ -446,13 +446,7 @@ pub fn write_gpu_idle(
     if st.samples.is_empty() || devs.iter().all(|d| d.util_samples == 0) {
         return Ok(written);
     }
-    let period_us = if st.period_ns > 0 {
-        st.period_ns as f64 / 1e3
-    } else if st.report.frequency_hz > 0.0 {
-        1e6 / st.report.frequency_hz
-    } else {
-        1.0
-    };
+    let period_us = period_us(st);
     let idle = a.gpu.idle_weights();
     let weighted: Vec<(&Sample, f64)> = st
         .samples
@@ -545,13 +539,7 @@ pub fn write_loop_wall(
     if threads.is_empty() {
         return Ok(written);
     }
-    let period_us = if st.period_ns > 0 {
-        st.period_ns as f64 / 1e3
-    } else if st.report.frequency_hz > 0.0 {
-        1e6 / st.report.frequency_hz
-    } else {
-        1e4
-    };
+    let period_us = period_us(st);
     let fold = |view: View| -> String {
         let mut lines: BTreeMap<String, u64> = BTreeMap::new();
         let add_folded = |lines: &mut BTreeMap<String, u64>, folded: &str| {
@@ -637,6 +625,17 @@ pub fn write_loop_wall(
         written.push(p);
     }
     Ok(written)
+}
+
+/// The CPU time one stack sample stands for, in µs.
+fn period_us(st: &Stacks) -> f64 {
+    if st.period_ns > 0 {
+        st.period_ns as f64 / 1e3
+    } else if st.report.frequency_hz > 0.0 {
+        1e6 / st.report.frequency_hz
+    } else {
+        1.0
+    }
 }
 
 /// In `flame-loop-wall.svg`: time the wall-clock sampler found the thread
