@@ -539,6 +539,8 @@ struct Reader {
     wall: Option<offcpu::WallSampler>,
     /// Per thread, the stack of its last blocked wall-clock sample.
     wall_last: HashMap<Tid, (u32, bool)>,
+    /// Scratch: the stack words read unwinding a wall-clock sample.
+    wall_reads: Vec<u32>,
     /// Python functions of blocked threads: (name, file), and their index.
     py_names: Vec<(String, String)>,
     py_name_ids: HashMap<(String, String), u32>,
@@ -665,6 +667,7 @@ impl Reader {
             symbols: symbolize::Streamer::start(sink.clone()),
             wall,
             wall_last: HashMap::new(),
+            wall_reads: Vec::new(),
             py_names: Vec::new(),
             py_name_ids: HashMap::new(),
             sink,
@@ -1398,41 +1401,63 @@ impl Reader {
             W::Blocked(_) => (Pid(0), Tid(0), MonoNs(0), ""),
         };
         let W::Blocked(b) = w else {
-            let id = self
-                .interner
-                .frame(&FrameKey::Marker(marker), &self.sink, |id, _| {
-                    Event::StackMarker {
-                        id,
-                        marker: marker.to_string(),
-                    }
-                });
-            if let Some(stack) = self.interner.stack(&[id], &self.sink) {
-                self.interner
-                    .sample_from(SampleSource::Wall, pid, tid, t, stack, true, &self.sink);
-            }
+            self.wall_marker(pid, tid, t, marker);
             return;
         };
         let (pid, tid, t) = (b.sample.pid, b.sample.tid, b.sample.t);
         self.sample_gen += 1;
         self.prepare_maps(pid);
         let pm = self.procs.get_mut(&pid).expect("prepared");
-        let files = &mut self.files;
-        let Some(u) = unwind::unwind(
-            pm,
-            &mut self.cache,
-            &b.sample,
-            self.unknown_file,
-            self.sample_gen,
-            &mut |path| files.id_of_text(path),
-        ) else {
-            return;
+        let native = match b.known {
+            Some(k) if k.maps == pm.version() => k,
+            Some(_) => {
+                // Mapped code changed since those frames were found, and
+                // this read has no stack copy to unwind: it is dropped.
+                if let Some(w) = self.wall.as_mut() {
+                    w.forget(tid);
+                }
+                self.wall_marker(pid, tid, t, MARKER_RACED);
+                return;
+            }
+            None => {
+                let files = &mut self.files;
+                self.wall_reads.clear();
+                let Some(u) = unwind::unwind_noting(
+                    pm,
+                    &mut self.cache,
+                    &b.sample,
+                    self.unknown_file,
+                    self.sample_gen,
+                    &mut |path| files.id_of_text(path),
+                    Some(&mut self.wall_reads),
+                ) else {
+                    return;
+                };
+                for (i, _, e) in &u.jit {
+                    self.jit_names
+                        .entry(u.frames[*i])
+                        .or_insert_with(|| e.name.clone());
+                }
+                let native = std::sync::Arc::new(offcpu::NativeFrames {
+                    frames: u.frames,
+                    complete: u.complete,
+                    maps: pm.version(),
+                });
+                // Frames of JIT code are named from perf maps that change
+                // over time: such stacks are unwound every time.
+                if let (Some(w), true) = (self.wall.as_mut(), u.plain) {
+                    w.learn(
+                        tid,
+                        b.place,
+                        &b.sample.stack,
+                        &mut self.wall_reads,
+                        native.clone(),
+                    );
+                }
+                self.announce_files();
+                native
+            }
         };
-        for (i, _, e) in &u.jit {
-            self.jit_names
-                .entry(u.frames[*i])
-                .or_insert_with(|| e.name.clone());
-        }
-        self.announce_files();
         self.keys_buf.clear();
         for (name, file, entry) in b.py.into_iter().flatten() {
             let key = (name, file);
@@ -1444,7 +1469,8 @@ impl Reader {
             self.keys_buf.push(FrameKey::PyNamed(i, entry));
         }
         self.keys_buf.extend(
-            u.frames
+            native
+                .frames
                 .iter()
                 .rev()
                 .map(|&(f, o)| FrameKey::Native(f, o))
@@ -1463,16 +1489,32 @@ impl Reader {
                 frame_event(id, k, rings, py_names)
             });
         if let Some(stack) = stack {
-            self.wall_last.insert(tid, (stack, u.complete));
+            self.wall_last.insert(tid, (stack, native.complete));
             self.interner.sample_from(
                 SampleSource::Wall,
                 pid,
                 tid,
                 t,
                 stack,
-                u.complete,
+                native.complete,
                 &self.sink,
             );
+        }
+    }
+
+    /// A one-marker wall-clock sample.
+    fn wall_marker(&mut self, pid: Pid, tid: Tid, t: MonoNs, marker: &'static str) {
+        let id = self
+            .interner
+            .frame(&FrameKey::Marker(marker), &self.sink, |id, _| {
+                Event::StackMarker {
+                    id,
+                    marker: marker.to_string(),
+                }
+            });
+        if let Some(stack) = self.interner.stack(&[id], &self.sink) {
+            self.interner
+                .sample_from(SampleSource::Wall, pid, tid, t, stack, true, &self.sink);
         }
     }
 
@@ -1507,8 +1549,8 @@ impl Reader {
         if let Some(w) = &self.wall {
             let w = &w.stats;
             s.detail.push_str(&format!(
-                "; wall-clock sampler: {} looks at threads, {} on a CPU, {} blocked ({} read, {} unchanged since their previous read), {} reads dropped (the thread woke while read), {} blocked samples without Python frames",
-                w.looks, w.running, w.blocked + w.repeated, w.blocked, w.repeated, w.raced, w.py_missing
+                "; wall-clock sampler: {} looks at threads, {} on a CPU, {} blocked ({} read, of which {} reused the native frames of an unchanged stack; {} unchanged since their previous read), {} reads dropped (the thread woke while read), {} blocked samples without Python frames",
+                w.looks, w.running, w.blocked + w.repeated, w.blocked, w.reused, w.repeated, w.raced, w.py_missing
             ));
         }
         if let Some(a) = self.agent.take() {

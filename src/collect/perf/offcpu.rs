@@ -20,6 +20,17 @@
 //!   since its previous blocked sample has not run since: its stack is the
 //!   same and is not read again (a thread blocked for a second costs one
 //!   copy, not a hundred).
+//! - a thread that ran since, but is blocked again in the same system call
+//!   at the same stack pointer and program counter (a loop that blocks at
+//!   the same place every step), is checked against what the reader's
+//!   unwinding of an earlier read of that place used: the few stack words
+//!   it read. When they are all unchanged, the unwinding would give the
+//!   same frames, and they are reused instead of copying and unwinding the
+//!   stack again ([`KnownStack`]). Its Python frames are read again all the
+//!   same: from CPython 3.11 a Python call adds no C frame, so the Python
+//!   stack can differ at the same native stack pointer.
+//! - the `syscall` and `schedstat` files of each thread stay open and are
+//!   read with `pread`: opening a `/proc` file costs more than reading it.
 //!
 //! The main thread of the job's own process and of each rank's main
 //! process (the training loop) is looked at every tick, at the stack
@@ -27,6 +38,9 @@
 //! every [`OTHERS_EVERY`] ticks, without Python frames.
 
 use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use py_spy::config::{LineNo, LockingStrategy};
@@ -42,6 +56,9 @@ pub const OTHERS_EVERY: u64 = 10;
 const LIST_EVERY: Duration = Duration::from_secs(1);
 /// Attempts to attach py-spy to a process (one per listing).
 const ATTACH_ATTEMPTS: u32 = 5;
+/// Places (system call, stack pointer, program counter) remembered per
+/// thread: a loop blocks in a few (the next batch, the GPU, a collective).
+const KNOWN_PER_THREAD: usize = 4;
 
 /// What one look at a thread found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -94,6 +111,39 @@ pub struct Blocked {
     /// `[gil held by thread TID in FUNCTION (FILE)]`: another thread of the
     /// process held the interpreter lock while this one was blocked.
     pub gil_holder: Option<&'static str>,
+    /// Where it blocked: (system call or -1, stack pointer, program
+    /// counter).
+    pub place: (i64, u64, u64),
+    /// The native frames of an earlier read of the same place, whose stack
+    /// words the unwinding read are unchanged: `sample.stack` is then empty.
+    pub known: Option<Arc<NativeFrames>>,
+}
+
+/// A blocked thread's native stack, as the reader unwound it.
+#[derive(Debug, PartialEq, Eq)]
+pub struct NativeFrames {
+    /// (file id, file offset), innermost first.
+    pub frames: Vec<(u32, u64)>,
+    pub complete: bool,
+    /// The process's code mappings it was unwound with
+    /// (`unwind::ProcessMaps::version`).
+    pub maps: u64,
+}
+
+/// What one unwinding of a blocked thread's stack depended on: the
+/// registers (the `syscall` line's stack pointer and program counter, the
+/// system call), and the stack words it read. Unwinding is a function of
+/// the registers, the words read and the code mappings, so the same
+/// registers and words give the same frames. Reads past the end of the
+/// copy (which failed) fail again: at the same stack pointer the copy ends
+/// at the same place.
+struct KnownStack {
+    nr: i64,
+    sp: u64,
+    pc: u64,
+    /// (offset from `sp`, value), by offset.
+    words: Vec<(u32, u64)>,
+    frames: Arc<NativeFrames>,
 }
 
 /// Counters of the wall-clock sampler.
@@ -104,6 +154,9 @@ pub struct WallStats {
     pub blocked: u64,
     pub repeated: u64,
     pub raced: u64,
+    /// Blocked samples whose native frames were reused (the stack words
+    /// their unwinding read were unchanged).
+    pub reused: u64,
     /// Blocked samples without Python frames in a process py-spy reads.
     pub py_missing: u64,
 }
@@ -137,14 +190,86 @@ pub fn parse_syscall(text: &str) -> Option<SyscallLine> {
     (sp != 0 && pc != 0).then_some(SyscallLine { nr, args, sp, pc })
 }
 
-/// The thread's CPU time in ns (first field of `schedstat`).
-fn runtime_ns(pid: Pid, tid: Tid) -> Option<u64> {
-    let s = std::fs::read_to_string(format!("/proc/{}/task/{}/schedstat", pid.0, tid.0)).ok()?;
-    s.split_ascii_whitespace().next()?.parse().ok()
+/// A thread's `syscall` and `schedstat` files, kept open. A file of a
+/// thread that has exited fails to read (its number may be reused by
+/// another thread, which a new open would name).
+struct ThreadFiles {
+    syscall: File,
+    schedstat: File,
 }
 
-fn read_syscall(pid: Pid, tid: Tid) -> Option<String> {
-    std::fs::read_to_string(format!("/proc/{}/task/{}/syscall", pid.0, tid.0)).ok()
+impl ThreadFiles {
+    fn open(pid: Pid, tid: Tid) -> Option<ThreadFiles> {
+        let dir = format!("/proc/{}/task/{}", pid.0, tid.0);
+        Some(ThreadFiles {
+            syscall: File::open(format!("{dir}/syscall")).ok()?,
+            schedstat: File::open(format!("{dir}/schedstat")).ok()?,
+        })
+    }
+
+    /// The `syscall` line into `buf` (cleared first).
+    fn syscall(&self, buf: &mut String) -> bool {
+        buf.clear();
+        // A line is at most 6 + 8 * 21 characters.
+        let mut b = [0u8; 256];
+        match self.syscall.read_at(&mut b, 0) {
+            Ok(n) if n > 0 && n < b.len() => match std::str::from_utf8(&b[..n]) {
+                Ok(t) => {
+                    buf.push_str(t);
+                    true
+                }
+                Err(_) => false,
+            },
+            _ => false,
+        }
+    }
+
+    /// The thread's CPU time in ns (first field of `schedstat`).
+    fn runtime_ns(&self) -> Option<u64> {
+        let mut b = [0u8; 96];
+        let n = self.schedstat.read_at(&mut b, 0).ok()?;
+        let t = std::str::from_utf8(&b[..n]).ok()?;
+        t.split_ascii_whitespace().next()?.parse().ok()
+    }
+}
+
+/// Whether `pid`'s memory at `sp + offset` still holds each word.
+fn words_unchanged(pid: Pid, sp: u64, words: &[(u32, u64)]) -> bool {
+    if words.is_empty() {
+        return true;
+    }
+    let mut got = vec![0u64; words.len()];
+    // One remote piece per run of adjacent words, all read by one call.
+    let mut remote: Vec<libc::iovec> = Vec::new();
+    let mut prev_end = None;
+    for &(off, _) in words {
+        let a = sp + off as u64;
+        match remote.last_mut() {
+            Some(last) if prev_end == Some(a) => last.iov_len += 8,
+            _ => remote.push(libc::iovec {
+                iov_base: a as *mut libc::c_void,
+                iov_len: 8,
+            }),
+        }
+        prev_end = Some(a + 8);
+    }
+    let local = libc::iovec {
+        iov_base: got.as_mut_ptr().cast(),
+        iov_len: got.len() * 8,
+    };
+    // SAFETY: the local iovec covers `got`, which outlives the call; the
+    // remote ones are only read by the kernel.
+    let n = unsafe {
+        libc::process_vm_readv(
+            pid.0,
+            &local,
+            1,
+            remote.as_ptr(),
+            remote.len() as libc::c_ulong,
+            0,
+        )
+    };
+    n == (got.len() * 8) as isize && words.iter().zip(&got).all(|(w, g)| w.1 == *g)
 }
 
 /// Copy up to `len` bytes of another process's memory at `addr`; a copy cut
@@ -336,6 +461,7 @@ struct Look {
     runtime: u64,
     line: SyscallLine,
     stack: Vec<u8>,
+    known: Option<Arc<NativeFrames>>,
     marker: &'static str,
 }
 
@@ -349,6 +475,11 @@ pub struct WallSampler {
     listed: Option<Instant>,
     /// Per thread: (CPU time, syscall line) of its last blocked sample.
     last: HashMap<Tid, (u64, String)>,
+    files: HashMap<Tid, ThreadFiles>,
+    /// Per thread, the places it was read blocked at, most recent last.
+    known: HashMap<Tid, Vec<KnownStack>>,
+    /// Scratch for a second `syscall` read.
+    after: String,
     spies: HashMap<Pid, Spy>,
     /// Processes that run a training loop (the job's own, ranks' mains),
     /// once known.
@@ -380,6 +511,9 @@ impl WallSampler {
             threads: Vec::new(),
             listed: None,
             last: HashMap::new(),
+            files: HashMap::new(),
+            known: HashMap::new(),
+            after: String::new(),
             spies: HashMap::new(),
             loops: HashMap::new(),
             config: Config {
@@ -555,7 +689,69 @@ impl WallSampler {
         let tids: std::collections::HashSet<Tid> =
             threads.iter().flat_map(|t| t.1.iter().copied()).collect();
         self.last.retain(|t, _| tids.contains(t));
+        self.files.retain(|t, _| tids.contains(t));
+        self.known.retain(|t, _| tids.contains(t));
+        for (pid, ts) in &threads {
+            for tid in ts {
+                if !self.files.contains_key(tid) {
+                    if let Some(f) = ThreadFiles::open(*pid, *tid) {
+                        self.files.insert(*tid, f);
+                    }
+                }
+            }
+        }
         self.threads = threads;
+    }
+
+    /// Remember what the unwinding of a blocked read of `tid` used: the
+    /// place (`nr`, `sp`, `pc`), the stack words read (offsets from `sp`
+    /// into `stack`, the copy) and the frames found.
+    pub fn learn(
+        &mut self,
+        tid: Tid,
+        (nr, sp, pc): (i64, u64, u64),
+        stack: &[u8],
+        offsets: &mut Vec<u32>,
+        frames: Arc<NativeFrames>,
+    ) {
+        offsets.sort_unstable();
+        offsets.dedup();
+        let mut words = Vec::with_capacity(offsets.len());
+        for &o in offsets.iter() {
+            let Some(b) = stack.get(o as usize..o as usize + 8) else {
+                return;
+            };
+            words.push((o, u64::from_le_bytes(b.try_into().expect("8 bytes"))));
+        }
+        let known = self.known.entry(tid).or_default();
+        known.retain(|k| (k.nr, k.sp, k.pc) != (nr, sp, pc));
+        if known.len() >= KNOWN_PER_THREAD {
+            known.remove(0);
+        }
+        known.push(KnownStack {
+            nr,
+            sp,
+            pc,
+            words,
+            frames,
+        });
+    }
+
+    /// Forget what was learned of a thread's stacks (the frames could not
+    /// be reused: the process's code mappings changed).
+    pub fn forget(&mut self, tid: Tid) {
+        self.known.remove(&tid);
+    }
+
+    /// The frames of an earlier read of the same place whose stack words
+    /// are unchanged.
+    fn known_frames(&self, pid: Pid, tid: Tid, l: &SyscallLine) -> Option<Arc<NativeFrames>> {
+        let k = self
+            .known
+            .get(&tid)?
+            .iter()
+            .find(|k| (k.nr, k.sp, k.pc) == (l.nr, l.sp, l.pc))?;
+        words_unchanged(pid, k.sp, &k.words).then(|| k.frames.clone())
     }
 
     /// Look at some threads of one process: first read of each, stack
@@ -565,28 +761,45 @@ impl WallSampler {
         for &tid in tids {
             self.stats.looks += 1;
             let t = MonoNs::now();
-            let Some(before) = read_syscall(pid, tid) else {
-                continue; // gone
+            let Some(files) = self.files.get(&tid) else {
+                continue; // gone, or not opened yet
             };
+            let mut before = String::new();
+            if !files.syscall(&mut before) {
+                self.files.remove(&tid);
+                continue; // gone
+            }
             let Some(line) = parse_syscall(&before) else {
                 self.note(pid, tid, None);
                 self.stats.running += 1;
                 out.push(WallRecord::Running { pid, tid, t });
                 continue;
             };
-            let Some(runtime) = runtime_ns(pid, tid) else {
+            let Some(runtime) = files.runtime_ns() else {
+                self.files.remove(&tid);
                 continue;
             };
             self.note(pid, tid, Some(runtime));
-            if self.last.get(&tid) == Some(&(runtime, before.clone())) {
+            if self
+                .last
+                .get(&tid)
+                .is_some_and(|l| l.0 == runtime && l.1 == before)
+            {
                 self.stats.repeated += 1;
                 out.push(WallRecord::Repeat { pid, tid, t });
                 continue;
             }
-            let Some(stack) = copy_memory(pid, line.sp, self.stack_size) else {
-                self.stats.raced += 1;
-                out.push(WallRecord::Raced { pid, tid, t });
-                continue;
+            let known = self.known_frames(pid, tid, &line);
+            let stack = match known {
+                Some(_) => Vec::new(),
+                None => match copy_memory(pid, line.sp, self.stack_size) {
+                    Some(s) => s,
+                    None => {
+                        self.stats.raced += 1;
+                        out.push(WallRecord::Raced { pid, tid, t });
+                        continue;
+                    }
+                },
             };
             let marker = syscall_marker(line.nr, on_regular_file(pid, &line));
             looks.push(Look {
@@ -596,6 +809,7 @@ impl WallSampler {
                 runtime,
                 line,
                 stack,
+                known,
                 marker,
             });
         }
@@ -608,14 +822,20 @@ impl WallSampler {
         };
         for look in looks {
             let (pid, tid, t) = (pid, look.tid, look.t);
-            let after = read_syscall(pid, tid);
-            let runtime = runtime_ns(pid, tid);
-            if after.as_deref() != Some(look.before.as_str()) || runtime != Some(look.runtime) {
+            let same = self.files.get(&tid).is_some_and(|f| {
+                f.syscall(&mut self.after)
+                    && self.after == look.before
+                    && f.runtime_ns() == Some(look.runtime)
+            });
+            if !same {
                 self.stats.raced += 1;
                 out.push(WallRecord::Raced { pid, tid, t });
                 continue;
             }
             self.stats.blocked += 1;
+            if look.known.is_some() {
+                self.stats.reused += 1;
+            }
             self.last.insert(tid, (look.runtime, look.before));
             let frames = py.as_mut().and_then(|m| m.remove(&tid));
             if py.is_some() && frames.is_none() {
@@ -634,6 +854,8 @@ impl WallSampler {
                 marker: look.marker,
                 py: frames,
                 gil_holder: holder.filter(|h| h.0 != tid).map(|h| h.1),
+                place: (look.line.nr, look.line.sp, look.line.pc),
+                known: look.known,
             })));
         }
     }
@@ -784,9 +1006,13 @@ mod tests {
         });
         let tid = Tid(rx.recv().unwrap());
         let pid = Pid(std::process::id() as i32);
+        let files = ThreadFiles::open(pid, tid).expect("files open");
+        let mut text = String::new();
         let mut line = None;
+        // The same open files, read again and again.
         for _ in 0..500 {
-            line = read_syscall(pid, tid).as_deref().and_then(parse_syscall);
+            assert!(files.syscall(&mut text));
+            line = parse_syscall(&text);
             if line.as_ref().is_some_and(|l| l.nr == libc::SYS_read) {
                 break;
             }
@@ -795,10 +1021,21 @@ mod tests {
         let line = line.expect("the thread blocks in read");
         assert_eq!(line.args[0], r as u64);
         assert!(!on_regular_file(pid, &line), "a pipe is no regular file");
+        let runtime = files.runtime_ns().expect("schedstat");
+        assert_eq!(files.runtime_ns(), Some(runtime), "it has not run");
         let stack = copy_memory(pid, line.sp, 4096).expect("stack readable");
-        assert!(!stack.is_empty());
+        assert!(stack.len() >= 64);
+        let word = |o: usize| u64::from_le_bytes(stack[o..o + 8].try_into().unwrap());
+        // Adjacent and separate words, as an unwinding reads them.
+        let words = [(0, word(0)), (8, word(8)), (48, word(48))];
+        assert!(words_unchanged(pid, line.sp, &words));
+        let changed = [(0, word(0)), (48, !word(48))];
+        assert!(!words_unchanged(pid, line.sp, &changed));
         // SAFETY: w is the pipe's write end.
         unsafe { libc::write(w, b"x".as_ptr().cast(), 1) };
         assert_eq!(h.join().unwrap(), 1);
+        // Gone: its open files fail to read.
+        assert!(!files.syscall(&mut text));
+        assert_eq!(files.runtime_ns(), None);
     }
 }

@@ -199,11 +199,22 @@ pub struct ProcessMaps {
     /// Perf maps naming this process's JIT code: its own first, then those
     /// of the ancestors it was forked from (it runs their code too).
     pub jit: Vec<SharedMap>,
+    /// Changes with every mapping added; 0 while there is none.
+    version: u64,
 }
+
+/// Versions of [`ProcessMaps`], unique across all of them.
+static MAPS_VERSION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 impl ProcessMaps {
     pub fn is_empty(&self) -> bool {
         self.maps.is_empty()
+    }
+
+    /// Equal versions mean the same code mappings (a copy made at a fork
+    /// keeps its parent's until either changes).
+    pub fn version(&self) -> u64 {
+        self.version
     }
 
     /// Add an executable mapping, replacing any it overlaps.
@@ -212,6 +223,7 @@ impl ProcessMaps {
         if m.prot & PROT_EXEC == 0 || m.len == 0 {
             return;
         }
+        self.version = MAPS_VERSION.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let start = m.addr;
         let end = m.addr.saturating_add(m.len);
         let overlapping: Vec<u64> = self
@@ -343,6 +355,9 @@ pub struct Unwound {
     /// Frames in JIT code named by a perf map: (index in `frames`, map path,
     /// entry). Their frame is (the map's file, the address).
     pub jit: Vec<(usize, String, JitEntry)>,
+    /// Every frame was in a known mapping of a file: no perf map (which
+    /// changes over time) was looked at.
+    pub plain: bool,
 }
 
 /// Shared unwind rule cache.
@@ -368,6 +383,21 @@ pub fn unwind(
     gen: u64,
     map_file: &mut dyn FnMut(&str) -> u32,
 ) -> Option<Unwound> {
+    unwind_noting(procmaps, cache, s, unknown_file, gen, map_file, None)
+}
+
+/// [`unwind`], pushing onto `reads` the offset from the stack pointer of
+/// each stack word read (those read successfully: a read past the copy
+/// fails).
+pub fn unwind_noting(
+    procmaps: &ProcessMaps,
+    cache: &mut UnwindCache,
+    s: &Sample,
+    unknown_file: u32,
+    gen: u64,
+    map_file: &mut dyn FnMut(&str) -> u32,
+    mut reads: Option<&mut Vec<u32>>,
+) -> Option<Unwound> {
     let regs = s.regs?;
     #[cfg(target_arch = "x86_64")]
     let (pc, mut uregs) = {
@@ -387,13 +417,19 @@ pub fn unwind(
     let mut read_stack = |addr: u64| -> Result<u64, ()> {
         let off = addr.checked_sub(sp).ok_or(())? as usize;
         let b = stack.get(off..off.checked_add(8).ok_or(())?).ok_or(())?;
-        Ok(u64::from_le_bytes(b.try_into().map_err(|_| ())?))
+        let v = u64::from_le_bytes(b.try_into().map_err(|_| ())?);
+        if let Some(r) = reads.as_deref_mut() {
+            r.push(off as u32);
+        }
+        Ok(v)
     };
     let mut frames = Vec::with_capacity(32);
     let mut jit = Vec::new();
+    let mut plain = true;
     let mut address = FrameAddress::InstructionPointer(pc);
     let complete = loop {
         let lookup = address.address_for_lookup();
+        plain &= !procmaps.maybe_jit(lookup);
         let entry = procmaps.jit_entry(lookup, gen, s.t);
         match &entry {
             Some((i, e)) => {
@@ -428,6 +464,7 @@ pub fn unwind(
         frames,
         complete,
         jit,
+        plain,
     })
 }
 
