@@ -42,7 +42,7 @@ pub fn attach(cfg: RecordConfig) -> Result<i32> {
     let target = check_target(pid)?;
     let metrics = crate::live::bind_metrics(&cfg)?;
     if cfg.stacks.is_some() {
-        raise_open_file_limit();
+        session::raise_open_file_limit();
     }
     let (out, created) = session::prepare_output(cfg.output.as_deref())?;
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -134,17 +134,6 @@ fn user_name(uid: u32) -> String {
         .unwrap_or_else(|| format!("uid {uid}"))
 }
 
-/// One perf event per thread and CPU: a big job on a big machine needs more
-/// descriptors than the usual soft limit of 1024.
-pub(crate) fn raise_open_file_limit() {
-    use nix::sys::resource::{getrlimit, setrlimit, Resource};
-    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
-        if soft < hard {
-            let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
-        }
-    }
-}
-
 /// Whether the process attached to still runs (same PID, same start).
 fn alive(t: &Target) -> bool {
     match procfs::process::Process::new(t.pid.0).and_then(|p| p.stat()) {
@@ -186,7 +175,7 @@ async fn run(
     let stacks = StackCollectors::start_attached(perf.as_ref(), target.pid, &sink, cfg.quiet);
     samplers.follow(stacks.news());
     sink.send_blocking(Event::Coverage(crate::event::Coverage {
-        source: crate::collect::nvtx::COVERAGE_SOURCE.into(),
+        source: crate::vocab::coverage::NVTX.into(),
         available: false,
         detail: "not captured: NVTX is captured only for jobs gpuprof launches (NVTX_INJECTION64_PATH must be set when the job starts)".into(),
     }));

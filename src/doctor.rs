@@ -218,121 +218,126 @@ fn gpu_checks(out: &mut Vec<Check>) -> Option<(u32, u32)> {
                 continue;
             }
         };
-        let name = d.name().unwrap_or_else(|_| "unknown GPU".into());
-        let tag = format!("GPU {i} ({name})");
-        if let Ok(t) = d.temperature(TemperatureSensor::Gpu) {
-            let c = check(
-                "gpu",
-                if t >= HOT_IDLE_C {
-                    Status::Warning
-                } else {
-                    Status::Ok
-                },
-                format!("{tag}: temperature {t} °C"),
-            );
-            out.push(if t >= HOT_IDLE_C {
-                with_fix(
-                    c,
-                    "check cooling and airflow before a long run (nvidia-smi -q -d TEMPERATURE)",
-                )
+        device_checks(out, &d, i);
+    }
+    cuda
+}
+
+/// The checks of GPU `i`: temperature, persistence, clock-event reasons,
+/// PCIe link, memory, ECC.
+fn device_checks(out: &mut Vec<Check>, d: &nvml_wrapper::Device, i: u32) {
+    let name = d.name().unwrap_or_else(|_| "unknown GPU".into());
+    let tag = format!("GPU {i} ({name})");
+    if let Ok(t) = d.temperature(TemperatureSensor::Gpu) {
+        let c = check(
+            "gpu",
+            if t >= HOT_IDLE_C {
+                Status::Warning
             } else {
-                c
-            });
-        }
-        match d.is_in_persistent_mode() {
-            Ok(true) => out.push(check("gpu", Status::Ok, format!("{tag}: persistence mode on"))),
-            Ok(false) => out.push(with_fix(
-                check("gpu", Status::Warning, format!("{tag}: persistence mode off (each CUDA start re-initialises the GPU, seconds per process)")),
-                "sudo nvidia-smi -pm 1 (or enable nvidia-persistenced)",
-            )),
-            Err(_) => {}
-        }
-        if let Ok(r) = d.current_throttle_reasons() {
-            let names = throttle_names(r);
-            let thermal = r.intersects(
-                ThrottleReasons::HW_THERMAL_SLOWDOWN
-                    | ThrottleReasons::SW_THERMAL_SLOWDOWN
-                    | ThrottleReasons::HW_SLOWDOWN,
-            );
-            let power = r.intersects(
-                ThrottleReasons::SW_POWER_CAP | ThrottleReasons::HW_POWER_BRAKE_SLOWDOWN,
-            );
-            let what = format!(
-                "{tag}: clock-event reasons now: {}",
-                if names.is_empty() {
-                    "none".to_string()
-                } else {
-                    names.join(", ")
-                }
-            );
-            out.push(if thermal {
-                with_fix(
-                    check("gpu", Status::Problem, what),
-                    "the GPU is slowing down for heat or a hardware signal: check cooling, airflow, fans and the power supply",
-                )
-            } else if power {
-                with_fix(
-                    check("gpu", Status::Warning, what),
-                    "the GPU is at its power limit: check `nvidia-smi -q -d POWER` and restore the default limit if it was lowered",
-                )
-            } else {
-                check("gpu", Status::Ok, what)
-            });
-        }
-        let link = (
-            d.current_pcie_link_gen(),
-            d.current_pcie_link_width(),
-            d.max_pcie_link_gen(),
-            d.max_pcie_link_width(),
+                Status::Ok
+            },
+            format!("{tag}: temperature {t} °C"),
         );
-        if let (Ok(g), Ok(w), Ok(mg), Ok(mw)) = link {
-            let what = format!("{tag}: PCIe link gen {g} x{w} (max gen {mg} x{mw})");
-            out.push(if w < mw {
-                with_fix(
-                    check("gpu", Status::Problem, what),
-                    "the link runs with fewer lanes than the card supports: reseat the card, check the slot wiring and risers",
-                )
-            } else if g < mg {
-                with_fix(
-                    check("gpu", Status::Warning, what),
-                    "links drop their generation when idle to save power: recheck under load (nvidia-smi -q -d PCIE); if it stays low, check the slot, riser and BIOS PCIe setting",
-                )
+        out.push(if t >= HOT_IDLE_C {
+            with_fix(
+                c,
+                "check cooling and airflow before a long run (nvidia-smi -q -d TEMPERATURE)",
+            )
+        } else {
+            c
+        });
+    }
+    match d.is_in_persistent_mode() {
+        Ok(true) => out.push(check("gpu", Status::Ok, format!("{tag}: persistence mode on"))),
+        Ok(false) => out.push(with_fix(
+            check("gpu", Status::Warning, format!("{tag}: persistence mode off (each CUDA start re-initialises the GPU, seconds per process)")),
+            "sudo nvidia-smi -pm 1 (or enable nvidia-persistenced)",
+        )),
+        Err(_) => {}
+    }
+    if let Ok(r) = d.current_throttle_reasons() {
+        let names = throttle_names(r);
+        let thermal = r.intersects(
+            ThrottleReasons::HW_THERMAL_SLOWDOWN
+                | ThrottleReasons::SW_THERMAL_SLOWDOWN
+                | ThrottleReasons::HW_SLOWDOWN,
+        );
+        let power =
+            r.intersects(ThrottleReasons::SW_POWER_CAP | ThrottleReasons::HW_POWER_BRAKE_SLOWDOWN);
+        let what = format!(
+            "{tag}: clock-event reasons now: {}",
+            if names.is_empty() {
+                "none".to_string()
             } else {
-                check("gpu", Status::Ok, what)
-            });
-        }
-        if let Ok(m) = d.memory_info() {
-            out.push(check(
-                "gpu",
-                Status::Ok,
-                format!(
-                    "{tag}: memory {:.1} of {:.1} GiB in use",
-                    m.used as f64 / (1u64 << 30) as f64,
-                    m.total as f64 / (1u64 << 30) as f64
-                ),
-            ));
-        }
-        if let Ok(ecc) = d.is_ecc_enabled() {
-            if ecc.currently_enabled {
-                let unc = d
-                    .total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
-                    .ok();
-                let pending = d.are_pages_pending_retired().ok();
-                match (unc, pending) {
-                    (Some(n), _) if n > 0 => out.push(with_fix(
-                        check("gpu", Status::Problem, format!("{tag}: {n} uncorrected ECC errors since the driver loaded")),
-                        "drain the node and have the GPU checked (nvidia-smi -q -d ECC,PAGE_RETIREMENT); results of jobs on it are suspect",
-                    )),
-                    (_, Some(true)) => out.push(with_fix(
-                        check("gpu", Status::Warning, format!("{tag}: memory pages are pending retirement")),
-                        "reset the GPU or reboot to retire them (nvidia-smi -r when idle)",
-                    )),
-                    _ => out.push(check("gpu", Status::Ok, format!("{tag}: ECC on, no uncorrected errors"))),
-                }
+                names.join(", ")
+            }
+        );
+        out.push(if thermal {
+            with_fix(
+                check("gpu", Status::Problem, what),
+                "the GPU is slowing down for heat or a hardware signal: check cooling, airflow, fans and the power supply",
+            )
+        } else if power {
+            with_fix(
+                check("gpu", Status::Warning, what),
+                "the GPU is at its power limit: check `nvidia-smi -q -d POWER` and restore the default limit if it was lowered",
+            )
+        } else {
+            check("gpu", Status::Ok, what)
+        });
+    }
+    let link = (
+        d.current_pcie_link_gen(),
+        d.current_pcie_link_width(),
+        d.max_pcie_link_gen(),
+        d.max_pcie_link_width(),
+    );
+    if let (Ok(g), Ok(w), Ok(mg), Ok(mw)) = link {
+        let what = format!("{tag}: PCIe link gen {g} x{w} (max gen {mg} x{mw})");
+        out.push(if w < mw {
+            with_fix(
+                check("gpu", Status::Problem, what),
+                "the link runs with fewer lanes than the card supports: reseat the card, check the slot wiring and risers",
+            )
+        } else if g < mg {
+            with_fix(
+                check("gpu", Status::Warning, what),
+                "links drop their generation when idle to save power: recheck under load (nvidia-smi -q -d PCIE); if it stays low, check the slot, riser and BIOS PCIe setting",
+            )
+        } else {
+            check("gpu", Status::Ok, what)
+        });
+    }
+    if let Ok(m) = d.memory_info() {
+        out.push(check(
+            "gpu",
+            Status::Ok,
+            format!(
+                "{tag}: memory {:.1} of {:.1} GiB in use",
+                m.used as f64 / (1u64 << 30) as f64,
+                m.total as f64 / (1u64 << 30) as f64
+            ),
+        ));
+    }
+    if let Ok(ecc) = d.is_ecc_enabled() {
+        if ecc.currently_enabled {
+            let unc = d
+                .total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
+                .ok();
+            let pending = d.are_pages_pending_retired().ok();
+            match (unc, pending) {
+                (Some(n), _) if n > 0 => out.push(with_fix(
+                    check("gpu", Status::Problem, format!("{tag}: {n} uncorrected ECC errors since the driver loaded")),
+                    "drain the node and have the GPU checked (nvidia-smi -q -d ECC,PAGE_RETIREMENT); results of jobs on it are suspect",
+                )),
+                (_, Some(true)) => out.push(with_fix(
+                    check("gpu", Status::Warning, format!("{tag}: memory pages are pending retirement")),
+                    "reset the GPU or reboot to retire them (nvidia-smi -r when idle)",
+                )),
+                _ => out.push(check("gpu", Status::Ok, format!("{tag}: ECC on, no uncorrected errors"))),
             }
         }
     }
-    cuda
 }
 
 fn cpu_checks(out: &mut Vec<Check>) {

@@ -13,6 +13,8 @@ use serde::{Deserialize, Serialize};
 /// Version of the recording format. Bump when a reader of the previous
 /// version could misread a newer recording.
 pub const RECORDING_VERSION: u32 = 1;
+/// The header's `format`: what marks a file as a gpuprof recording.
+pub const FORMAT_NAME: &str = "gpuprof-recording";
 
 /// `CLOCK_MONOTONIC` nanoseconds.
 #[derive(
@@ -135,7 +137,7 @@ impl Header {
     /// with struct update syntax.
     pub(crate) fn for_tests(start: MonoNs, job_pid: Pid) -> Header {
         Header {
-            format: crate::record::FORMAT_NAME.into(),
+            format: FORMAT_NAME.into(),
             version: RECORDING_VERSION,
             gpuprof_version: "test".into(),
             command: vec!["python3".into()],

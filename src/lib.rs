@@ -21,5 +21,7 @@ pub mod outdir;
 pub mod outputs;
 pub mod placeholders;
 pub mod record;
+pub mod selfcost;
 pub mod session;
 pub mod units;
+pub mod vocab;

@@ -403,9 +403,58 @@ fn write_trace(
     summary.ok_or_else(|| anyhow::anyhow!("the trace writer returned no summary"))
 }
 
+/// The folder a merge claims in its output folder while it writes (and
+/// removes after): a recording session refuses a folder that holds it, and
+/// a second merge cannot create it.
+pub const CLAIM_DIR: &str = ".gpuprof-merge";
+
+/// Whether `name` is one of the files gpuprof writes into an output
+/// folder (an existing one would be replaced, so such a folder is refused),
+/// or the marker of a merge writing into it.
+fn is_output_name(name: &str) -> bool {
+    matches!(
+        name,
+        "report.json"
+            | "summary.md"
+            | "trace.json"
+            | "trace.json.gz"
+            | crate::export::pprof::FILE
+            | crate::export::speedscope::FILE
+    ) || (name.starts_with("flame-") && name.ends_with(".svg"))
+        || (name.starts_with("stacks-") && name.ends_with(".folded"))
+        || name == CLAIM_DIR
+}
+
+/// The first file in `out` that a run would replace (see
+/// [`is_output_name`]) and that `keep` takes.
+pub(crate) fn earlier_output(out: &OutDir, keep: impl Fn(&str) -> bool) -> Option<String> {
+    std::fs::read_dir(out.path())
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .find(|n| is_output_name(n) && keep(n))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_folder_holding_any_output_is_recognised() {
+        for name in [
+            "report.json",
+            "trace.json.gz",
+            "flame-all.svg",
+            "stacks-worker-native.folded",
+            "profile.pb.gz",
+            "profile.speedscope.json",
+        ] {
+            assert!(is_output_name(name), "{name}");
+        }
+        assert!(!is_output_name("notes.txt"));
+        assert!(!is_output_name("profile.json"));
+    }
 
     #[test]
     fn a_panicking_exporter_costs_only_its_output() {

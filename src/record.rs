@@ -41,7 +41,7 @@ pub const EVENTS_FILE: &str = "events.jsonl.gz";
 /// A copy of the recording's header line, beside it: the header's block is
 /// the one the whole recording cannot be read without.
 pub const HEADER_COPY_FILE: &str = "header.json";
-pub const FORMAT_NAME: &str = "gpuprof-recording";
+pub use crate::event::FORMAT_NAME;
 
 /// Events waiting for the writer; collectors that find it full drop the
 /// event and count it (lifecycle events wait for room). The queue's slots
@@ -338,7 +338,7 @@ fn write_loop(
     let mut member_start = Instant::now();
     // Updated at each block, so that the footer's figures (taken while
     // this thread still runs) hold it up to the last second.
-    let cost = crate::collect::selfcost::Charge::new("recording writer");
+    let cost = crate::selfcost::Charge::new("recording writer");
     loop {
         let got = match rx.try_recv() {
             Ok(ev) => Ok(ev),

@@ -86,7 +86,7 @@ impl SamplerThread {
         let thread = std::thread::Builder::new()
             .name("gpuprof-procfs".into())
             .spawn(move || {
-                let _cost = crate::collect::selfcost::Charge::new("/proc sampler");
+                let _cost = crate::selfcost::Charge::new("/proc sampler");
                 let mut next = Instant::now();
                 while !stop2.load(Ordering::Acquire) {
                     if active2.load(Ordering::Acquire) {
@@ -154,34 +154,6 @@ impl SamplerThread {
     }
 }
 
-/// Whether `name` is one of the files gpuprof writes into an output
-/// folder (an existing one would be replaced, so such a folder is refused),
-/// or the marker of a merge writing into it.
-fn is_output_name(name: &str) -> bool {
-    matches!(
-        name,
-        "report.json"
-            | "summary.md"
-            | "trace.json"
-            | "trace.json.gz"
-            | crate::export::pprof::FILE
-            | crate::export::speedscope::FILE
-    ) || (name.starts_with("flame-") && name.ends_with(".svg"))
-        || (name.starts_with("stacks-") && name.ends_with(".folded"))
-        || name == crate::merge::CLAIM_DIR
-}
-
-/// The first file in `out` that a run would replace (see
-/// [`is_output_name`]) and that `keep` takes.
-pub(crate) fn earlier_output(out: &OutDir, keep: impl Fn(&str) -> bool) -> Option<String> {
-    std::fs::read_dir(out.path())
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| e.file_name().into_string().ok())
-        .find(|n| is_output_name(n) && keep(n))
-}
-
 /// Choose, create and open the output folder, and prove it is writable,
 /// before the job starts: a bad `-o` must never cost a training run.
 /// Returns the folder, whether gpuprof created it, and the space reserved
@@ -210,7 +182,7 @@ pub(crate) fn open_output(requested: Option<&Path>) -> Result<(OutDir, bool, Opt
     if out.exists(record::RECORDING_DIR) {
         return Err(held());
     }
-    if let Some(name) = earlier_output(&out, |_| true) {
+    if let Some(name) = crate::outputs::earlier_output(&out, |_| true) {
         anyhow::bail!(
             "output folder {} already holds {name} (from an earlier run?), which gpuprof would replace: choose another folder with -o DIR, or remove it",
             path.display()
@@ -234,7 +206,7 @@ pub(crate) fn open_output(requested: Option<&Path>) -> Result<(OutDir, bool, Opt
     }
     // A merge claims its folder the other way round (its marker, then a
     // look for a recording): whichever came second sees the other.
-    if let Some(name) = earlier_output(&out, |_| true) {
+    if let Some(name) = crate::outputs::earlier_output(&out, |_| true) {
         let _ = out.remove_empty_subdir(record::RECORDING_DIR);
         anyhow::bail!(
             "output folder {} is being written by another gpuprof ({name}): choose another folder with -o DIR",
@@ -427,7 +399,7 @@ pub fn record(cfg: RecordConfig) -> Result<i32> {
     };
     // gpuprof's own descriptors (rings, /proc files kept open, metrics
     // connections) up to the hard limit: the job was forked with its own.
-    crate::attach::raise_open_file_limit();
+    raise_open_file_limit();
     // Descendants whose parent exits are reparented to us instead of init,
     // so the whole tree stays visible and their exit is observed.
     unsafe {
@@ -957,7 +929,7 @@ pub(crate) fn finish_recording(
     let reserve = writer.take_reserve();
     // The space kept for the end: the footer and the small outputs.
     drop(reserve);
-    let (cpu_ns, max_rss) = self_usage();
+    let (cpu_ns, max_rss) = crate::selfcost::self_usage();
     let mut footer = Footer {
         t: MonoNs::now(),
         status,
@@ -965,7 +937,7 @@ pub(crate) fn finish_recording(
         dropped_events: sink.dropped(),
         profiler_cpu_ns: cpu_ns,
         profiler_max_rss_bytes: max_rss,
-        profiler_cpu_ns_by_component: crate::collect::selfcost::by_component(),
+        profiler_cpu_ns_by_component: crate::selfcost::by_component(),
         end_anchor: Some(ClockAnchor::now()),
         recording_error: None,
     };
@@ -1020,41 +992,20 @@ pub(crate) fn finish_recording(
     }
 }
 
-/// gpuprof's own CPU time and peak RSS so far, to report its overhead.
-pub fn self_usage() -> (u64, u64) {
-    match nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF) {
-        Ok(u) => {
-            let tv = |t: nix::sys::time::TimeVal| {
-                t.tv_sec() as u64 * 1_000_000_000 + t.tv_usec() as u64 * 1000
-            };
-            (
-                tv(u.user_time()) + tv(u.system_time()),
-                u.max_rss() as u64 * 1024,
-            )
+/// One perf event per thread and CPU: a big job on a big machine needs more
+/// descriptors than the usual soft limit of 1024.
+pub(crate) fn raise_open_file_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        if soft < hard {
+            let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
         }
-        Err(_) => (0, 0),
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{is_output_name, timeout_in_foreground};
-
-    #[test]
-    fn a_folder_holding_any_output_is_recognised() {
-        for name in [
-            "report.json",
-            "trace.json.gz",
-            "flame-all.svg",
-            "stacks-worker-native.folded",
-            "profile.pb.gz",
-            "profile.speedscope.json",
-        ] {
-            assert!(is_output_name(name), "{name}");
-        }
-        assert!(!is_output_name("notes.txt"));
-        assert!(!is_output_name("profile.json"));
-    }
+    use super::timeout_in_foreground;
 
     #[test]
     fn timeout_options_in_foreground() {

@@ -485,7 +485,13 @@ fn one_saturated_worker_is_input_bound_and_compare_shows_the_fix() {
         .unwrap();
     let md = String::from_utf8_lossy(&o.stdout);
     assert!(md.contains("| wall time |"), "{md}");
-    assert!(md.contains(&format!("**Findings fixed:** {id}")), "{md}");
+    // Other programs' CPU may be fixed too (a busy machine during the
+    // first run): the line lists every finding fixed.
+    let fixed_md = md
+        .lines()
+        .find(|l| l.starts_with("**Findings fixed:**"))
+        .unwrap_or_default();
+    assert!(fixed_md.contains(&id), "{md}");
 }
 
 #[test]

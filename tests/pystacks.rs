@@ -10,8 +10,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use gpuprof::analysis::stacks::agent_covers;
 use gpuprof::collect::perf::pyagent::{AgentRecord, AgentRings};
+use gpuprof::vocab::stacks::agent_covers;
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_gpuprof");
@@ -825,6 +825,148 @@ fn the_ring_delivers_every_record_or_counts_it() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Blocked loop threads' Python frames read with the layout the agent
+/// publishes are py-spy's for the same look, on every installed CPython
+/// 3.9–3.13: `GPUPROF_WALL_PY=check` has the wall-clock sampler read both
+/// and compare them for each look whose thread stayed blocked through
+/// both. The job's frames hold methods and nested functions (qualified
+/// names), a non-ASCII name, and functions compiled anew every step whose
+/// code objects are freed and reborn at one another's address (a name
+/// cached by address alone would be the other one's). Helper threads
+/// blocked beside the loop are compared too where py-spy names threads
+/// (3.11+; before, only a process's lone thread).
+#[test]
+fn blocked_threads_frames_read_with_the_agents_layout_are_py_spys() {
+    need_perf!();
+    let mut tried = 0;
+    let mut table = Vec::new();
+    for minor in 9..=13 {
+        let Some(py) = common::python_minor(minor) else {
+            continue;
+        };
+        tried += 1;
+        let threads = if minor >= 11 { "2" } else { "0" };
+        let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let out = tmp(&format!("wallpy{minor}"));
+        let o = Command::new(BIN)
+            .env("GPUPROF_WALL_PY", "check")
+            .args(["-q", "--no-gpu", "-o"])
+            .arg(&out)
+            .arg("--")
+            .arg(&py)
+            .arg(scripts().join("blocked_frames.py"))
+            .args(["2.5", threads])
+            .current_dir(std::env::temp_dir())
+            .output()
+            .expect("run gpuprof");
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(0), "3.{minor}: {stderr}");
+        let r = report(&out);
+        let detail = r["coverage"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|c| c["detail"].as_str())
+            .find(|d| d.contains("wall-clock sampler"))
+            .unwrap_or_else(|| panic!("3.{minor}: no wall-clock sampler: {}", r["coverage"]))
+            .to_string();
+        let count = |before: &str| -> u64 {
+            let i = detail
+                .find(before)
+                .unwrap_or_else(|| panic!("3.{minor}: no {before:?} in {detail}"));
+            detail[..i]
+                .trim_end()
+                .rsplit(' ')
+                .next()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or_else(|| panic!("3.{minor}: {detail}"))
+        };
+        let after = |prefix: &str| -> u64 {
+            let i = detail
+                .find(prefix)
+                .unwrap_or_else(|| panic!("3.{minor}: no {prefix:?} in {detail}"));
+            detail[i + prefix.len()..]
+                .split(' ')
+                .next()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or_else(|| panic!("3.{minor}: {detail}"))
+        };
+        let agent = count("reads with the agent's frame layout");
+        let checked = after("checked against py-spy: ");
+        let differed = count("differed");
+        table.push(format!(
+            "3.{minor}: {agent} agent-layout reads, {checked} threads checked, {differed} differed"
+        ));
+        assert!(
+            agent >= 30,
+            "3.{minor}: the agent's layout was not used: {detail}"
+        );
+        assert!(checked >= 30, "3.{minor}: too few looks compared: {detail}");
+        assert_eq!(differed, 0, "3.{minor}: {detail}\n{stderr}");
+        let folded = std::fs::read_to_string(out.join("stacks-loop-wall.folded")).unwrap();
+        for f in ["Loader.next_batch", "wärte", "fresh_a", "fresh_b"] {
+            assert!(
+                minor < 11 && f.contains('.') || folded.contains(f),
+                "3.{minor}: {f} not in the loop's wall stacks"
+            );
+        }
+        let _ = std::fs::remove_dir_all(&out);
+    }
+    eprintln!("{}", table.join("\n"));
+    if tried == 0 {
+        skip!("no CPython 3.9-3.13 installed (pyenv)");
+    }
+}
+
+/// The GIL's holder, read with the agent's layout, on every installed
+/// CPython 3.9–3.13: a pure-Python thread started 0.6 s into the loop,
+/// after the loop process's threads were first listed, holds the GIL while
+/// the loop waits for it;
+/// the gil-contention finding names that thread's function. (The holder
+/// once went unnamed: the thread list was walked again only for a blocked
+/// thread it lacked, never for a holder.)
+#[test]
+fn the_gil_holder_is_named_with_the_agents_layout() {
+    need_perf!();
+    let mut tried = 0;
+    for minor in 9..=13 {
+        let Some(py) = common::python_minor(minor) else {
+            continue;
+        };
+        tried += 1;
+        let (out, code) = record(
+            &format!("gil{minor}"),
+            &["--no-gpu"],
+            &[
+                py.to_str().unwrap(),
+                common::repo()
+                    .join("tests/scripts/gil_job.py")
+                    .to_str()
+                    .unwrap(),
+                "2.5",
+                "0.6",
+            ],
+        );
+        assert_eq!(code, 0, "3.{minor}: the job failed");
+        let r = report(&out);
+        let f = r["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["id"] == "gil-contention")
+            .unwrap_or_else(|| panic!("3.{minor}: no gil-contention finding: {:#}", r["findings"]));
+        let title = f["title"].as_str().unwrap();
+        assert!(
+            title.contains("spin_in_python (gil_job.py)"),
+            "3.{minor}: {title}"
+        );
+        let _ = std::fs::remove_dir_all(&out);
+    }
+    if tried == 0 {
+        skip!("no CPython 3.9-3.13 installed (pyenv)");
+    }
+}
+
 /// The agent's per-version offsets (the LAYOUTS table of pystacks.c) are
 /// those of each installed CPython's own headers.
 #[test]
@@ -888,6 +1030,114 @@ fn the_agents_layouts_match_each_pythons_headers() {
     }
 }
 
+/// The reader's offsets (the THREAD_LAYOUTS table of pystacks.c: the
+/// interpreter's thread list, thread ids, the GIL's state) are those of
+/// each installed CPython's own headers.
+#[test]
+fn the_agents_thread_layouts_match_each_pythons_headers() {
+    let src = std::fs::read_to_string(common::repo().join("src/agent/pystacks.c")).unwrap();
+    let start = src.find("THREAD_LAYOUTS[] = {").expect("THREAD_LAYOUTS");
+    let table: BTreeMap<u32, Vec<i64>> = src[start..]
+        .lines()
+        .skip(1)
+        .take_while(|l| !l.starts_with("};"))
+        .filter_map(|l| {
+            let inner = l.trim().strip_prefix('{')?.strip_suffix("},")?;
+            let v: Vec<i64> = inner
+                .split(',')
+                .map(|x| x.trim().parse().ok())
+                .collect::<Option<_>>()?;
+            Some((v[0] as u32, v))
+        })
+        .collect();
+    assert_eq!(table.len(), 5, "THREAD_LAYOUTS of 3.9-3.13 in pystacks.c");
+    let mut checked = 0;
+    for (minor, v) in &table {
+        let Some(py) = common::python_minor(*minor) else {
+            continue;
+        };
+        let inc = py
+            .parent()
+            .and_then(|b| b.parent())
+            .map(|p| p.join(format!("include/python3.{minor}")));
+        let Some(inc) = inc.filter(|i| i.join("internal").is_dir()) else {
+            continue;
+        };
+        let dir = tmp(&format!("threads{minor}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let c = dir.join("t.c");
+        std::fs::write(&c, THREAD_PROBE).unwrap();
+        let exe = dir.join("t");
+        let ok = Command::new("gcc")
+            .arg("-w")
+            .arg("-I")
+            .arg(&inc)
+            .arg("-I")
+            .arg(inc.join("internal"))
+            .arg(&c)
+            .arg("-o")
+            .arg(&exe)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            continue;
+        }
+        let o = Command::new(&exe).output().unwrap();
+        let got: Vec<i64> = String::from_utf8_lossy(&o.stdout)
+            .split_whitespace()
+            .map(|x| x.parse().unwrap())
+            .collect();
+        assert_eq!(&got, v, "3.{minor}: headers say {got:?}, pystacks.c {v:?}");
+        checked += 1;
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    if checked == 0 {
+        skip!("no CPython 3.9-3.13 with its headers and gcc");
+    }
+}
+
+/// Prints the THREAD_LAYOUTS row of the CPython whose headers it is
+/// compiled with, and fails where the GIL's state does not start
+/// {interval, last_holder, locked}.
+const THREAD_PROBE: &str = r#"
+#define Py_BUILD_CORE 1
+#include <Python.h>
+#include <stddef.h>
+#include <stdio.h>
+#include "internal/pycore_runtime.h"
+#include "internal/pycore_interp.h"
+int main(void) {
+    long v[8];
+    v[0] = PY_MINOR_VERSION;
+    v[1] = offsetof(_PyRuntimeState, interpreters.head);
+#if PY_VERSION_HEX < 0x030b0000
+    v[2] = offsetof(PyInterpreterState, tstate_head);
+#else
+    v[2] = offsetof(PyInterpreterState, threads.head);
+#endif
+    v[3] = offsetof(PyThreadState, next);
+    v[4] = offsetof(PyThreadState, thread_id);
+#if PY_VERSION_HEX >= 0x030b0000
+    v[5] = offsetof(PyThreadState, native_thread_id);
+#else
+    v[5] = -1;
+#endif
+#if PY_VERSION_HEX >= 0x030c0000
+    v[6] = 1;
+    v[7] = offsetof(PyInterpreterState, ceval.gil);
+#else
+    v[6] = 0;
+    v[7] = offsetof(_PyRuntimeState, ceval.gil);
+#endif
+    if (offsetof(struct _gil_runtime_state, last_holder) != 8 ||
+        offsetof(struct _gil_runtime_state, locked) != 16)
+        return 1;
+    for (int i = 0; i < 8; i++) printf("%ld ", v[i]);
+    printf("\n");
+    return 0;
+}
+"#;
+
 /// Prints the LAYOUTS row of the CPython whose headers it is compiled with.
 const LAYOUT_PROBE: &str = r#"
 #define Py_BUILD_CORE 1
@@ -939,6 +1189,37 @@ int main(void) {
     return 0;
 }
 "#;
+
+/// A forked child does not keep its parent's ring mapped: it makes its
+/// own, and the parent's 2 MiB would otherwise stay in every DataLoader
+/// worker's address space. The parent samples (its ring exists) before it
+/// forks; the child lists its own mappings.
+#[test]
+fn a_forked_child_does_not_keep_its_parents_ring() {
+    need_perf!();
+    let Some(py) = common::python_minor(12).or_else(|| common::python_minor(11)) else {
+        skip!("no CPython 3.11/3.12 installed (pyenv)");
+    };
+    let job = "import os, time\n\
+        def spin(s):\n    end = time.monotonic() + s\n    x = 0\n    while time.monotonic() < end:\n        x += 1\n\
+        spin(0.5)\n\
+        parent = os.getpid()\n\
+        pid = os.fork()\n\
+        if pid:\n    os.waitpid(pid, 0)\n    raise SystemExit(0)\n\
+        rings = [l.split()[-1] for l in open('/proc/self/maps') if l.rstrip().endswith('.ring')]\n\
+        print('rings', len(rings), 'of the parent', sum(os.path.basename(r).startswith(f'{parent}-') for r in rings), flush=True)\n\
+        os._exit(0)\n";
+    let (out, code, stdout) = record_stdout("forkring", &[], &[py.to_str().unwrap(), "-c", job]);
+    assert_eq!(code, 0, "{stdout}");
+    assert!(stdout.contains("of the parent 0"), "{stdout}");
+    // The premise: the parent had a ring (its agent sampled it).
+    let events = recorded_events(&out);
+    assert!(
+        events.contains("\"source\":\"agent\""),
+        "the parent was not sampled by its agent"
+    );
+    let _ = std::fs::remove_dir_all(&out);
+}
 
 /// `--delay`: nothing is sampled before the recording window opens, in
 /// gpuprof (perf's events are off) or in the job (the agent's handler

@@ -881,6 +881,66 @@ fn perf_trampolines_unwind_on_python_3_13() {
     trampolines_unwind(13);
 }
 
+/// Ground truth for pool placement: two operators alternate on a
+/// two-thread pool, each from its own Python function, and a pool
+/// sample's native leaf says which one it worked for (`sgemm`: the
+/// products; ATen's element-wise loop: the sigmoids). At least 80% of the
+/// pool samples that tell go under the right function: the placement is by
+/// time (the starter's nearest sample), so the few near a switch may land
+/// on the other side. Pool samples whose unwinding stopped inside a
+/// kernel (`[[unknown]]` at the root, no libgomp frame) are the pool's too:
+/// none is left as a root of its own. ~10 s (importing torch is ~4 CPU-s).
+#[test]
+fn pool_samples_go_under_the_python_function_whose_op_they_ran() {
+    need_perf!();
+    let Some(torch) = common::torch_python() else {
+        skip!("no PyTorch venv (GPUPROF_TEST_TORCH_PYTHON or ~/.cache/gpuprof-ci/torch-venv)");
+    };
+    let script = scripts().join("torch_pool_ops.py");
+    let (out, code) = record(
+        "pool-ops",
+        &[],
+        &[torch.to_str().unwrap(), script.to_str().unwrap(), "60"],
+    );
+    assert_eq!(code, 0);
+    let py = folded(&out.join("stacks-main.folded"));
+    let (mut right, mut wrong) = (0u64, 0u64);
+    for (s, n) in &py {
+        let Some((caller, own)) = s.split_once(";[pool thread of the main thread];") else {
+            continue;
+        };
+        let truth = if own.contains("gemm") {
+            "products (torch_pool_ops.py)"
+        } else if own.contains("for_each") || own.contains("Sleef") || own.contains("sigmoid") {
+            "sigmoids (torch_pool_ops.py)"
+        } else {
+            continue; // spinning in the pool's own code: tells no operator
+        };
+        if caller.contains(truth) {
+            right += n;
+        } else {
+            wrong += n;
+        }
+    }
+    assert!(
+        right + wrong >= 20,
+        "{right} + {wrong} pool samples tell their operator: too few to judge"
+    );
+    assert!(
+        right * 5 >= (right + wrong) * 4,
+        "{right} of {} pool samples under the function that ran their operator",
+        right + wrong
+    );
+    let cut_off: Vec<&(String, u64)> = py
+        .iter()
+        .filter(|(s, _)| !s.contains("[pool thread of") && s.contains(";[[unknown]];"))
+        .filter(|(s, _)| s.contains("gemm") || s.contains("for_each") || s.contains("Sleef"))
+        .filter(|(s, _)| !s.contains(".py);"))
+        .collect();
+    assert!(cut_off.is_empty(), "pool work left on its own: {cut_off:?}");
+    let _ = std::fs::remove_dir_all(&out);
+}
+
 /// A conv net with two intra-op threads (`torch.set_num_threads(2)`, no
 /// DataLoader): PyTorch's OpenMP pool thread runs half of each
 /// convolution and spins between them. Its samples have no Python frames

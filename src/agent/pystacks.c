@@ -173,6 +173,88 @@ static const struct line_layout LINE_LAYOUTS[] = {
     {13, 56, 2, 136, 200},
 };
 
+/* What a reader outside the process needs to find every thread's frame
+ * chain and the GIL's holder, per minor version (LP64; checked against
+ * each version's headers by tests/pystacks.rs, and on 3.13 against
+ * _Py_DebugOffsets): {minor, _PyRuntime -> interpreters.head,
+ * interpreter -> its first thread state, thread state -> next, -> thread_id
+ * (pthread_self), -> native_thread_id (3.11+, else -1), where the GIL's
+ * state is (0: in _PyRuntime, 1: a pointer in the interpreter), its
+ * offset there}. The GIL's state itself starts {interval, last_holder,
+ * locked} in every version. */
+struct thread_layout {
+    int minor;
+    int rt_interp_head;
+    int interp_tstate_head;
+    int ts_next;
+    int ts_thread_id;
+    int ts_native_tid;
+    int gil_in_interp;
+    int gil_off;
+};
+
+static const struct thread_layout THREAD_LAYOUTS[] = {
+    {9, 32, 8, 8, 176, -1, 0, 352},
+    {10, 32, 8, 8, 176, -1, 0, 352},
+    {11, 40, 16, 8, 152, 160, 0, 360},
+    {12, 40, 72, 8, 136, 144, 1, 384},
+    {13, 632, 7344, 8, 152, 160, 1, 16},
+};
+
+/* The reader's block: published in the ring's header page at
+ * READER_OFFSET when the ring is made, for gpuprof's wall-clock sampler
+ * (src/collect/perf/pyread.rs), which reads the frame chains of blocked
+ * threads with process_vm_readv instead of py-spy. Everything in it is
+ * known at start: the interpreter's addresses, the layouts above, where
+ * the code-object generation counter is (see g_code_gen: a reader's cache
+ * of code objects by address stays valid while it has not moved), and a
+ * cookie whose address and value tell the reader that the process still
+ * runs this image (an exec leaves the old ring behind). Magic last. */
+#define READER_OFFSET 2048u
+#define READER_MAGIC 0x3130445259505047ULL /* "GPPYRD01" */
+#define READER_VERSION 1u
+enum {
+    RD_RT_INTERP_HEAD,
+    RD_INTERP_TSTATE_HEAD,
+    RD_TS_NEXT,
+    RD_TS_THREAD_ID,
+    RD_TS_NATIVE_TID,
+    RD_GIL_IN_INTERP,
+    RD_GIL_OFF,
+    RD_PTHREAD_TID, /* offset of the kernel's tid in glibc's struct pthread, or -1 */
+    RD_TS_FRAME,
+    RD_TS_CFRAME,
+    RD_CF_CURRENT,
+    RD_FR_BACK,
+    RD_FR_CODE,
+    RD_FR_OWNER,
+    RD_FR_IS_ENTRY,
+    RD_OWNER_CSTACK,
+    RD_FR_READ,
+    RD_CO_NAME,
+    RD_CO_FILE,
+    RD_CO_READ,
+    RD_STR_ASCII,
+    RD_STR_COMPACT,
+    RD_COUNT
+};
+struct reader_block {
+    uint64_t magic;
+    uint32_t version;
+    uint32_t minor;
+    uint64_t runtime;   /* &_PyRuntime */
+    uint64_t code_type; /* &PyCode_Type */
+    uint64_t code_gen;  /* &g_code_gen (its value 0: never trust a cache) */
+    uint64_t cookie_addr;
+    uint64_t cookie;
+    int32_t off[32];
+};
+_Static_assert(RD_COUNT <= 32, "reader offsets fit");
+_Static_assert(sizeof(struct reader_block) == 184, "reader block layout (pyread.rs)");
+_Static_assert(READER_OFFSET >= sizeof(struct gp_ring_header) &&
+                   READER_OFFSET + sizeof(struct reader_block) <= GP_RING_HEADER_BYTES,
+               "the reader block lies in the header page, after the ring's fields");
+
 /* A frame's instruction in its flags: the index of the instruction (in
  * code units) + 2, so -1 (not started) is 1 and 0 is unknown; bits 8-30. */
 #define FR_INSTR_SHIFT 8
@@ -292,6 +374,11 @@ static __thread uint32_t g_live_tid __attribute__((tls_model("initial-exec")));
 static _Atomic uint32_t g_code_gen;
 typedef void (*dealloc_fn)(void *);
 static dealloc_fn g_code_dealloc;
+/* The reader's block, filled at start, copied into each ring this process
+ * makes (READER_OFFSET); magic 0: none (not a Python we read). */
+static struct reader_block g_reader;
+/* Changes with every image the agent starts in (see reader_block). */
+static volatile uint64_t g_cookie;
 static uint32_t g_stack_bytes = 32768;
 static uint64_t g_period_ns = 10101010;
 static uint64_t g_ring_bytes = 2u << 20;
@@ -983,24 +1070,36 @@ static void chain(int sig, siginfo_t *si, void *ucv)
     void *uc = ucv;
     struct sigaction c;
     chain_read(&c);
-    if (c.sa_flags & SA_SIGINFO) {
-        if (c.sa_sigaction)
-            c.sa_sigaction(sig, si, uc);
-        return;
-    }
     if (c.sa_handler == SIG_IGN)
         return;
-    if (c.sa_handler == SIG_DFL) {
-        /* What the job would get without us: the default action. */
-        struct sigaction dfl;
-        memset(&dfl, 0, sizeof dfl);
-        dfl.sa_handler = SIG_DFL;
-        atomic_store(&g_installed, 0);
-        real_sigaction(SIGTRAP, &dfl, NULL);
-        syscall(SYS_tgkill, getpid(), my_tid(), SIGTRAP);
+    if (c.sa_handler != SIG_DFL) {
+        /* Called as the kernel would call it: its sa_mask blocked while
+         * it runs (SIGTRAP already is: this handler runs with it
+         * blocked, SA_NODEFER or not), and SA_RESETHAND leaving SIG_DFL
+         * behind, before the call as the kernel does it. rt_sigprocmask
+         * and chain_write are async-signal-safe. */
+        if (c.sa_flags & SA_RESETHAND) {
+            struct sigaction dfl;
+            memset(&dfl, 0, sizeof dfl);
+            dfl.sa_handler = SIG_DFL;
+            chain_write(&dfl, NULL);
+        }
+        sigset_t was;
+        syscall(SYS_rt_sigprocmask, SIG_BLOCK, &c.sa_mask, &was, _NSIG / 8);
+        if (c.sa_flags & SA_SIGINFO)
+            c.sa_sigaction(sig, si, uc);
+        else
+            c.sa_handler(sig);
+        syscall(SYS_rt_sigprocmask, SIG_SETMASK, &was, NULL, _NSIG / 8);
         return;
     }
-    c.sa_handler(sig);
+    /* What the job would get without us: the default action. */
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    atomic_store(&g_installed, 0);
+    real_sigaction(SIGTRAP, &dfl, NULL);
+    syscall(SYS_tgkill, getpid(), my_tid(), SIGTRAP);
 }
 
 struct perf_siginfo {
@@ -1073,7 +1172,9 @@ static int our_event(int fd)
  *   - lock-free atomics (asserted below), and TLS variables of the
  *     initial-exec model, allocated with the thread (never lazily);
  *   - the job's own SIGTRAP handler, for a SIGTRAP that is not ours, read
- *     whole from its slot (chain_read), as the job installed it.
+ *     whole from its slot (chain_read), called as the kernel would call
+ *     it (its sa_mask set with rt_sigprocmask; SA_RESETHAND through
+ *     chain_write, the lock-free slot write the sigaction wrapper uses).
  * Not called: pthread_self (cached at thread start, g_thread_desc), stdio,
  * malloc, posix_fallocate, anything that may take a lock. */
 _Static_assert(ATOMIC_INT_LOCK_FREE == 2 && ATOMIC_LONG_LOCK_FREE == 2, "lock-free atomics");
@@ -1357,6 +1458,20 @@ static void ring_path(char *out, size_t cap, uint32_t pid, uint64_t nonce)
     memcpy(out + n, ".ring", 6);
 }
 
+/* Copy the reader's block into a new ring's header page (a plain copy of
+ * memory prepared at start: async-signal-safe), magic last. */
+static void publish_reader(struct gp_ring *r)
+{
+    if (g_reader.magic != READER_MAGIC)
+        return;
+    struct reader_block *b = (struct reader_block *)((uint8_t *)r->hdr + READER_OFFSET);
+    struct reader_block tmp = g_reader;
+    tmp.magic = 0;
+    memcpy(b, &tmp, sizeof tmp);
+    atomic_thread_fence(memory_order_release);
+    *(volatile uint64_t *)&b->magic = READER_MAGIC;
+}
+
 /* Create this process's ring in the gpuprof folder. Async-signal-safe:
  * open, close, unlink, getpid and clock_gettime are on POSIX's list, the
  * rest are system calls (gp_ring_create). */
@@ -1376,6 +1491,8 @@ static int open_ring(struct gp_ring *out)
     close(fd);
     if (err)
         unlink(path);
+    else
+        publish_reader(out);
     return err;
 }
 
@@ -1571,6 +1688,12 @@ static void after_fork_child(void)
     atomic_store(&g_timer_on, 0);
     g_parent_pid = (uint32_t)getppid();
     g_forked = 1;
+    /* The parent's ring stays mapped in the child otherwise: 2 MiB of
+     * address space and page tables per worker, for nothing. The child
+     * runs alone here, outside any handler. */
+    struct gp_ring *inherited = atomic_load_explicit(&g_ring, memory_order_acquire);
+    if (inherited && inherited->hdr)
+        munmap(inherited->hdr, GP_RING_HEADER_BYTES + inherited->hdr->capacity);
     atomic_store_explicit(&g_ring, NULL, memory_order_release);
     atomic_store(&g_lazy_ring, 0);
     start_sampling();
@@ -1608,6 +1731,15 @@ static const char *check_debug_offsets(void)
     /* interpreter_frame.instr_ptr; code_object.linetable, co_code_adaptive */
     if (fr[3] != (uint64_t)LL->fr_instr || co[4] != (uint64_t)LL->co_lines || co[9] != (uint64_t)LL->co_code)
         return "the instruction pointer or line table is not where expected";
+    /* runtime_state.interpreters_head; interpreter_state.threads_head,
+     * ceval_gil; thread_state.next, thread_id, native_thread_id: what the
+     * reader's block (prepare_reader) publishes. */
+    const struct thread_layout *T = &THREAD_LAYOUTS[4];
+    uint64_t *is = &v[2 + 3];
+    if (T->minor != 13 || v[4] != (uint64_t)T->rt_interp_head || is[3] != (uint64_t)T->interp_tstate_head ||
+        is[8] != (uint64_t)T->gil_off || ts[2] != (uint64_t)T->ts_next || ts[5] != (uint64_t)T->ts_thread_id ||
+        ts[6] != (uint64_t)T->ts_native_tid)
+        return "the interpreter's thread list or GIL is not where expected";
     return NULL;
 }
 
@@ -1626,6 +1758,69 @@ static void map_window(void)
 }
 
 static void install_and_start(void);
+
+/* Where glibc keeps the kernel's thread id in its thread descriptor
+ * (struct pthread, which pthread_self() points at): found by looking for
+ * this thread's id in it. A reader of Python 3.9/3.10, whose thread states
+ * name their thread by pthread_self() only, reads it there. -1: not
+ * found. */
+static int pthread_tid_offset(void)
+{
+    uint32_t buf[512];
+    uint32_t tid = my_tid();
+    if (rd(buf, (uintptr_t)pthread_self(), sizeof buf))
+        return -1;
+    for (int i = 0; i < 512; i++)
+        if (buf[i] == tid)
+            return i * 4;
+    return -1;
+}
+
+/* Fill the reader's block (see reader_block). */
+static void prepare_reader(int minor)
+{
+    const struct thread_layout *T = NULL;
+    for (size_t i = 0; i < sizeof THREAD_LAYOUTS / sizeof THREAD_LAYOUTS[0]; i++)
+        if (THREAD_LAYOUTS[i].minor == minor)
+            T = &THREAD_LAYOUTS[i];
+    void *rt = dlsym(RTLD_DEFAULT, "_PyRuntime");
+    if (!T || !rt || !L)
+        return;
+    g_cookie = now_ns() ^ ((uint64_t)(uint32_t)g_pid << 32) ^ 0x9e3779b97f4a7c15ull;
+    struct reader_block *b = &g_reader;
+    memset(b, 0, sizeof *b);
+    b->version = READER_VERSION;
+    b->minor = (uint32_t)minor;
+    b->runtime = (uint64_t)(uintptr_t)rt;
+    b->code_type = (uint64_t)code_type;
+    b->code_gen = (uint64_t)(uintptr_t)&g_code_gen;
+    b->cookie_addr = (uint64_t)(uintptr_t)&g_cookie;
+    b->cookie = g_cookie;
+    int32_t *o = b->off;
+    o[RD_RT_INTERP_HEAD] = T->rt_interp_head;
+    o[RD_INTERP_TSTATE_HEAD] = T->interp_tstate_head;
+    o[RD_TS_NEXT] = T->ts_next;
+    o[RD_TS_THREAD_ID] = T->ts_thread_id;
+    o[RD_TS_NATIVE_TID] = T->ts_native_tid;
+    o[RD_GIL_IN_INTERP] = T->gil_in_interp;
+    o[RD_GIL_OFF] = T->gil_off;
+    o[RD_PTHREAD_TID] = T->ts_native_tid < 0 ? pthread_tid_offset() : -1;
+    o[RD_TS_FRAME] = L->ts_frame;
+    o[RD_TS_CFRAME] = L->ts_cframe;
+    o[RD_CF_CURRENT] = L->cf_current;
+    o[RD_FR_BACK] = L->fr_back;
+    o[RD_FR_CODE] = L->fr_code;
+    o[RD_FR_OWNER] = L->fr_owner;
+    o[RD_FR_IS_ENTRY] = L->fr_is_entry;
+    o[RD_OWNER_CSTACK] = L->owner_cstack;
+    o[RD_FR_READ] = L->fr_read;
+    o[RD_CO_NAME] = L->co_name;
+    o[RD_CO_FILE] = L->co_file;
+    o[RD_CO_READ] = L->co_read;
+    o[RD_STR_ASCII] = L->str_ascii;
+    o[RD_STR_COMPACT] = L->str_compact;
+    b->magic = READER_MAGIC;
+}
 
 __attribute__((constructor)) static void pystacks_init(void)
 {
@@ -1720,6 +1915,7 @@ __attribute__((constructor)) static void pystacks_init(void)
     if (g_codes == MAP_FAILED)
         g_codes = NULL;
     hook_code_dealloc();
+    prepare_reader(min);
     install_and_start();
 }
 

@@ -125,7 +125,7 @@ pub fn is_code_or_environment(path: &str) -> bool {
     name.ends_with(".py")
         || name.ends_with(".pyc")
         || name.ends_with(".pth")
-        || crate::collect::files::is_shared_object(path)
+        || crate::vocab::files::is_shared_object(path)
         || path.contains("/site-packages/")
         || path.contains("/dist-packages/")
         || path.split('/').any(|c| {

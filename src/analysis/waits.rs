@@ -147,7 +147,7 @@ pub fn classify(frames: &[WallFrame]) -> (WaitClass, Option<String>) {
     }
     let py_collective = frames.iter().find_map(|f| match f {
         WallFrame::Python { name, file }
-            if super::collectives::is_collective_frame(short_name(name), file) =>
+            if crate::vocab::collectives::is_collective_frame(short_name(name), file) =>
         {
             Some(short_name(name).to_string())
         }
@@ -523,7 +523,7 @@ fn slot_of(d: &StackData, stack: u32) -> Slot {
         Some((c, top, holder)) => Slot::Blocked(c, top, holder),
         None => {
             let f = d.wall_frames(stack);
-            if matches!(f.first(), Some(WallFrame::Marker(m)) if *m == crate::collect::perf::MARKER_ON_CPU)
+            if matches!(f.first(), Some(WallFrame::Marker(m)) if *m == crate::vocab::stacks::MARKER_ON_CPU)
             {
                 Slot::OnCpu
             } else {
@@ -603,7 +603,7 @@ pub fn collective_marks(
                 let f = d.wall_frames(stack);
                 let distributed = f.iter().any(|x| match x {
                     WallFrame::Python { name, file } => {
-                        super::collectives::is_distributed_frame(name, file)
+                        crate::vocab::collectives::is_distributed_frame(name, file)
                     }
                     WallFrame::Native { name: Some(n), .. } => {
                         COLLECTIVE_NATIVE.iter().any(|p| n.contains(p))

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use crate::collect::{NewsMark, TreeNews};
 use crate::event::{Event, MonoNs, MountInfo, OpenFile, Pid};
 use crate::record::Sink;
+use crate::vocab::files::is_shared_object;
 
 /// Libraries recorded per process at most.
 const MAX_LIBS_PER_PROCESS: usize = 4096;
@@ -187,12 +188,6 @@ pub fn maps_path(line: &str) -> Option<&str> {
     }
     let p = rest.trim();
     p.starts_with('/').then_some(p)
-}
-
-/// `libfoo.so`, `libfoo.so.1.2`, `_C.cpython-311-x86_64-linux-gnu.so`.
-pub fn is_shared_object(path: &str) -> bool {
-    let name = path.rsplit('/').next().unwrap_or(path);
-    name.ends_with(".so") || name.contains(".so.")
 }
 
 fn new_open_files(pid: i32, st: &mut ProcFiles) -> Vec<OpenFile> {

@@ -135,7 +135,7 @@ impl GpuCollector {
         let thread = std::thread::Builder::new()
             .name("gpuprof-gpu".into())
             .spawn(move || {
-                let _cost = crate::collect::selfcost::Charge::new("GPU poller");
+                let _cost = crate::selfcost::Charge::new("GPU poller");
                 let unavailable = |why: String| {
                     sink.send_blocking(Event::Coverage(Coverage {
                         source: "gpu".into(),
@@ -690,10 +690,9 @@ impl<'n> Poller<'n> {
         Ok(out)
     }
 
-    /// One tick: history since the last tick, state when it changed.
-    fn poll(&mut self, sink: &Out, tick: u64) {
-        self.poll_gpm(sink);
-        let t = MonoNs::now();
+    /// The device's utilization samples since the last tick (or its
+    /// instant utilization where the driver keeps no history).
+    fn poll_utilization(&mut self, sink: &Out, t: MonoNs) {
         if self.on(Metric::Utilization) {
             if self.util_instant {
                 if let Ok(u) = self.dev.utilization_rates() {
@@ -722,6 +721,11 @@ impl<'n> Poller<'n> {
                 }
             }
         }
+    }
+
+    /// Per-process utilization since the last tick: each process's newest
+    /// row, sent when it changed.
+    fn poll_process_utilization(&mut self, sink: &Out, t: MonoNs) {
         if self.on(Metric::ProcessUtilization) {
             if let Ok(rows) =
                 empty_if_not_found(self.dev.process_utilization_stats(self.last_proc_ts))
@@ -764,6 +768,14 @@ impl<'n> Poller<'n> {
                 }
             }
         }
+    }
+
+    /// One tick: history since the last tick, state when it changed.
+    fn poll(&mut self, sink: &Out, tick: u64) {
+        self.poll_gpm(sink);
+        let t = MonoNs::now();
+        self.poll_utilization(sink, t);
+        self.poll_process_utilization(sink, t);
 
         let d = &self.dev;
         let state = GpuState {

@@ -10,10 +10,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::event::Coverage;
 
-/// The coverage source of these losses; the analysis marks the profile
-/// incomplete when it is present and unavailable.
-pub const COVERAGE_SOURCE: &str = "gpuprof-resources";
-
 static DESCRIPTORS: AtomicU64 = AtomicU64::new(0);
 static MEMORY: AtomicU64 = AtomicU64::new(0);
 static FIRST: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
@@ -74,7 +70,7 @@ pub fn coverage() -> Option<Coverage> {
         .map(|f| format!("; first failed read: {f}"))
         .unwrap_or_default();
     Some(Coverage {
-        source: COVERAGE_SOURCE.into(),
+        source: crate::vocab::coverage::RESOURCES.into(),
         available: false,
         detail: format!(
             "gpuprof lost data it was there to read: {}{first}. Figures of some processes or threads are missing for part of the run, so a low or zero figure may be a loss, not the job's",

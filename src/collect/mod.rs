@@ -16,7 +16,6 @@ pub mod others;
 pub mod perf;
 pub mod procfs;
 pub mod python;
-pub mod selfcost;
 pub mod stacks;
 pub mod system;
 
@@ -94,17 +93,6 @@ impl NewsMark {
     pub fn set(&mut self, count: Option<u64>, now: std::time::Instant) {
         self.0 = count.map(|c| (now, c));
     }
-}
-
-/// CPU time the calling thread has used, in ns (`CLOCK_THREAD_CPUTIME_ID`).
-pub fn thread_cpu_ns() -> Option<u64> {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: ts is a valid timespec to write into.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    (rc == 0).then(|| ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
 }
 
 #[cfg(test)]

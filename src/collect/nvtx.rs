@@ -26,7 +26,6 @@ use crate::record::Sink;
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 
-pub const COVERAGE_SOURCE: &str = "nvtx";
 /// The variable NVTX v3 reads in a 64-bit process.
 pub const INJECTION_VAR: &str = "NVTX_INJECTION64_PATH";
 /// Where the agent writes its ring files.
@@ -250,7 +249,7 @@ impl NvtxCollector {
         let active = Arc::new(AtomicBool::new(active));
         let Some(dir) = ring_dir else {
             sink.send_blocking(Event::Coverage(Coverage {
-                source: COVERAGE_SOURCE.into(),
+                source: crate::vocab::coverage::NVTX.into(),
                 available: false,
                 detail: not_captured.unwrap_or_else(|| "not captured".into()),
             }));
@@ -263,7 +262,7 @@ impl NvtxCollector {
             };
         };
         sink.send_blocking(Event::Coverage(Coverage {
-            source: COVERAGE_SOURCE.into(),
+            source: crate::vocab::coverage::NVTX.into(),
             available: true,
             detail: format!(
                 "NVTX ranges captured through {INJECTION_VAR} (the job needs no change); detail kept up to {DETAIL_OUTER_PER_S:.0} outermost + {DETAIL_INNER_PER_S:.0} inner ranges/s on average, the rest counted per name"
@@ -278,14 +277,14 @@ impl NvtxCollector {
         let thread = std::thread::Builder::new()
             .name("gpuprof-nvtx".into())
             .spawn(move || {
-                let _cost = crate::collect::selfcost::Charge::new("NVTX reader");
+                let _cost = crate::selfcost::Charge::new("NVTX reader");
                 let mut r = Reader::new(path, sink2);
                 r.run(&stop2, &active2, wake2.as_deref());
             })
             .ok();
         if thread.is_none() {
             sink.send_blocking(Event::Coverage(Coverage {
-                source: COVERAGE_SOURCE.into(),
+                source: crate::vocab::coverage::NVTX.into(),
                 available: false,
                 detail: "not captured: cannot start the NVTX reader thread".into(),
             }));
@@ -865,7 +864,7 @@ impl Reader {
             return *id;
         }
         let s = if self.names.len() >= MAX_NAMES {
-            let g = crate::analysis::nvtx::name_group(&s);
+            let g = crate::vocab::nvtx::name_group(&s);
             if let Some(id) = self.names.get(&g) {
                 return *id;
             }

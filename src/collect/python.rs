@@ -24,15 +24,15 @@ use std::time::{Duration, Instant};
 use py_spy::config::{LineNo, LockingStrategy};
 use py_spy::{Config, PythonSpy};
 
-use crate::analysis::roles::RankIds;
 use crate::collect::intern::Interner;
-use crate::collect::perf::AgentVerdicts;
+use crate::collect::perf::verdicts::AgentVerdicts;
 use crate::collect::procfs::read_rank_env;
 use crate::collect::TreeNews;
 use crate::event::{Coverage, Event, MonoNs, Pid, StackKind, StackStats, Tid};
 use crate::record::Sink;
+use crate::vocab::coverage;
+use crate::vocab::ranks::RankIds;
 
-pub const COVERAGE_SOURCE: &str = "python-stacks";
 /// Share of one core the Python sampler may use.
 pub const CPU_BUDGET: f64 = 0.01;
 /// How soon after perf reports a fork or exec the process list is read
@@ -84,7 +84,7 @@ impl PySampler {
         let thread = std::thread::Builder::new()
             .name("gpuprof-python".into())
             .spawn(move || {
-                let _cost = crate::collect::selfcost::Charge::new("python sampler (py-spy)");
+                let _cost = crate::selfcost::Charge::new("python sampler (py-spy)");
                 let mut s = Sampler::new(frequency, sink, news);
                 s.root = root;
                 s.agent = agent;
@@ -325,7 +325,7 @@ impl Sampler {
             }
             if !self.spies.is_empty() && Instant::now() >= next_round {
                 let round = Instant::now();
-                let cpu0 = crate::collect::thread_cpu_ns();
+                let cpu0 = crate::selfcost::thread_cpu_ns();
                 self.sample_all();
                 self.interner.flush(Some(MonoNs::now()), &self.sink);
                 let wall = round.elapsed();
@@ -334,7 +334,7 @@ impl Sampler {
                 // and pacing on it would starve the sampler (one preempted
                 // round of 10 ms meant a second without samples) exactly
                 // when ranks' waits in collectives need them.
-                let work = match (cpu0, crate::collect::thread_cpu_ns()) {
+                let work = match (cpu0, crate::selfcost::thread_cpu_ns()) {
                     (Some(a), Some(b)) => Duration::from_nanos(b.saturating_sub(a)),
                     _ => wall,
                 };
@@ -541,7 +541,7 @@ impl Sampler {
     fn finish(mut self) -> StackStats {
         // The thread's own CPU time (reads, attaching, finding processes):
         // what it cost the machine, whatever the scheduler did.
-        self.stats.busy_ns = crate::collect::thread_cpu_ns()
+        self.stats.busy_ns = crate::selfcost::thread_cpu_ns()
             .unwrap_or((self.busy + self.attach_time).as_nanos() as u64);
         let per_round = self.busy.as_secs_f64() * 1e3 / self.rounds.max(1) as f64;
         let left = if self.agent.is_some() {
@@ -602,7 +602,7 @@ impl Sampler {
             }
         }
         self.sink.send_blocking(Event::Coverage(Coverage {
-            source: COVERAGE_SOURCE.into(),
+            source: coverage::PYTHON_STACKS.into(),
             available: !self.attached.is_empty() || unreadable.is_empty(),
             detail,
         }));

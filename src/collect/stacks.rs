@@ -16,9 +16,7 @@ use crate::collect::python::PySampler;
 use crate::collect::TreeNews;
 use crate::event::{Coverage, Event, Pid};
 use crate::record::Sink;
-
-/// Coverage source of the same-instant Python frames.
-pub const AGENT_COVERAGE_SOURCE: &str = "python-same-instant";
+use crate::vocab::coverage;
 
 #[derive(Default)]
 pub struct StackCollectors {
@@ -289,9 +287,9 @@ impl StackCollectors {
         let active = Arc::new(AtomicBool::new(active));
         let Some(opts) = opts else {
             for source in [
-                perf::COVERAGE_SOURCE,
-                crate::collect::python::COVERAGE_SOURCE,
-                AGENT_COVERAGE_SOURCE,
+                coverage::NATIVE_STACKS,
+                coverage::PYTHON_STACKS,
+                coverage::PYTHON_SAME_INSTANT,
             ] {
                 sink.send_blocking(Event::Coverage(Coverage {
                     source: source.into(),
@@ -333,7 +331,7 @@ impl StackCollectors {
                             eprintln!("gpuprof: {detail}");
                         }
                         sink.send_blocking(Event::Coverage(Coverage {
-                            source: perf::COVERAGE_SOURCE.into(),
+                            source: coverage::NATIVE_STACKS.into(),
                             available: false,
                             detail,
                         }));
@@ -348,7 +346,7 @@ impl StackCollectors {
             }
         }
         sink.send_blocking(Event::Coverage(Coverage {
-            source: AGENT_COVERAGE_SOURCE.into(),
+            source: coverage::PYTHON_SAME_INSTANT.into(),
             available: agent_running,
             detail: match agent {
                 AgentPlan::Ready(a) if agent_running && a.timer.is_some() => format!(
@@ -378,7 +376,7 @@ impl StackCollectors {
         ) {
             Ok(p) => c.python = Some(p),
             Err(e) => sink.send_blocking(Event::Coverage(Coverage {
-                source: crate::collect::python::COVERAGE_SOURCE.into(),
+                source: coverage::PYTHON_STACKS.into(),
                 available: false,
                 detail: format!("cannot start the Python sampler thread: {e}"),
             })),

@@ -14,7 +14,7 @@ use crate::event::Pid;
 use crate::units::pct;
 
 use super::causes::{functions_in, functions_text};
-use super::rules::{idle_measure_text, measured_devices, Scope};
+use super::measure::{idle_measure_text, measured_devices, Scope};
 use super::thresholds as th;
 use super::timeline::{Cause, Timeline};
 use super::{Basis, Finding, FindingKind, GpuTime, Severity};
@@ -44,6 +44,62 @@ fn weighted_mean(v: &[f32], w: &[f32]) -> Option<f64> {
         }
     }
     (tot > 0.0).then(|| sum / tot)
+}
+
+/// Evidence lines of what the CPU side did during the unexplained idle
+/// time (`left`: its seconds per bin), each bin weighted by the idle time
+/// it holds: the main thread's and the workers' states, the machine's
+/// CPUs, and the functions the main process and the workers ran.
+fn during_unexplained(a: &Analysis, tl: &Timeline, left: &[f32], ev: &mut Vec<String>) {
+    let mut during = Vec::new();
+    if let (Some(r), Some(c)) = (
+        weighted_mean(&tl.main_r, left),
+        weighted_mean(&tl.main_cpu, left),
+    ) {
+        let d = weighted_mean(&tl.main_d, left).unwrap_or(0.0);
+        during.push(format!(
+            "the main thread was running or waiting for a CPU {} of the time and blocked on IO {} (using {} of a core)",
+            pct(r),
+            pct(d),
+            pct(c)
+        ));
+    }
+    if !tl.workers.is_empty() {
+        if let Some(r) = weighted_mean(&tl.workers_r, left) {
+            let d = weighted_mean(&tl.input_d, left).unwrap_or(0.0);
+            during.push(format!(
+                "the input workers were running {} and blocked on IO {} of the time",
+                pct(r),
+                pct(d)
+            ));
+        }
+    }
+    if let Some(b) = weighted_mean(&tl.sys_busy, left) {
+        during.push(format!("the machine's CPUs were {} busy", pct(b)));
+    }
+    if !during.is_empty() {
+        ev.push(format!(
+            "During the unexplained idle time {}.",
+            during.join("; ")
+        ));
+    }
+    let in_left = |i: usize| left[i] > 0.0;
+    let mains: BTreeSet<Pid> = tl.mains.iter().map(|t| t.pid).collect();
+    let workers: BTreeSet<Pid> = tl.workers.iter().map(|t| t.pid).collect();
+    for (role, pids) in [(Role::Main, &mains), (Role::Worker, &workers)] {
+        let fs = functions_in(a, tl, pids, in_left, 3);
+        if !fs.is_empty() {
+            ev.push(format!(
+                "The {} ran then (stack samples weighted by how idle the GPU was): {}.",
+                if role == Role::Main {
+                    "main process"
+                } else {
+                    "workers"
+                },
+                functions_text(&fs)
+            ));
+        }
+    }
 }
 
 /// The unexplained-idle finding of one scope, given every finding made so
@@ -124,57 +180,7 @@ pub(super) fn unexplained(a: &Analysis, sc: &Scope, findings: &[Finding]) -> Opt
                 .join(", ")
         ));
     }
-    // What the CPU side did during the unexplained idle time, each bin
-    // weighted by the idle time it holds.
-    let mut during = Vec::new();
-    if let (Some(r), Some(c)) = (
-        weighted_mean(&tl.main_r, &left),
-        weighted_mean(&tl.main_cpu, &left),
-    ) {
-        let d = weighted_mean(&tl.main_d, &left).unwrap_or(0.0);
-        during.push(format!(
-            "the main thread was running or waiting for a CPU {} of the time and blocked on IO {} (using {} of a core)",
-            pct(r),
-            pct(d),
-            pct(c)
-        ));
-    }
-    if !tl.workers.is_empty() {
-        if let Some(r) = weighted_mean(&tl.workers_r, &left) {
-            let d = weighted_mean(&tl.input_d, &left).unwrap_or(0.0);
-            during.push(format!(
-                "the input workers were running {} and blocked on IO {} of the time",
-                pct(r),
-                pct(d)
-            ));
-        }
-    }
-    if let Some(b) = weighted_mean(&tl.sys_busy, &left) {
-        during.push(format!("the machine's CPUs were {} busy", pct(b)));
-    }
-    if !during.is_empty() {
-        ev.push(format!(
-            "During the unexplained idle time {}.",
-            during.join("; ")
-        ));
-    }
-    let in_left = |i: usize| left[i] > 0.0;
-    let mains: BTreeSet<Pid> = tl.mains.iter().map(|t| t.pid).collect();
-    let workers: BTreeSet<Pid> = tl.workers.iter().map(|t| t.pid).collect();
-    for (role, pids) in [(Role::Main, &mains), (Role::Worker, &workers)] {
-        let fs = functions_in(a, tl, pids, in_left, 3);
-        if !fs.is_empty() {
-            ev.push(format!(
-                "The {} ran then (stack samples weighted by how idle the GPU was): {}.",
-                if role == Role::Main {
-                    "main process"
-                } else {
-                    "workers"
-                },
-                functions_text(&fs)
-            ));
-        }
-    }
+    during_unexplained(a, tl, &left, &mut ev);
     if findings
         .iter()
         .any(|f| f.kind == FindingKind::StragglerRank && f.rank != sc.rank)

@@ -13,7 +13,7 @@ use crate::event::Pid;
 use crate::units::{bytes, pct, plural, rate};
 
 use super::evidence::{is_python_frame, GpuEvidence};
-use super::rules::{concurrent_workers, gpu_gap_lines, gpu_time};
+use super::measure::{concurrent_workers, gpu_gap_lines, gpu_time};
 use super::thresholds as th;
 use super::timeline::{Cause, InputThread, Timeline};
 use super::{Finding, FindingKind, Severity};

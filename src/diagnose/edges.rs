@@ -24,7 +24,7 @@ use crate::analysis::stacks::{FrameInfo, Stacks};
 use crate::analysis::Analysis;
 use crate::event::{Pid, Tid};
 
-use super::timeline::Timeline;
+use super::timeline::{LoopFrom, Timeline};
 
 /// What a main or input thread was doing in one sample.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -82,7 +82,7 @@ fn phase_of_frames<'a>(frames: impl Iterator<Item = &'a FrameInfo>) -> Option<Ph
             }
             FrameClass::Marker => {
                 marker = true;
-                truncated |= f.label == crate::collect::perf::MARKER_TRUNCATED;
+                truncated |= f.label == crate::vocab::stacks::MARKER_TRUNCATED;
             }
             _ => {}
         }
@@ -172,6 +172,37 @@ pub fn find(a: &Analysis, tl: &Timeline) -> Edges {
     }
 }
 
+/// Where the loop begins and the shutdown starts: the first step when
+/// steps were found and the recording saw the job start (else what
+/// comes before the first step is not start-up), else the end of the
+/// imports of the main and input threads. Bins of those imports and of
+/// the shutdown (found with or without steps) get no cause.
+pub fn set_edges(a: &Analysis, tl: &mut Timeline) {
+    let edges = find(a, tl);
+    let first_step = a
+        .steps
+        .intervals
+        .first()
+        .filter(|_| a.saw_job_start())
+        .and_then(|s| tl.bin_of(s.0));
+    if let Some(b) = first_step {
+        tl.loop_from = b;
+        tl.loop_from_by = LoopFrom::FirstStep;
+    } else if let Some(b) = edges.startup_end.filter(|_| a.saw_job_start()) {
+        tl.loop_from = b.min(tl.n);
+        tl.loop_from_by = LoopFrom::Imports;
+        for c in &mut tl.cause[..tl.loop_from] {
+            *c = None;
+        }
+    }
+    if let Some(b) = edges.shutdown_from {
+        tl.shutdown_from = b.max(tl.loop_from).min(tl.n);
+        for c in &mut tl.cause[tl.shutdown_from..] {
+            *c = None;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -200,7 +231,7 @@ mod tests {
     #[test]
     fn unknown_python_frames_tell_no_phase() {
         use crate::analysis::fold::NOT_SAMPLED;
-        use crate::collect::perf::MARKER_TRUNCATED;
+        use crate::vocab::stacks::MARKER_TRUNCATED;
         let start = frame(FrameClass::Runtime, "_start", "python3", false);
         let eval = frame(
             FrameClass::Interpreter,

@@ -2,7 +2,8 @@
 //! lock that another thread of its process held. Seen only by the
 //! wall-clock sampler (a thread waiting for the GIL is off-CPU), which
 //! reads, at the same moment, which thread held the lock and in which
-//! Python function (py-spy's view of the interpreter).
+//! Python function (the interpreter's GIL state, read with the agent's
+//! published layout or by py-spy: `collect::perf::offcpu`).
 
 use crate::analysis::waits::WaitClass;
 use crate::analysis::Analysis;

@@ -21,6 +21,7 @@ mod causes;
 mod edges;
 mod evidence;
 mod gil;
+mod measure;
 mod others;
 pub mod ranks;
 mod rules;
@@ -514,6 +515,29 @@ pub fn diagnose_analysis(a: &Analysis) -> Diagnosis {
     let gpu = evidence::gpu_from_analysis(a);
     let stacks = evidence::stacks_from_analysis(a);
     diagnose(a, gpu.as_ref(), stacks.as_ref())
+}
+
+impl Timeline {
+    /// The whole job's timeline.
+    pub fn build(a: &Analysis) -> Timeline {
+        Timeline::build_scoped(a, None)
+    }
+
+    /// The timeline of one rank's input side (its main processes and its
+    /// workers; `None`: every process). What the whole machine and job do
+    /// (runnable threads, CPU busy, pressure) stays machine-wide, so every
+    /// scope classifies a moment of CPU contention the same way.
+    ///
+    /// Built here, in steps, because each later step reads the timeline
+    /// the earlier ones made: bins and causes, the loop's edges (which
+    /// clear the causes of start-up and shutdown), then the stacks'
+    /// grounding of the causes.
+    pub fn build_scoped(a: &Analysis, rank: Option<u32>) -> Timeline {
+        let mut tl = Timeline::binned(a, rank);
+        edges::set_edges(a, &mut tl);
+        account::ground(a, &mut tl);
+        tl
+    }
 }
 
 #[cfg(test)]

@@ -9,21 +9,11 @@ use crate::analysis::{Analysis, Role};
 use crate::units::{bytes as mb, pct, plural};
 
 use super::evidence::{GpuDeviceEvidence, GpuEvidence, StackEvidence, ThrottleEvidence};
+use super::measure::{concurrent_workers, gpu_gap_lines, gpu_time, measured_devices, Scope};
 use super::thresholds as th;
 use super::timeline::{Cause, InputThread, Timeline};
 use super::{accounting, causes};
 use super::{Basis, Finding, FindingKind, GpuTime, Severity};
-
-/// What the input-side rules look at: the whole job, or one rank of it.
-/// A job with several ranks is diagnosed rank by rank, so that one rank's
-/// saturated workers are never reported as the whole job's.
-pub struct Scope {
-    /// None: the whole job (it has fewer than two ranks).
-    pub rank: Option<u32>,
-    pub tl: Timeline,
-    /// The GPUs this scope's processes used.
-    pub gpu: Option<GpuEvidence>,
-}
 
 /// One scope per rank when the job has two ranks or more, else one for the
 /// whole job.
@@ -133,88 +123,6 @@ pub fn coverage_finding(
     coverage(a, gpu, stacks)
 }
 
-/// The GPU devices whose idle gaps count, when GPU time was measured.
-pub(super) fn measured_devices(gpu: Option<&GpuEvidence>) -> Vec<&GpuDeviceEvidence> {
-    gpu.map(|g| {
-        g.job_devices()
-            .into_iter()
-            .filter(|d| d.busy_fraction.is_some())
-            .collect()
-    })
-    .unwrap_or_default()
-}
-
-/// Steady-state idle seconds (utilization deficit; start-up and shutdown
-/// left out) of one measured GPU, by the cause of the bins they fell in.
-pub(super) fn device_idle_by_cause(
-    a: &Analysis,
-    tl: &Timeline,
-    d: &GpuDeviceEvidence,
-) -> Vec<(Option<Cause>, f64)> {
-    match d.phases(a.start, a.end).steady {
-        Some(w) => tl.idle_by_cause(&d.idle, w),
-        None => Vec::new(),
-    }
-}
-
-pub(super) fn idle_of(by_cause: &[(Option<Cause>, f64)], cause: Option<Cause>) -> f64 {
-    by_cause
-        .iter()
-        .filter(|(c, _)| *c == cause)
-        .map(|(_, s)| s)
-        .sum()
-}
-
-/// "utilization deficit: each of the 167 ms driver utilization samples
-/// counts (1 − utilization) of its window as idle".
-pub(super) fn idle_measure_text(d: &GpuDeviceEvidence) -> String {
-    let source = if d.source.is_empty() {
-        format!("{:.0} ms driver utilization samples", d.resolution_s * 1e3)
-    } else {
-        d.source.clone()
-    };
-    format!(
-        "utilization deficit: each of the {source} counts (1 − utilization) of its window as idle"
-    )
-}
-
-/// GPU time explained by the bins of `cause`: the measured GPUs' idle
-/// time (utilization deficit) inside them, else `estimate` seconds
-/// described by `method`.
-pub(super) fn gpu_time(
-    a: &Analysis,
-    tl: &Timeline,
-    gpu: Option<&GpuEvidence>,
-    cause: Cause,
-    estimate: f64,
-    method: &str,
-) -> GpuTime {
-    let dur = a.duration_s().max(1e-9);
-    let devs = measured_devices(gpu);
-    if devs.is_empty() {
-        let method = format!("{method}{}", tl.edges_left_out());
-        return GpuTime {
-            seconds: estimate,
-            share: (estimate / dur).min(1.0),
-            basis: Basis::Estimated,
-            method,
-        };
-    }
-    let secs: f64 = devs
-        .iter()
-        .map(|d| idle_of(&device_idle_by_cause(a, tl, d), Some(cause)))
-        .sum();
-    GpuTime {
-        seconds: secs,
-        share: (secs / (dur * devs.len() as f64)).min(1.0),
-        basis: Basis::Measured,
-        method: format!(
-            "GPU idle time while this cause was active ({}; start-up and shutdown left out)",
-            idle_measure_text(devs[0])
-        ),
-    }
-}
-
 /// Start-up and shutdown idle time per measured GPU, for the notes.
 pub fn edge_gap_notes(a: &Analysis, g: &GpuEvidence) -> Vec<String> {
     measured_devices(Some(g))
@@ -231,34 +139,6 @@ pub fn edge_gap_notes(a: &Analysis, g: &GpuEvidence) -> Vec<String> {
         .collect()
 }
 
-/// "GPU 0 idle 68% of its sampled time (4.1 s …); 3.9 s of that idle time fell while …".
-pub(super) fn gpu_gap_lines(
-    a: &Analysis,
-    tl: &Timeline,
-    gpu: Option<&GpuEvidence>,
-    cause: Cause,
-    while_: &str,
-) -> Vec<String> {
-    let mut out = Vec::new();
-    for d in measured_devices(gpu) {
-        let split = d.idle_split(a.start, a.end);
-        let in_cause = idle_of(&device_idle_by_cause(a, tl, d), Some(cause));
-        let gaps: f64 = d.idle_gaps.iter().map(|(x, y)| y.secs_since(*x)).sum();
-        out.push(format!(
-            "GPU {} idle {} of its sampled time: {:.1} s ({}), {:.1} s of it in {} fully idle {}; {:.1} s of the steady-state idle time fell while {while_}.",
-            d.index,
-            pct(1.0 - d.busy_fraction.unwrap_or(0.0)),
-            split.total_s,
-            idle_measure_text(d),
-            gaps,
-            d.idle_gaps.len(),
-            if d.idle_gaps.len() == 1 { "gap" } else { "gaps" },
-            in_cause
-        ));
-    }
-    out
-}
-
 pub(super) fn describe_threads(ths: &[InputThread]) -> String {
     let mut names: Vec<String> = ths
         .iter()
@@ -272,16 +152,6 @@ pub(super) fn describe_threads(ths: &[InputThread]) -> String {
         plural(ths.len(), "input thread"),
         names.join(", ")
     )
-}
-
-/// Most worker processes alive at once (workers restarted per epoch are
-/// not counted twice).
-pub(super) fn concurrent_workers(tl: &Timeline) -> usize {
-    (0..tl.n)
-        .map(|i| tl.workers_alive[i])
-        .fold(0.0f32, f32::max)
-        .round()
-        .max(if tl.workers.is_empty() { 0.0 } else { 1.0 }) as usize
 }
 
 fn io_bound(a: &Analysis, tl: &Timeline, gpu: Option<&GpuEvidence>) -> Option<Finding> {
@@ -596,6 +466,45 @@ fn main_preprocessing(a: &Analysis, tl: &Timeline, gpu: Option<&GpuEvidence>) ->
     })
 }
 
+/// Saturated workers starved of CPU by other programs.
+struct Starved {
+    /// How much faster they would make batches with all their runnable time.
+    speedup: f64,
+    /// The loop's share of time waiting (not runnable).
+    loop_waits: f64,
+    /// Whether the loop would still wait for them then.
+    still_bound: bool,
+}
+
+/// Saturated by waiting: runnable throughout (`r`) but given less than
+/// half of it (`cpu`), while other programs used more of the machine than
+/// the job. Given all their runnable time, the workers would make batches
+/// r/cpu times as fast; the loop, waiting (not runnable) a share w of its
+/// time, would still wait for them if w > 1 - cpu/r. Then the pipeline
+/// stays a cause beside the CPU others took (a worker too slow on a free
+/// machine is still too slow); else that CPU is the cause
+/// (cpu-taken-by-other-programs names it and costs the GPU time), not what
+/// a batch costs.
+fn starved(
+    a: &Analysis,
+    tl: &Timeline,
+    (r, cpu): (f64, f64),
+    others_more: bool,
+) -> Option<Starved> {
+    if !(cpu < 0.5 * r && others_more && super::others::names_any(a)) {
+        return None;
+    }
+    let loop_waits = 1.0
+        - tl.mean_of(Cause::PipelineSaturated, &tl.main_r)
+            .unwrap_or(1.0);
+    let speedup = r / cpu.max(1e-3);
+    Some(Starved {
+        speedup,
+        loop_waits,
+        still_bound: loop_waits > 1.0 - 1.0 / speedup,
+    })
+}
+
 fn pipeline(a: &Analysis, tl: &Timeline, gpu: Option<&GpuEvidence>) -> Option<Finding> {
     let dur = a.duration_s();
     let sat_s = tl.cause_s(Cause::PipelineSaturated);
@@ -632,12 +541,8 @@ fn pipeline(a: &Analysis, tl: &Timeline, gpu: Option<&GpuEvidence>) -> Option<Fi
     let cpu_sat = tl
         .mean_of(Cause::PipelineSaturated, &tl.workers_cpu)
         .unwrap_or(0.0);
-    // Saturated by waiting: runnable throughout but given less than half
-    // of it, while other programs used more of the machine than the job.
-    // Then the cause is the CPU they took (cpu-taken-by-other-programs
-    // names them and costs the GPU time), not what a batch costs: making
-    // batches cheaper or adding workers would not help.
-    if cpu_sat < 0.5 * r_sat && others > job_cores && super::others::names_any(a) {
+    let starved = starved(a, tl, (r_sat, cpu_sat), others > job_cores);
+    if starved.as_ref().is_some_and(|s| !s.still_bound) {
         return None;
     }
     let mut ev = vec![
@@ -657,7 +562,13 @@ fn pipeline(a: &Analysis, tl: &Timeline, gpu: Option<&GpuEvidence>) -> Option<Fi
             pct(main_cpu)
         ),
     ];
-    if others >= th::OTHER_PROGRAMS_CORES {
+    if let Some(s) = starved {
+        ev.push(format!(
+            "Other programs took most of the workers' CPU (see cpu-taken-by-other-programs): given all the time they were runnable, they would make batches {:.1}× as fast, and the loop, waiting {} of its time, would still wait for them.",
+            s.speedup,
+            pct(s.loop_waits)
+        ));
+    } else if others >= th::OTHER_PROGRAMS_CORES {
         ev.push(format!(
             "Meanwhile the job used {job_cores:.1} cores and other programs on this machine {others:.1}: they compete with the workers for CPU."
         ));

@@ -22,7 +22,7 @@ use crate::analysis::Analysis;
 use crate::units::{pct, plural};
 
 use super::evidence::GpuEvidence;
-use super::rules::{measured_devices, Scope};
+use super::measure::{measured_devices, Scope};
 use super::thresholds as th;
 use super::timeline::{Cause, Timeline};
 use super::{Basis, Finding, FindingKind, Severity};

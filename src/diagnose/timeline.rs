@@ -426,16 +426,9 @@ impl Sums {
 }
 
 impl Timeline {
-    /// The whole job's timeline.
-    pub fn build(a: &Analysis) -> Timeline {
-        Timeline::build_scoped(a, None)
-    }
-
-    /// The timeline of one rank's input side (its main processes and its
-    /// workers; `None`: every process). What the whole machine and job do
-    /// (runnable threads, CPU busy, pressure) stays machine-wide, so every
-    /// scope classifies a moment of CPU contention the same way.
-    pub fn build_scoped(a: &Analysis, rank: Option<u32>) -> Timeline {
+    /// The bins of [`Timeline::build_scoped`] and each bin's cause, before
+    /// the loop's edges and the stacks' grounding (see `diagnose/mod.rs`).
+    pub(super) fn binned(a: &Analysis, rank: Option<u32>) -> Timeline {
         let in_scope = |p: &&Process| rank.is_none() || p.rank == rank;
         let (start, end) = (a.start, a.end.max(a.start));
         let dur = end.0 - start.0;
@@ -577,40 +570,7 @@ impl Timeline {
             shutdown_from: n,
         };
         tl.cause = (0..n).map(|i| tl.classify(i)).collect();
-        tl.set_edges(a);
-        super::account::ground(a, &mut tl);
         tl
-    }
-
-    /// Where the loop begins and the shutdown starts: the first step when
-    /// steps were found and the recording saw the job start (else what
-    /// comes before the first step is not start-up), else the end of the
-    /// imports of the main and input threads. Bins of those imports and of
-    /// the shutdown (found with or without steps) get no cause.
-    fn set_edges(&mut self, a: &Analysis) {
-        let edges = super::edges::find(a, self);
-        let first_step = a
-            .steps
-            .intervals
-            .first()
-            .filter(|_| a.saw_job_start())
-            .and_then(|s| self.bin_of(s.0));
-        if let Some(b) = first_step {
-            self.loop_from = b;
-            self.loop_from_by = LoopFrom::FirstStep;
-        } else if let Some(b) = edges.startup_end.filter(|_| a.saw_job_start()) {
-            self.loop_from = b.min(self.n);
-            self.loop_from_by = LoopFrom::Imports;
-            for c in &mut self.cause[..self.loop_from] {
-                *c = None;
-            }
-        }
-        if let Some(b) = edges.shutdown_from {
-            self.shutdown_from = b.max(self.loop_from).min(self.n);
-            for c in &mut self.cause[self.shutdown_from..] {
-                *c = None;
-            }
-        }
     }
 
     fn classify(&self, i: usize) -> Option<Cause> {

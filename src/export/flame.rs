@@ -208,8 +208,8 @@ fn titles<'a>(
     // Which sampler took them (perf events or the in-process timers).
     let by = match st.report.sampler.as_str() {
         _ if !st.report.sampler_named => "",
-        crate::collect::perf::SAMPLER_TIMER => " by in-process timers",
-        crate::collect::perf::SAMPLER_PERF => " by perf events",
+        crate::vocab::stacks::SAMPLER_TIMER => " by in-process timers",
+        crate::vocab::stacks::SAMPLER_PERF => " by perf events",
         _ => "",
     };
     let mut parts = vec![if hz > 0.0 {

@@ -7,6 +7,8 @@ use serde_json::{json, Map, Value};
 use crate::analysis::{Analysis, Process, Role, Series};
 use crate::diagnose::{Diagnosis, Finding};
 
+use super::common::r;
+
 pub const SCHEMA_VERSION: u32 = 1;
 
 /// Processes listed one by one in `processes[]`; the others are summed in
@@ -23,16 +25,6 @@ pub const MAX_THREADS: usize = 4000;
 pub const MAX_COMMAND_BYTES: usize = 4096;
 /// Entries kept in other per-process lists (frameworks, CUDA runtimes, ...).
 pub const MAX_LIST: usize = 64;
-
-/// Round to `d` decimals (NaN/inf become null).
-pub fn r(v: f64, d: i32) -> Value {
-    if !v.is_finite() {
-        return Value::Null;
-    }
-    let m = 10f64.powi(d);
-    // `+ 0.0` turns -0.0 into 0.0.
-    json!((v * m).round() / m + 0.0)
-}
 
 fn series_stats(s: &Series, scale: f64) -> Value {
     if s.is_empty() {
@@ -407,7 +399,7 @@ fn waits(a: &Analysis) -> Value {
         })
         .collect();
     json!({
-        "method": "wall-clock sampler: each tick reads a thread's /proc syscall file; a blocked thread's stack is copied and unwound, its Python frames read with py-spy, and the read dropped if the thread ran meanwhile; shares are counts of looks (estimates, ± about sqrt(n)/N)",
+        "method": "wall-clock sampler: each tick reads a thread's /proc syscall file; a blocked thread's stack is copied and unwound (or its native frames reused when every stack word the last unwinding read is unchanged), its Python frames read with py-spy, and the read dropped if the thread ran meanwhile; shares are counts of looks (estimates, ± about sqrt(n)/N)",
         "threads": threads,
     })
 }

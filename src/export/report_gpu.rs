@@ -2,7 +2,7 @@
 
 use serde_json::{json, Value};
 
-use super::report::r;
+use super::common::r;
 use crate::analysis::gpu::{Gauge, GpuDeviceAnalysis};
 use crate::analysis::Analysis;
 use crate::event::GpuContext;
@@ -21,11 +21,37 @@ pub fn summary(a: &Analysis) -> Value {
     })
 }
 
-fn device(a: &Analysis, d: &GpuDeviceAnalysis) -> Value {
-    let dur = a.duration_s().max(1e-9);
-    let period_s = d.resolution_ns as f64 / 1e9;
-    let sampled_s = d.sampled.map_or(0.0, |(a, b)| b.secs_since(a));
-    let utilization = if d.util_samples == 0 {
+/// The job's processes on GPU `d`.
+fn job_processes(a: &Analysis, d: &GpuDeviceAnalysis) -> Vec<Value> {
+    d
+        .processes
+        .iter()
+        .filter(|p| p.in_job)
+        .map(|p| {
+            let proc_ = a.processes.get(&p.pid);
+            json!({
+                "pid": p.pid.0,
+                "role": proc_.map(|x| x.role),
+                "rank": proc_.and_then(|x| x.rank),
+                "label": proc_.map(|x| x.label()),
+                "command": proc_.map(|x| x.cmdline.clone()),
+                "context": match p.ctx { GpuContext::Compute => "compute", GpuContext::Graphics => "graphics" },
+                "memory_max_bytes": p.mem_max,
+                "sm_pct_mean": p.sm_mean.map(|v| r(v, 2)),
+                // Its own idle time, from its utilization samples the same way.
+                "idle_s": p.sm_mean.filter(|_| p.sm_s > 0.0).map(|m| r(p.sm_s * (1.0 - m / 100.0), 3)),
+                "sampled_s": (p.sm_s > 0.0).then(|| r(p.sm_s, 3)),
+                "gpu_instance_id": p.gi,
+                "compute_instance_id": p.ci,
+                "first_seen_s": r(a.rel_s(p.first_seen).max(0.0), 3),
+            })
+        })
+        .collect()
+}
+
+/// GPU `d`'s utilization figures (null without samples).
+fn utilization(d: &GpuDeviceAnalysis, period_s: f64) -> Value {
+    if d.util_samples == 0 {
         Value::Null
     } else {
         json!({
@@ -40,7 +66,14 @@ fn device(a: &Analysis, d: &GpuDeviceAnalysis) -> Value {
             "sampled_from_monotonic_ns": d.sampled.map(|s| s.0 .0),
             "sampled_to_monotonic_ns": d.sampled.map(|s| s.1 .0),
         })
-    };
+    }
+}
+
+fn device(a: &Analysis, d: &GpuDeviceAnalysis) -> Value {
+    let dur = a.duration_s().max(1e-9);
+    let period_s = d.resolution_ns as f64 / 1e9;
+    let sampled_s = d.sampled.map_or(0.0, |(a, b)| b.secs_since(a));
+    let utilization = utilization(d, period_s);
     let idle = if d.util_samples == 0 {
         Value::Null
     } else {
@@ -103,30 +136,7 @@ fn device(a: &Analysis, d: &GpuDeviceAnalysis) -> Value {
         (Some(g), Some(mg), Some(w), Some(mw)) => Some(g < mg as u64 || w < mw as u64),
         _ => None,
     };
-    let processes: Vec<Value> = d
-        .processes
-        .iter()
-        .filter(|p| p.in_job)
-        .map(|p| {
-            let proc_ = a.processes.get(&p.pid);
-            json!({
-                "pid": p.pid.0,
-                "role": proc_.map(|x| x.role),
-                "rank": proc_.and_then(|x| x.rank),
-                "label": proc_.map(|x| x.label()),
-                "command": proc_.map(|x| x.cmdline.clone()),
-                "context": match p.ctx { GpuContext::Compute => "compute", GpuContext::Graphics => "graphics" },
-                "memory_max_bytes": p.mem_max,
-                "sm_pct_mean": p.sm_mean.map(|v| r(v, 2)),
-                // Its own idle time, from its utilization samples the same way.
-                "idle_s": p.sm_mean.filter(|_| p.sm_s > 0.0).map(|m| r(p.sm_s * (1.0 - m / 100.0), 3)),
-                "sampled_s": (p.sm_s > 0.0).then(|| r(p.sm_s, 3)),
-                "gpu_instance_id": p.gi,
-                "compute_instance_id": p.ci,
-                "first_seen_s": r(a.rel_s(p.first_seen).max(0.0), 3),
-            })
-        })
-        .collect();
+    let processes = job_processes(a, d);
     let others: Vec<&crate::analysis::gpu::GpuProcUse> =
         d.processes.iter().filter(|p| !p.in_job).collect();
     json!({

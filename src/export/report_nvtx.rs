@@ -5,7 +5,7 @@ use serde_json::{json, Value};
 use crate::analysis::nvtx::RangeGroup;
 use crate::analysis::Analysis;
 
-use super::report::r;
+use super::common::r;
 
 /// Range names listed in report.json at most (most total time first).
 pub const REPORT_MAX_GROUPS: usize = 200;

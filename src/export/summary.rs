@@ -64,10 +64,9 @@ fn process_counts(a: &Analysis) -> String {
     format!("{} processes: {}.", a.processes.len(), parts.join(", "))
 }
 
-/// Sections of the summary, each a title and lines; rendered as Markdown
-/// or for the terminal.
-pub fn sections(a: &Analysis) -> Vec<(String, Vec<String>)> {
-    let mut out = Vec::new();
+/// The "Run" section: what was recorded, how the job ended, processes
+/// and their CPU time by role.
+fn run_lines(a: &Analysis) -> Vec<String> {
     let status = match a.job_status() {
         Some(JobStatus::Exited(c)) => format!("exit code {c}"),
         Some(JobStatus::Signaled(s)) => format!("killed by signal {s} (exit code {})", 128 + s),
@@ -101,27 +100,11 @@ pub fn sections(a: &Analysis) -> Vec<(String, Vec<String>)> {
         let cpu: f64 = ps.iter().map(|p| p.cpu_s()).sum();
         run.push(format!("CPU time of {role} processes: {cpu:.1} s."));
     }
-    out.push(("Run".to_string(), run));
+    run
+}
 
-    let gpu = super::report_gpu::summary_lines(a);
-    if !gpu.is_empty() {
-        out.push(("GPU".to_string(), gpu));
-    }
-
-    let steps = super::report_nvtx::steps_lines(a);
-    if !steps.is_empty() {
-        out.push(("Steps".to_string(), steps));
-    }
-    let nvtx = super::report_nvtx::summary_lines(a);
-    if !nvtx.is_empty() {
-        out.push(("NVTX ranges".to_string(), nvtx));
-    }
-    let waits = wait_lines(a);
-    if !waits.is_empty() {
-        out.push(("Where the loop waits".to_string(), waits));
-    }
-
-    // Busiest threads by CPU time.
+/// Every thread that used CPU, with its line (busiest first once sorted).
+fn thread_lines(a: &Analysis) -> Vec<(f64, String)> {
     let mut threads: Vec<(f64, String)> = Vec::new();
     let dur = a.duration_s().max(1e-9);
     for p in a.processes.values() {
@@ -147,14 +130,12 @@ pub fn sections(a: &Analysis) -> Vec<(String, Vec<String>)> {
             }
         }
     }
-    threads.sort_by(|x, y| y.0.total_cmp(&x.0).then(x.1.cmp(&y.1)));
-    if !threads.is_empty() {
-        out.push((
-            "Busiest threads".to_string(),
-            threads.into_iter().take(5).map(|t| t.1).collect(),
-        ));
-    }
+    threads
+}
 
+/// The "System" section: machine CPU, the job's IO, disks, pressure,
+/// swapping.
+fn system_lines(a: &Analysis) -> Vec<String> {
     let s = &a.system;
     let mut sys = Vec::new();
     if !s.busy.is_empty() {
@@ -203,7 +184,42 @@ pub fn sections(a: &Analysis) -> Vec<(String, Vec<String>)> {
             mb(s.swap_out_bytes)
         ));
     }
-    out.push(("System".to_string(), sys));
+    sys
+}
+
+/// Sections of the summary, each a title and lines; rendered as Markdown
+/// or for the terminal.
+pub fn sections(a: &Analysis) -> Vec<(String, Vec<String>)> {
+    let mut out = vec![("Run".to_string(), run_lines(a))];
+
+    let gpu = super::report_gpu::summary_lines(a);
+    if !gpu.is_empty() {
+        out.push(("GPU".to_string(), gpu));
+    }
+
+    let steps = super::report_nvtx::steps_lines(a);
+    if !steps.is_empty() {
+        out.push(("Steps".to_string(), steps));
+    }
+    let nvtx = super::report_nvtx::summary_lines(a);
+    if !nvtx.is_empty() {
+        out.push(("NVTX ranges".to_string(), nvtx));
+    }
+    let waits = wait_lines(a);
+    if !waits.is_empty() {
+        out.push(("Where the loop waits".to_string(), waits));
+    }
+
+    let mut threads = thread_lines(a);
+    threads.sort_by(|x, y| y.0.total_cmp(&x.0).then(x.1.cmp(&y.1)));
+    if !threads.is_empty() {
+        out.push((
+            "Busiest threads".to_string(),
+            threads.into_iter().take(5).map(|t| t.1).collect(),
+        ));
+    }
+
+    out.push(("System".to_string(), system_lines(a)));
 
     let missing: Vec<String> = a
         .coverage
@@ -408,9 +424,12 @@ fn wait_lines(a: &Analysis) -> Vec<String> {
         } else {
             "its life"
         };
+        let who = match p.rank {
+            Some(r) => format!("Rank {r}'s main thread"),
+            None => "The main thread".to_string(),
+        };
         out.push(format!(
-            "{} main thread ({:.1} s, {counted}): {}.{verdict}",
-            p.label(),
+            "{who} ({:.1} s, {counted}): {}.{verdict}",
             t.span_s,
             text.join(", ")
         ));

@@ -29,7 +29,7 @@ use std::io::{self, Write};
 
 use serde::Serialize;
 
-use super::trace::TraceWriter;
+use super::trace_writer::TraceWriter;
 use crate::event::MonoNs;
 
 /// Default budget for `trace.json`: Perfetto's UI runs in a browser tab
@@ -158,6 +158,63 @@ fn guarantee(class: Class) -> f64 {
     }
 }
 
+/// Bytes of the parts at `levels` (of one class only, when given).
+fn total(sizes: &mut Sizes, levels: &[Option<u32>], only: Option<Class>) -> io::Result<u64> {
+    let mut t = 0;
+    for (i, l) in levels.iter().enumerate() {
+        if only.is_some_and(|c| sizes.parts[i].class != c) {
+            continue;
+        }
+        if let Some(l) = l {
+            t += sizes.of(i, *l)?;
+        }
+    }
+    Ok(t)
+}
+/// Levels with `class` raised to `l` (each part capped by `limit`,
+/// never lowered).
+fn with_level(
+    parts: &[Part],
+    levels: &[Option<u32>],
+    class: Class,
+    l: u32,
+    limit: &dyn Fn(&Part) -> u32,
+) -> Vec<Option<u32>> {
+    let mut out = levels.to_vec();
+    for (i, p) in parts.iter().enumerate() {
+        if p.class == class {
+            if let Some(cur) = out[i] {
+                out[i] = Some(l.min(limit(p)).max(cur));
+            }
+        }
+    }
+    out
+}
+/// The smallest class level in [lo, hi] for which `ok` holds, by
+/// bisection; `None` when not even `hi` does.
+fn smallest(
+    sizes: &mut Sizes,
+    levels: &[Option<u32>],
+    class: Class,
+    (lo, hi): (u32, u32),
+    limit: &dyn Fn(&Part) -> u32,
+    ok: &Test,
+) -> io::Result<Option<u32>> {
+    if !ok(sizes, &with_level(sizes.parts, levels, class, hi, limit))? {
+        return Ok(None);
+    }
+    let (mut a, mut b) = (lo, hi);
+    while a < b {
+        let mid = a + (b - a) / 2;
+        if ok(sizes, &with_level(sizes.parts, levels, class, mid, limit))? {
+            b = mid;
+        } else {
+            a = mid + 1;
+        }
+    }
+    Ok(Some(a))
+}
+
 /// Choose a level for every part so that the trace fits `budget` bytes:
 /// 1. lower classes down to their floors, lowest priority first (the GPU
 ///    class untouched);
@@ -183,61 +240,6 @@ pub fn plan(parts: &[Part], start: MonoNs, budget: u64) -> io::Result<Plan> {
     let mut levels: Vec<Option<u32>> = vec![Some(0); n];
     let full: Vec<u64> = (0..n).map(|i| sizes.of(i, 0)).collect::<io::Result<_>>()?;
 
-    fn total(sizes: &mut Sizes, levels: &[Option<u32>], only: Option<Class>) -> io::Result<u64> {
-        let mut t = 0;
-        for (i, l) in levels.iter().enumerate() {
-            if only.is_some_and(|c| sizes.parts[i].class != c) {
-                continue;
-            }
-            if let Some(l) = l {
-                t += sizes.of(i, *l)?;
-            }
-        }
-        Ok(t)
-    }
-    /// Levels with `class` raised to `l` (each part capped by `limit`,
-    /// never lowered).
-    fn with_level(
-        parts: &[Part],
-        levels: &[Option<u32>],
-        class: Class,
-        l: u32,
-        limit: &dyn Fn(&Part) -> u32,
-    ) -> Vec<Option<u32>> {
-        let mut out = levels.to_vec();
-        for (i, p) in parts.iter().enumerate() {
-            if p.class == class {
-                if let Some(cur) = out[i] {
-                    out[i] = Some(l.min(limit(p)).max(cur));
-                }
-            }
-        }
-        out
-    }
-    /// The smallest class level in [lo, hi] for which `ok` holds, by
-    /// bisection; `None` when not even `hi` does.
-    fn smallest(
-        sizes: &mut Sizes,
-        levels: &[Option<u32>],
-        class: Class,
-        (lo, hi): (u32, u32),
-        limit: &dyn Fn(&Part) -> u32,
-        ok: &Test,
-    ) -> io::Result<Option<u32>> {
-        if !ok(sizes, &with_level(sizes.parts, levels, class, hi, limit))? {
-            return Ok(None);
-        }
-        let (mut a, mut b) = (lo, hi);
-        while a < b {
-            let mid = a + (b - a) / 2;
-            if ok(sizes, &with_level(sizes.parts, levels, class, mid, limit))? {
-                b = mid;
-            } else {
-                a = mid + 1;
-            }
-        }
-        Ok(Some(a))
-    }
     let class_level = |levels: &[Option<u32>], class: Class| {
         (0..n)
             .filter(|i| parts[*i].class == class)

@@ -20,9 +20,7 @@ use std::io::{self, Write};
 
 use serde_json::{json, Value};
 
-use super::trace::SYSTEM_PID;
-use super::trace_gpu::GPU_PID_BASE;
-use super::trace_nvtx::STEPS_TID;
+use super::trace_ids::{GPU_PID_BASE, STEPS_TID, SYSTEM_PID};
 
 /// How one recording's trace becomes part of a merged trace.
 #[derive(Clone, Debug)]
@@ -350,8 +348,8 @@ mod tests {
 
     #[test]
     fn ids_of_different_recordings_never_collide() {
-        use crate::export::trace::STATE_TID_OFFSET;
-        use crate::export::trace_nvtx::NVTX_TID_BASE;
+        use crate::export::trace_ids::NVTX_TID_BASE;
+        use crate::export::trace_ids::STATE_TID_OFFSET;
         // Real ids up to the kernel's largest pid_max, and the synthetic
         // ones (machine, GPUs, state and NVTX tracks, steps).
         let ids = [

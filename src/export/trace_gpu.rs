@@ -24,22 +24,17 @@ use std::io::{self, Write};
 
 use serde_json::json;
 
-use super::trace::{merge_gap, TraceWriter, SORT_GPU};
 use super::trace_budget::{Class, Part};
-use super::trace_stacks::{Context, GapCauses};
+use super::trace_gaps::{spans, GAPS_PART, MAX_CAUSE_SPANS};
+use super::trace_ids::{GPU_PID_BASE, SORT_GPU};
+use super::trace_stacks::{cause_spans, Context, GapCauses};
+use super::trace_writer::{merge_gap, TraceWriter};
 use crate::analysis::gpu::{GpuDeviceAnalysis, THROTTLE_REASONS};
 use crate::analysis::Analysis;
 use crate::event::MonoNs;
 
-/// Synthetic trace PIDs of GPUs: above the kernel's PID_MAX_LIMIT and apart
-/// from the system process.
-pub const GPU_PID_BASE: i64 = 0x7100_0000;
 const IDLE_TID: i64 = 1;
 const THROTTLE_TID_BASE: i64 = 100;
-
-pub const GAPS_PART: &str = "GPU idle gaps and their causes";
-/// Gaps per GPU that get causes at level 0 (the longest); halved per level.
-const MAX_CAUSE_SPANS: usize = 2048;
 
 const COUNTER_MAX: u32 = 14;
 
@@ -98,65 +93,6 @@ fn throttle_index(reason: &str) -> usize {
         .iter()
         .position(|r| r.1 == reason)
         .unwrap_or(THROTTLE_REASONS.len())
-}
-
-/// Idle gaps as drawn at a level: neighbours merged.
-#[derive(Clone, Copy, Debug)]
-pub struct Span {
-    pub start: MonoNs,
-    pub end: MonoNs,
-    pub idle_ns: u64,
-    /// `d.idle_gaps[first..first + gaps]`.
-    pub first: usize,
-    pub gaps: usize,
-}
-
-pub fn spans(d: &GpuDeviceAnalysis, level: u32) -> Vec<Span> {
-    let gap = merge_gap(d.resolution_ns.max(1), level);
-    let mut out: Vec<Span> = Vec::new();
-    for (i, &(s, e)) in d.idle_gaps.iter().enumerate() {
-        let len = e.0.saturating_sub(s.0);
-        match out.last_mut() {
-            // Overlapping gaps (never from the analysis) merge too: slices
-            // on one track must nest.
-            Some(last) if s < last.end || (gap > 0 && s.0.saturating_sub(last.end.0) < gap) => {
-                last.end = last.end.max(e);
-                last.idle_ns += len;
-                last.gaps += 1;
-            }
-            _ => out.push(Span {
-                start: s,
-                end: e,
-                idle_ns: len,
-                first: i,
-                gaps: 1,
-            }),
-        }
-    }
-    out
-}
-
-/// The significant spans of a GPU at `level`, with their causes: spans
-/// long enough for a few stack samples per busy thread (4 sampling
-/// periods), the longest [`MAX_CAUSE_SPANS`] >> level, those with CPU
-/// samples inside.
-pub fn cause_spans(ctx: &Context, d: &GpuDeviceAnalysis, level: u32) -> Vec<(Span, GapCauses)> {
-    if ctx.st.samples.is_empty() {
-        return Vec::new();
-    }
-    let min = ctx.st.period_ns.max(1_000_000).saturating_mul(4);
-    let mut cands: Vec<Span> = spans(d, level)
-        .into_iter()
-        .filter(|s| s.idle_ns >= min)
-        .collect();
-    cands.sort_by_key(|s| (std::cmp::Reverse(s.idle_ns), s.start));
-    cands.truncate(MAX_CAUSE_SPANS >> level.min(20));
-    cands.sort_by_key(|s| s.start);
-    cands
-        .into_iter()
-        .map(|s| (s, ctx.causes_of(d.index, &d.idle_gaps, s.first, s.gaps)))
-        .filter(|(_, c)| c.samples > 0)
-        .collect()
 }
 
 /// The GPU parts of the trace (all in the first priority class).

@@ -20,11 +20,9 @@ use crate::analysis::nvtx::{NvtxAnalysis, NvtxRange};
 use crate::analysis::Analysis;
 use crate::event::{MonoNs, Pid, Tid};
 
-use super::trace::TraceWriter;
+use super::trace_ids::{NVTX_TID_BASE, STEPS_TID};
+use super::trace_writer::TraceWriter;
 
-/// Track ids of NVTX tracks within their process: above real TIDs
-/// (PID_MAX_LIMIT is 2^22) and the state tracks' offset.
-pub const NVTX_TID_BASE: i64 = 0x5000_0000;
 /// Slices of NVTX ranges in the trace at most (~100 bytes each).
 pub const TRACE_MAX_NVTX_SLICES: usize = 300_000;
 
@@ -116,9 +114,6 @@ fn args(n: &NvtxAnalysis, r: &NvtxRange) -> Option<Value> {
     (!m.is_empty()).then_some(Value::Object(m))
 }
 
-/// Track id of the steps track (on the process whose thread marks steps,
-/// else the job's process).
-pub const STEPS_TID: i64 = NVTX_TID_BASE - 1;
 /// Steps drawn in the trace at most.
 pub const TRACE_MAX_STEPS: usize = 100_000;
 

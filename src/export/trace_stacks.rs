@@ -1,7 +1,7 @@
 //! Stack slices in the trace, and what links the GPU's idle gaps to them.
 //!
 //! Each sampled thread's stacks become nested slices on the thread's own
-//! track (see `Stacks::walk_slices`): main and worker threads in the
+//! track (see `trace_slices::walk_slices`): main and worker threads in the
 //! second priority class of the size budget, other processes' threads in
 //! the last.
 //!
@@ -30,9 +30,12 @@ use std::io::{self, Write};
 
 use serde_json::{json, Value};
 
-use super::trace::{json_str, FlowEnd, TraceWriter};
 use super::trace_budget::{Class, Part};
-use crate::analysis::stacks::{Sample, Stacks, TraceSlice, View};
+use super::trace_gaps::{spans, Span, GAPS_PART, MAX_CAUSE_SPANS};
+use super::trace_slices::{thread_slices, walk_slices, TraceSlice, TRACE_MAX_DEPTH};
+use super::trace_writer::{json_str, FlowEnd, TraceWriter};
+use crate::analysis::gpu::GpuDeviceAnalysis;
+use crate::analysis::stacks::{Sample, Stacks, View};
 use crate::analysis::{Analysis, Role};
 use crate::event::{MonoNs, Pid, Tid};
 
@@ -147,10 +150,7 @@ impl<'a> Context<'a> {
 
     pub fn slices_meta(&self) -> Value {
         let mut m = self.slices_meta.borrow().clone();
-        m.insert(
-            "max_depth".into(),
-            json!(crate::analysis::stacks::TRACE_MAX_DEPTH),
-        );
+        m.insert("max_depth".into(), json!(TRACE_MAX_DEPTH));
         m.insert("view".into(), json!(self.view.as_str()));
         json!(m)
     }
@@ -179,7 +179,7 @@ impl<'a> Context<'a> {
                 tw.process_name(
                     pid.0 as i64,
                     &self.st.root_frame(*pid),
-                    super::trace::SORT_PERF_ONLY + pid.0 as i64,
+                    super::trace_ids::SORT_PERF_ONLY + pid.0 as i64,
                 )?;
             }
             if !p.is_some_and(|p| p.threads.contains_key(tid)) {
@@ -245,14 +245,14 @@ impl<'a> Context<'a> {
             let samples = &self.st.samples[range.clone()];
             match flows.as_ref() {
                 // Measuring: the order of slices does not matter.
-                None => self.st.walk_slices(samples, self.view, level, &mut |sl| {
+                None => walk_slices(self.st, samples, self.view, level, &mut |sl| {
                     n += 1;
                     // Errors of io::sink cannot happen.
                     let name = self.name_json(sl.name);
                     let _ = tw.slice_json(p, t, &name, sl.start, sl.end, None, None);
                 }),
                 Some(plan) => {
-                    for sl in self.st.thread_slices(samples, self.view, level) {
+                    for sl in thread_slices(self.st, samples, self.view, level) {
                         n += 1;
                         let flow = plan.marks.get(&(*pid, *tid, sl.start, sl.depth)).copied();
                         let name = self.name_json(sl.name);
@@ -487,7 +487,7 @@ impl<'a> Context<'a> {
                 .position(|p| p.name == name)
                 .and_then(|i| levels[i])
         };
-        let gap_level = level_of(super::trace_gpu::GAPS_PART);
+        let gap_level = level_of(GAPS_PART);
         let (main_level, other_level) = (level_of(MAIN_STACKS_PART), level_of(OTHER_STACKS_PART));
         let mut plan = FlowPlan::default();
         let Some(gap_level) = gap_level else {
@@ -504,7 +504,7 @@ impl<'a> Context<'a> {
         }
         let mut by_thread: BTreeMap<(Pid, Tid), Vec<Want>> = BTreeMap::new();
         for d in &self.a.gpu.devices {
-            for (span, causes) in super::trace_gpu::cause_spans(self, d, gap_level) {
+            for (span, causes) in cause_spans(self, d, gap_level) {
                 for (i, (pid, tid, _, path)) in causes.threads.iter().enumerate() {
                     by_thread.entry((*pid, *tid)).or_default().push(Want {
                         gpu: d.index,
@@ -515,11 +515,7 @@ impl<'a> Context<'a> {
                 }
             }
         }
-        let start = self.a.start;
-        let tenths = |t: MonoNs| t.0.saturating_sub(start.0) / 100;
         let mut used: HashSet<(Pid, Tid, MonoNs, u32)> = HashSet::new();
-        // (GPU, span start, cause) → the target slice and its name.
-        type Link = ((u32, MonoNs, usize), Option<(TraceSlice, String)>);
         let mut links: Vec<Link> = Vec::new();
         for ((pid, tid), wants) in by_thread {
             let level = if self.is_main(pid) {
@@ -538,9 +534,7 @@ impl<'a> Context<'a> {
                 }
                 continue;
             };
-            let slices = self
-                .st
-                .thread_slices(&self.st.samples[range], self.view, level);
+            let slices = thread_slices(self.st, &self.st.samples[range], self.view, level);
             // Per name: its slices by start, and the longest of them.
             let mut by_name: HashMap<u32, (Vec<usize>, u64)> = HashMap::new();
             for (i, sl) in slices.iter().enumerate() {
@@ -579,65 +573,74 @@ impl<'a> Context<'a> {
                 links.push(((w.gpu, s, w.idx), target));
             }
         }
-        // Cause slices nest under their gap, each 0.1 µs after the one
-        // above it, and never start at the same 0.1 µs as their target.
-        links.sort_by_key(|l| l.0);
-        let mut next_id = 1u64;
-        let mut prev: Option<((u32, MonoNs), MonoNs)> = None;
-        for ((gpu, span_start, idx), target) in links {
-            let mut c = Context::cause_start(span_start, idx);
-            if let Some((key, last)) = prev {
-                if key == (gpu, span_start) && c <= last {
-                    c = MonoNs(last.0 + 100);
-                }
+        place_causes(self.a.start, links, &mut plan);
+        self.flow_count.set(plan.count);
+        *self.flows.borrow_mut() = Some(plan);
+    }
+}
+
+/// (GPU, span start, cause) → the target slice and its name.
+type Link = ((u32, MonoNs, usize), Option<(TraceSlice, String)>);
+
+/// Place each cause slice and its flow: cause slices nest under their gap,
+/// each 0.1 µs after the one above it, and never start at the same 0.1 µs
+/// as their target.
+fn place_causes(start: MonoNs, mut links: Vec<Link>, plan: &mut FlowPlan) {
+    let tenths = |t: MonoNs| t.0.saturating_sub(start.0) / 100;
+    links.sort_by_key(|l| l.0);
+    let mut next_id = 1u64;
+    let mut prev: Option<((u32, MonoNs), MonoNs)> = None;
+    for ((gpu, span_start, idx), target) in links {
+        let mut c = Context::cause_start(span_start, idx);
+        if let Some((key, last)) = prev {
+            if key == (gpu, span_start) && c <= last {
+                c = MonoNs(last.0 + 100);
             }
-            let Some((sl, name)) = target else {
-                prev = Some(((gpu, span_start), c));
-                plan.causes.insert(
-                    (gpu, span_start, idx),
-                    CauseLink {
-                        start: c,
-                        flow: None,
-                        target: Value::Null,
-                    },
-                );
-                continue;
-            };
-            if tenths(c) == tenths(sl.start) {
-                c = MonoNs(c.0 + 100);
-            }
+        }
+        let Some((sl, name)) = target else {
             prev = Some(((gpu, span_start), c));
-            let id = next_id;
-            next_id += 1;
-            let cause_first = tenths(c) < tenths(sl.start);
-            plan.marks.insert(
-                (sl.pid, sl.tid, sl.start, sl.depth),
-                FlowEnd {
-                    id,
-                    out: !cause_first,
-                },
-            );
             plan.causes.insert(
                 (gpu, span_start, idx),
                 CauseLink {
                     start: c,
-                    flow: Some(FlowEnd {
-                        id,
-                        out: cause_first,
-                    }),
-                    target: json!({
-                        "pid": sl.pid.0,
-                        "tid": sl.tid.0,
-                        "name": name,
-                        "ts": tenths(sl.start) as f64 / 10.0,
-                        "depth": sl.depth,
-                    }),
+                    flow: None,
+                    target: Value::Null,
                 },
             );
-            plan.count += 1;
+            continue;
+        };
+        if tenths(c) == tenths(sl.start) {
+            c = MonoNs(c.0 + 100);
         }
-        self.flow_count.set(plan.count);
-        *self.flows.borrow_mut() = Some(plan);
+        prev = Some(((gpu, span_start), c));
+        let id = next_id;
+        next_id += 1;
+        let cause_first = tenths(c) < tenths(sl.start);
+        plan.marks.insert(
+            (sl.pid, sl.tid, sl.start, sl.depth),
+            FlowEnd {
+                id,
+                out: !cause_first,
+            },
+        );
+        plan.causes.insert(
+            (gpu, span_start, idx),
+            CauseLink {
+                start: c,
+                flow: Some(FlowEnd {
+                    id,
+                    out: cause_first,
+                }),
+                target: json!({
+                    "pid": sl.pid.0,
+                    "tid": sl.tid.0,
+                    "name": name,
+                    "ts": tenths(sl.start) as f64 / 10.0,
+                    "depth": sl.depth,
+                }),
+            },
+        );
+        plan.count += 1;
     }
 }
 
@@ -647,4 +650,26 @@ fn pct(w: u64, total: u64) -> f64 {
     } else {
         (w as f64 / total as f64 * 1000.0).round() / 10.0
     }
+}
+/// The significant spans of a GPU at `level`, with their causes: spans
+/// long enough for a few stack samples per busy thread (4 sampling
+/// periods), the longest [`MAX_CAUSE_SPANS`](super::trace_gaps::MAX_CAUSE_SPANS) >> level, those with CPU
+/// samples inside.
+pub fn cause_spans(ctx: &Context, d: &GpuDeviceAnalysis, level: u32) -> Vec<(Span, GapCauses)> {
+    if ctx.st.samples.is_empty() {
+        return Vec::new();
+    }
+    let min = ctx.st.period_ns.max(1_000_000).saturating_mul(4);
+    let mut cands: Vec<Span> = spans(d, level)
+        .into_iter()
+        .filter(|s| s.idle_ns >= min)
+        .collect();
+    cands.sort_by_key(|s| (std::cmp::Reverse(s.idle_ns), s.start));
+    cands.truncate(MAX_CAUSE_SPANS >> level.min(20));
+    cands.sort_by_key(|s| s.start);
+    cands
+        .into_iter()
+        .map(|s| (s, ctx.causes_of(d.index, &d.idle_gaps, s.first, s.gaps)))
+        .filter(|(_, c)| c.samples > 0)
+        .collect()
 }

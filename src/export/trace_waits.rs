@@ -13,8 +13,8 @@ use std::io::{self, Write};
 
 use serde_json::{json, Value};
 
-use super::trace::{merge_gap, TraceWriter};
 use super::trace_budget::{Class, Part};
+use super::trace_writer::{merge_gap, TraceWriter};
 use crate::analysis::waits::{ThreadWall, WaitClass, WaitRun};
 use crate::analysis::{Analysis, Role};
 use crate::event::MonoNs;

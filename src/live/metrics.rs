@@ -149,11 +149,34 @@ fn role_name(i: usize) -> String {
     super::ROLES[i].as_str().to_string()
 }
 
-/// Every family of one scrape.
+/// Every family of one scrape, in the order they are served.
 fn families(st: &LiveState, ctx: &Context) -> Vec<Family> {
-    use Kind::*;
     let mut b = Builder(Vec::new());
-    let now = st.now;
+    recording_families(&mut b, st, ctx);
+    role_families(&mut b, st);
+    disk_families(&mut b, st);
+    gpu_families(&mut b, st);
+    rank_families(&mut b, st);
+    nvtx_and_condition_families(&mut b, st, ctx);
+    b.0
+}
+
+/// The start of the last minute before `now`: the window of busy shares.
+fn last_minute(now: crate::event::MonoNs) -> crate::event::MonoNs {
+    crate::event::MonoNs(now.0.saturating_sub(60_000_000_000))
+}
+
+fn gpu_labels(i: &u32, g: &super::LiveGpu) -> Labels {
+    l(&[
+        ("gpu", i.to_string()),
+        ("uuid", g.uuid.clone()),
+        ("name", g.name.clone()),
+    ])
+}
+
+/// The recording itself and gpuprof's own cost.
+fn recording_families(b: &mut Builder, st: &LiveState, ctx: &Context) {
+    use Kind::*;
     b.fam(
         "gpuprof_recording_seconds",
         "Seconds recorded so far.",
@@ -171,15 +194,18 @@ fn families(st: &LiveState, ctx: &Context) -> Vec<Family> {
     .push((vec![], bytes));
     b.fam("gpuprof_events", "Events recorded.", Counter)
         .push((vec![], st.events as f64));
-    let (cpu_ns, _) = crate::session::self_usage();
+    let (cpu_ns, _) = crate::selfcost::self_usage();
     b.fam(
         "gpuprof_profiler_cpu_seconds",
         "CPU time gpuprof itself used (user + system).",
         Counter,
     )
     .push((vec![], cpu_ns as f64 / 1e9));
+}
 
-    // Per role.
+/// The job's processes by role.
+fn role_families(b: &mut Builder, st: &LiveState) {
+    use Kind::*;
     let alive = st.alive();
     let rss = st.rss();
     let cores = st.role_cores(10.0);
@@ -241,8 +267,11 @@ fn families(st: &LiveState, ctx: &Context) -> Vec<Family> {
     for (s, n) in st.thread_states() {
         f.push((l(&[("state", s.to_string())]), n as f64));
     }
+}
 
-    // Disks.
+/// Disks, machine-wide.
+fn disk_families(b: &mut Builder, st: &LiveState) {
+    use Kind::*;
     let rd = b.fam(
         "gpuprof_disk_read_bytes",
         "Bytes read from each disk (machine-wide).",
@@ -267,16 +296,13 @@ fn families(st: &LiveState, ctx: &Context) -> Vec<Family> {
     for (name, d) in st.disks.iter().filter(|(_, d)| d.seen_io()) {
         busy.push((l(&[("disk", name.clone())]), d.io_ms as f64 / 1e3));
     }
+}
 
-    // GPUs.
-    let gl = |i: &u32, g: &super::LiveGpu| {
-        l(&[
-            ("gpu", i.to_string()),
-            ("uuid", g.uuid.clone()),
-            ("name", g.name.clone()),
-        ])
-    };
-    let from = crate::event::MonoNs(now.0.saturating_sub(60_000_000_000));
+/// GPUs, and the GPU memory of the job's processes.
+fn gpu_families(b: &mut Builder, st: &LiveState) {
+    use Kind::*;
+    let now = st.now;
+    let from = last_minute(now);
     let f = b.fam(
         "gpuprof_gpu_busy_ratio",
         "Share of the last minute during which a kernel ran (driver utilization samples).",
@@ -284,7 +310,7 @@ fn families(st: &LiveState, ctx: &Context) -> Vec<Family> {
     );
     for (i, g) in &st.gpus {
         if let Some((s, _)) = g.busy_share(from, now) {
-            f.push((gl(i, g), s));
+            f.push((gpu_labels(i, g), s));
         }
     }
     let f = b.fam(
@@ -293,7 +319,7 @@ fn families(st: &LiveState, ctx: &Context) -> Vec<Family> {
         Counter,
     );
     for (i, g) in &st.gpus {
-        f.push((gl(i, g), g.busy_s));
+        f.push((gpu_labels(i, g), g.busy_s));
     }
     let f = b.fam(
         "gpuprof_gpu_idle_seconds",
@@ -301,7 +327,7 @@ fn families(st: &LiveState, ctx: &Context) -> Vec<Family> {
         Counter,
     );
     for (i, g) in &st.gpus {
-        f.push((gl(i, g), (g.sampled_s - g.busy_s).max(0.0)));
+        f.push((gpu_labels(i, g), (g.sampled_s - g.busy_s).max(0.0)));
     }
     let f = b.fam(
         "gpuprof_gpu_idle_sample_seconds",
@@ -309,12 +335,12 @@ fn families(st: &LiveState, ctx: &Context) -> Vec<Family> {
         Counter,
     );
     for (i, g) in &st.gpus {
-        f.push((gl(i, g), g.idle_sample_s));
+        f.push((gpu_labels(i, g), g.idle_sample_s));
     }
     let f = b.fam("gpuprof_gpu_memory_used_bytes", "GPU memory in use.", Gauge);
     for (i, g) in &st.gpus {
         if let Some(m) = g.mem_used {
-            f.push((gl(i, g), m as f64));
+            f.push((gpu_labels(i, g), m as f64));
         }
     }
     let f = b.fam(
@@ -324,25 +350,25 @@ fn families(st: &LiveState, ctx: &Context) -> Vec<Family> {
     );
     for (i, g) in &st.gpus {
         if let Some(m) = g.mem_total {
-            f.push((gl(i, g), m as f64));
+            f.push((gpu_labels(i, g), m as f64));
         }
     }
     let f = b.fam("gpuprof_gpu_temperature_celsius", "GPU temperature.", Gauge);
     for (i, g) in &st.gpus {
         if let Some(v) = g.temp_c {
-            f.push((gl(i, g), v as f64));
+            f.push((gpu_labels(i, g), v as f64));
         }
     }
     let f = b.fam("gpuprof_gpu_power_watts", "GPU power draw.", Gauge);
     for (i, g) in &st.gpus {
         if let Some(v) = g.power_mw {
-            f.push((gl(i, g), v as f64 / 1e3));
+            f.push((gpu_labels(i, g), v as f64 / 1e3));
         }
     }
     let f = b.fam("gpuprof_gpu_sm_clock_mhz", "GPU SM clock.", Gauge);
     for (i, g) in &st.gpus {
         if let Some(v) = g.sm_mhz {
-            f.push((gl(i, g), v as f64));
+            f.push((gpu_labels(i, g), v as f64));
         }
     }
     let f = b.fam(
@@ -352,7 +378,7 @@ fn families(st: &LiveState, ctx: &Context) -> Vec<Family> {
     );
     for (i, g) in &st.gpus {
         for (bit, s) in g.throttle_s(now) {
-            let mut lab = gl(i, g);
+            let mut lab = gpu_labels(i, g);
             lab.push((Cow::Borrowed("reason"), throttle_names(bit).join(",")));
             f.push((lab, s));
         }
@@ -367,7 +393,7 @@ fn families(st: &LiveState, ctx: &Context) -> Vec<Family> {
             let (Some(m), Some(role)) = (mem, st.role_of(*pid)) else {
                 continue;
             };
-            let mut lab = gl(i, g);
+            let mut lab = gpu_labels(i, g);
             lab.push((Cow::Borrowed("pid"), pid.0.to_string()));
             lab.push((Cow::Borrowed("role"), role.as_str().to_string()));
             lab.push((
@@ -377,8 +403,13 @@ fn families(st: &LiveState, ctx: &Context) -> Vec<Family> {
             f.push((lab, *m as f64));
         }
     }
+}
 
-    // Per rank (processes carry the launcher's rank variables).
+/// Per rank (processes carry the launcher's rank variables).
+fn rank_families(b: &mut Builder, st: &LiveState) {
+    use Kind::*;
+    let now = st.now;
+    let from = last_minute(now);
     let ranks = st.rank_gpus();
     let f = b.fam(
         "gpuprof_rank_gpu_busy_ratio",
@@ -416,7 +447,11 @@ fn families(st: &LiveState, ctx: &Context) -> Vec<Family> {
             ns as f64 / 1e9,
         ));
     }
+}
 
+/// NVTX ranges and the early-warning conditions.
+fn nvtx_and_condition_families(b: &mut Builder, st: &LiveState, ctx: &Context) {
+    use Kind::*;
     // NVTX ranges (training steps, when the job marks them).
     let ranges = st.nvtx_ranges();
     let f = b.fam(
@@ -454,7 +489,6 @@ fn families(st: &LiveState, ctx: &Context) -> Vec<Family> {
             1.0,
         ));
     }
-    b.0
 }
 
 /// What the server needs besides the live state.

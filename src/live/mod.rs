@@ -18,10 +18,11 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::analysis::gpu::throttle_mask;
-use crate::analysis::roles::{self, RankIds, RoleFacts, TORCH_WORKER_NAME};
+use crate::analysis::roles::{self, RoleFacts, TORCH_WORKER_NAME};
 use crate::analysis::Role;
 use crate::diagnose::{POWER_REASONS, THERMAL_REASONS};
 use crate::event::{CpuTimes, Event, GpuIndex, GpuProc, GpuState, MonoNs, Pid, Tid};
+use crate::vocab::ranks::RankIds;
 
 /// Entries kept in one history, whatever the window and rates.
 const MAX_HISTORY: usize = 200_000;

@@ -31,7 +31,7 @@ use serde_json::{json, Value};
 use crate::analysis::{self, Role};
 use crate::diagnose::{self, ranks::RankFigures, Finding, FindingKind};
 use crate::event::{Header, MonoNs};
-use crate::export::report::r;
+use crate::export::common::r;
 use crate::export::trace::Fragment;
 use crate::outdir::OutDir;
 use crate::record::{self, RecordingReader};
@@ -159,11 +159,6 @@ fn identity(h: &Header) -> (String, Option<String>, u64, u64, i32) {
     )
 }
 
-/// The folder a merge claims in its output folder while it writes (and
-/// removes after): a recording session refuses a folder that holds it, and
-/// a second merge cannot create it.
-pub const CLAIM_DIR: &str = ".gpuprof-merge";
-
 /// Analyse one recording: write its part of the trace to `fragment`, keep
 /// its summary.
 fn analyse(path: &Path, slot: u32, fragment: &Path, budget: Option<u64>) -> Result<Node> {
@@ -273,22 +268,22 @@ pub fn run(opts: &MergeOptions) -> Result<MergeOutcome> {
     let (out, _) = OutDir::open(&opts.output, true)?;
     // The claim: the marker first (atomic: a second merge stops here), then
     // a look for another run's files, which a merge must not replace.
-    let tmp = match out.create_subdir(CLAIM_DIR) {
+    let tmp = match out.create_subdir(crate::outputs::CLAIM_DIR) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => anyhow::bail!(
             "output folder {} is being written by another `gpuprof merge` ({} exists; remove it if no merge runs): choose another with -o DIR",
             opts.output.display(),
-            out.display(CLAIM_DIR)
+            out.display(crate::outputs::CLAIM_DIR)
         ),
-        Err(e) => return Err(e).with_context(|| format!("cannot create {}", out.display(CLAIM_DIR))),
+        Err(e) => return Err(e).with_context(|| format!("cannot create {}", out.display(crate::outputs::CLAIM_DIR))),
     };
     // Another run's files, not a symlink planted there (it is replaced,
     // never followed: see crate::outdir).
     let other = if out.exists(record::RECORDING_DIR) {
         Some(record::RECORDING_DIR.to_string())
     } else {
-        crate::session::earlier_output(&out, |n| {
-            n != CLAIM_DIR
+        crate::outputs::earlier_output(&out, |n| {
+            n != crate::outputs::CLAIM_DIR
                 && std::fs::symlink_metadata(opts.output.join(n)).is_ok_and(|m| m.is_file())
         })
     };
@@ -311,84 +306,8 @@ fn merge_into(
     mut skipped: Vec<Skipped>,
     tmp: &Path,
 ) -> Result<MergeOutcome> {
-    let jobs = opts
-        .jobs
-        .unwrap_or_else(|| {
-            std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(1)
-                .min(4)
-        })
-        .clamp(1, readable.len().max(1));
-    // Analyse with `jobs` threads taking recordings in order.
-    let n = readable.len() as u64;
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let results: std::sync::Mutex<Vec<(usize, Result<Node>)>> = Default::default();
-    std::thread::scope(|s| {
-        for _ in 0..jobs {
-            s.spawn(|| loop {
-                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let Some((p, _)) = readable.get(i) else { break };
-                let frag = tmp.join(format!("{i}.frag"));
-                let r = analyse(p, i as u32, &frag, opts.trace_budget.map(|b| b / n));
-                results
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .push((i, r));
-            });
-        }
-    });
-    let mut results = results.into_inner().unwrap_or_else(|e| e.into_inner());
-    results.sort_by_key(|r| r.0);
-    let mut nodes = Vec::new();
-    for (i, r) in results {
-        match r {
-            Ok(n) => nodes.push((i, n)),
-            Err(e) => skipped.push(Skipped {
-                path: readable[i].0.clone(),
-                reason: format!("{e:#}"),
-            }),
-        }
-    }
-    if nodes.is_empty() {
-        let why: Vec<String> = skipped
-            .iter()
-            .map(|s| format!("{}: {}", s.path.display(), s.reason))
-            .collect();
-        anyhow::bail!("nothing to merge: {}", why.join("; "));
-    }
-    // Order: by node index, then rank, then host and path.
-    nodes.sort_by(|(_, x), (_, y)| {
-        let key = |n: &Node| {
-            let ids = crate::analysis::RankIds::from_env(&n.header.rank_env);
-            (
-                ids.node_rank.unwrap_or(u32::MAX),
-                n.ranks.iter().map(|r| r.rank).min().unwrap_or(u32::MAX),
-                n.header.host.clone(),
-                n.path.clone(),
-            )
-        };
-        key(x).cmp(&key(y))
-    });
-    // Labels: the host, made unique when several recordings share it.
-    let hosts: Vec<String> = nodes.iter().map(|(_, n)| n.header.host.clone()).collect();
-    for (_, n) in nodes.iter_mut() {
-        if hosts.iter().filter(|h| **h == n.header.host).count() > 1 {
-            let tag = match (&n.header.rank, n.ranks.first()) {
-                (Some(r), _) => format!("rank {r}"),
-                (None, Some(f)) => format!("rank {}", f.rank),
-                (None, None) => n
-                    .path
-                    .file_name()
-                    .map(|f| f.to_string_lossy().into_owned())
-                    .unwrap_or_default(),
-            };
-            n.label = format!("{} [{tag}]", n.header.host);
-        }
-        for f in n.ranks.iter_mut() {
-            f.host = n.label.clone();
-        }
-    }
+    let mut nodes = analyse_all(opts, &readable, &mut skipped, tmp)?;
+    order_and_label(&mut nodes);
 
     // Clocks.
     let clocks: Vec<align::ClockInput> = nodes
@@ -452,29 +371,7 @@ fn merge_into(
     })?);
 
     let all_ranks: Vec<RankFigures> = nodes.iter().flat_map(|(_, n)| n.ranks.clone()).collect();
-    let mut findings: Vec<(Option<String>, Finding)> = Vec::new();
-    findings.extend(diagnose::ranks::straggler(&all_ranks).map(|f| (None, f)));
-    for (_, n) in &nodes {
-        for f in &n.findings {
-            // Each node's own straggler compares only its local ranks: the
-            // merged one above compares them all.
-            if f.kind == FindingKind::StragglerRank && findings.iter().any(|x| x.0.is_none()) {
-                continue;
-            }
-            findings.push((Some(n.label.clone()), f.clone()));
-        }
-    }
-    findings.sort_by(|x, y| {
-        let (a, b) = (&x.1, &y.1);
-        let gt = |f: &Finding| f.gpu_time.as_ref().map_or(0.0, |g| g.seconds);
-        // As in each node's diagnosis: possible findings after the
-        // established ones.
-        b.established()
-            .cmp(&a.established())
-            .then(gt(b).total_cmp(&gt(a)))
-            .then(b.severity.cmp(&a.severity))
-            .then(a.kind.cmp(&b.kind))
-    });
+    let findings = merged_findings(&nodes, &all_ranks);
     let m = Merged {
         nodes: &nodes,
         places: &places,
@@ -502,6 +399,133 @@ fn merge_into(
             .join("\n")
             + "\n",
     })
+}
+
+/// Analyse every readable recording with `opts.jobs` threads (each
+/// writing its trace fragment into `tmp`); the ones that fail join
+/// `skipped`. Fails when none is left.
+fn analyse_all(
+    opts: &MergeOptions,
+    readable: &[(PathBuf, Header)],
+    skipped: &mut Vec<Skipped>,
+    tmp: &Path,
+) -> Result<Vec<(usize, Node)>> {
+    let jobs = opts
+        .jobs
+        .unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
+                .min(4)
+        })
+        .clamp(1, readable.len().max(1));
+    // Analyse with `jobs` threads taking recordings in order.
+    let n = readable.len() as u64;
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results: std::sync::Mutex<Vec<(usize, Result<Node>)>> = Default::default();
+    std::thread::scope(|s| {
+        for _ in 0..jobs {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some((p, _)) = readable.get(i) else { break };
+                let frag = tmp.join(format!("{i}.frag"));
+                let r = analyse(p, i as u32, &frag, opts.trace_budget.map(|b| b / n));
+                results
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push((i, r));
+            });
+        }
+    });
+    let mut results = results.into_inner().unwrap_or_else(|e| e.into_inner());
+    results.sort_by_key(|r| r.0);
+    let mut nodes = Vec::new();
+    for (i, r) in results {
+        match r {
+            Ok(n) => nodes.push((i, n)),
+            Err(e) => skipped.push(Skipped {
+                path: readable[i].0.clone(),
+                reason: format!("{e:#}"),
+            }),
+        }
+    }
+    if nodes.is_empty() {
+        let why: Vec<String> = skipped
+            .iter()
+            .map(|s| format!("{}: {}", s.path.display(), s.reason))
+            .collect();
+        anyhow::bail!("nothing to merge: {}", why.join("; "));
+    }
+    Ok(nodes)
+}
+
+/// Order the nodes (by node index, then rank, then host and path) and
+/// label each with its host, made unique when several share it.
+fn order_and_label(nodes: &mut [(usize, Node)]) {
+    // Order: by node index, then rank, then host and path.
+    nodes.sort_by(|(_, x), (_, y)| {
+        let key = |n: &Node| {
+            let ids = crate::vocab::ranks::RankIds::from_env(&n.header.rank_env);
+            (
+                ids.node_rank.unwrap_or(u32::MAX),
+                n.ranks.iter().map(|r| r.rank).min().unwrap_or(u32::MAX),
+                n.header.host.clone(),
+                n.path.clone(),
+            )
+        };
+        key(x).cmp(&key(y))
+    });
+    // Labels: the host, made unique when several recordings share it.
+    let hosts: Vec<String> = nodes.iter().map(|(_, n)| n.header.host.clone()).collect();
+    for (_, n) in nodes.iter_mut() {
+        if hosts.iter().filter(|h| **h == n.header.host).count() > 1 {
+            let tag = match (&n.header.rank, n.ranks.first()) {
+                (Some(r), _) => format!("rank {r}"),
+                (None, Some(f)) => format!("rank {}", f.rank),
+                (None, None) => n
+                    .path
+                    .file_name()
+                    .map(|f| f.to_string_lossy().into_owned())
+                    .unwrap_or_default(),
+            };
+            n.label = format!("{} [{tag}]", n.header.host);
+        }
+        for f in n.ranks.iter_mut() {
+            f.host = n.label.clone();
+        }
+    }
+}
+
+/// Every node's findings with its label, and the merged straggler finding
+/// over all ranks, ranked as each node's diagnosis ranks them.
+fn merged_findings(
+    nodes: &[(usize, Node)],
+    all_ranks: &[RankFigures],
+) -> Vec<(Option<String>, Finding)> {
+    let mut findings: Vec<(Option<String>, Finding)> = Vec::new();
+    findings.extend(diagnose::ranks::straggler(all_ranks).map(|f| (None, f)));
+    for (_, n) in nodes {
+        for f in &n.findings {
+            // Each node's own straggler compares only its local ranks: the
+            // merged one above compares them all.
+            if f.kind == FindingKind::StragglerRank && findings.iter().any(|x| x.0.is_none()) {
+                continue;
+            }
+            findings.push((Some(n.label.clone()), f.clone()));
+        }
+    }
+    findings.sort_by(|x, y| {
+        let (a, b) = (&x.1, &y.1);
+        let gt = |f: &Finding| f.gpu_time.as_ref().map_or(0.0, |g| g.seconds);
+        // As in each node's diagnosis: possible findings after the
+        // established ones.
+        b.established()
+            .cmp(&a.established())
+            .then(gt(b).total_cmp(&gt(a)))
+            .then(b.severity.cmp(&a.severity))
+            .then(a.kind.cmp(&b.kind))
+    });
+    findings
 }
 
 /// Stream one node's fragment into the merged trace: every timestamp

@@ -150,12 +150,12 @@ impl Checker {
         self.max_t
     }
 
-    fn bad(&mut self, why: &str) -> Option<Event> {
+    fn bad<T>(&mut self, why: &str) -> Option<T> {
         *self.invalid.entry(why.to_string()).or_default() += 1;
         None
     }
 
-    fn dup(&mut self) -> Option<Event> {
+    fn dup<T>(&mut self) -> Option<T> {
         self.duplicates += 1;
         None
     }
@@ -194,8 +194,42 @@ impl Checker {
                 }
             }
         }
-        let ok = match &mut ev {
+        // Each family of events has its checks in a method of its own.
+        let ok = match ev {
             Event::Header(_) => return self.dup(),
+            Event::Footer(_)
+            | Event::Process { .. }
+            | Event::ProcessExit { .. }
+            | Event::ThreadCpu { .. } => self.check_processes(&mut ev)?,
+            Event::ProcessSample { .. } | Event::SystemCpu { .. } | Event::Disks { .. } => {
+                self.check_resources(&mut ev)?
+            }
+            Event::Pressure { .. }
+            | Event::Memory { .. }
+            | Event::Samples(_)
+            | Event::StackNode { .. }
+            | Event::GpuDevice { .. }
+            | Event::GpuUtil { .. }
+            | Event::GpuProcUtil { .. }
+            | Event::GpuState { .. }
+            | Event::GpuPcie { .. } => self.check_samples_and_gpus(&mut ev)?,
+            _ => true,
+        };
+        if !ok {
+            return None;
+        }
+        if let Some(t) = ev.time() {
+            if self.max_t.map_or(true, |m| t > m) {
+                self.max_t = Some(t);
+            }
+        }
+        Some(ev)
+    }
+
+    /// [`Checker::check`] of the footer, processes and threads. `None`: the event
+    /// is dropped (counted as a duplicate or an invalid event).
+    fn check_processes(&mut self, ev: &mut Event) -> Option<bool> {
+        let ok = match ev {
             Event::Footer(f) => {
                 if self.footer {
                     return self.dup();
@@ -298,6 +332,15 @@ impl Checker {
                 }
                 true
             }
+            _ => true,
+        };
+        Some(ok)
+    }
+
+    /// [`Checker::check`] of process, CPU and disk samples. `None`: the event
+    /// is dropped (counted as a duplicate or an invalid event).
+    fn check_resources(&mut self, ev: &mut Event) -> Option<bool> {
+        let ok = match ev {
             Event::ProcessSample {
                 t,
                 pid,
@@ -395,6 +438,15 @@ impl Checker {
                 }
                 true
             }
+            _ => true,
+        };
+        Some(ok)
+    }
+
+    /// [`Checker::check`] of pressure and memory samples, stack samples and nodes, GPU samples. `None`: the event
+    /// is dropped (counted as a duplicate or an invalid event).
+    fn check_samples_and_gpus(&mut self, ev: &mut Event) -> Option<bool> {
+        let ok = match ev {
             Event::Pressure { t, cpu, io, memory } => {
                 let t = *t;
                 if self.pressure_t.is_some_and(|l| t <= l) {
@@ -490,15 +542,7 @@ impl Checker {
             }
             _ => true,
         };
-        if !ok {
-            return None;
-        }
-        if let Some(t) = ev.time() {
-            if self.max_t.map_or(true, |m| t > m) {
-                self.max_t = Some(t);
-            }
-        }
-        Some(ev)
+        Some(ok)
     }
 
     /// GPU events of one kind and GPU come in time order.

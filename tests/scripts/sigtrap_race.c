@@ -153,3 +153,48 @@ int race(int ms, long *out)
     out[5] = swaps;
     return 0;
 }
+
+/* A handler installed as a job may install it: SA_RESETHAND (one
+ * delivery, then the default action), a sa_mask (SIGUSR1 blocked while it
+ * runs). Returns a bit set of what went wrong (0: as the kernel does it):
+ * 1 the handler ran other than once, 2 SIGUSR1 not blocked in it, 4
+ * SIGUSR1 still blocked after it, 8 the disposition not reset to SIG_DFL,
+ * 16 SIGTRAP not blocked in it. */
+static _Atomic int once_runs, once_usr1, once_trap;
+
+static void once(int sig)
+{
+    (void)sig;
+    sigset_t now;
+    pthread_sigmask(SIG_BLOCK, NULL, &now);
+    atomic_fetch_add(&once_runs, 1);
+    atomic_store(&once_usr1, sigismember(&now, SIGUSR1));
+    atomic_store(&once_trap, sigismember(&now, SIGTRAP));
+}
+
+int flags(void)
+{
+    struct sigaction a, o;
+    memset(&a, 0, sizeof a);
+    a.sa_handler = once;
+    a.sa_flags = SA_RESETHAND;
+    sigemptyset(&a.sa_mask);
+    sigaddset(&a.sa_mask, SIGUSR1);
+    if (sigaction(SIGTRAP, &a, NULL))
+        return 64;
+    syscall(SYS_tgkill, getpid(), gettid_(), SIGTRAP);
+    int bad_ = 0;
+    if (atomic_load(&once_runs) != 1)
+        bad_ |= 1;
+    if (atomic_load(&once_usr1) != 1)
+        bad_ |= 2;
+    sigset_t now;
+    pthread_sigmask(SIG_BLOCK, NULL, &now);
+    if (sigismember(&now, SIGUSR1))
+        bad_ |= 4;
+    if (sigaction(SIGTRAP, NULL, &o) || o.sa_handler != SIG_DFL)
+        bad_ |= 8;
+    if (atomic_load(&once_trap) != 1)
+        bad_ |= 16;
+    return bad_;
+}

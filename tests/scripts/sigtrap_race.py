@@ -4,8 +4,9 @@ threads raise SIGTRAPs and compute (sigtrap_race.c, built by the test).
     sigtrap_race.py LIB.so SECONDS
 
 Prints the counts and exits 0 when every SIGTRAP a thread raised at itself
-reached the job's handler exactly once, the writer's own were handled, and
-nothing came back torn.
+reached the job's handler exactly once, the writer's own were handled,
+nothing came back torn, and a handler installed with SA_RESETHAND and a
+sa_mask ran once, with its mask, and left SIG_DFL behind.
 """
 import ctypes
 import sys
@@ -41,6 +42,10 @@ def main():
     # A thread's pending SIGTRAPs merge: at least one, at most each.
     if not 0 < handled_w <= sent_w:
         sys.exit("the writer's SIGTRAPs were not handled")
+    # SA_RESETHAND and sa_mask, as the kernel honours them.
+    bad = lib.flags()
+    if bad:
+        sys.exit(f"the job's SA_RESETHAND/sa_mask handler was not called as installed (bits {bad:#x})")
     print("race ok")
 
 

@@ -80,6 +80,15 @@ fn pool_file(stack: &[u32], frames: &[FrameInfo]) -> Option<String> {
     })
 }
 
+/// Unwinding stopped before the thread's start: the outermost frame is an
+/// address outside every mapping, or unknown.
+fn cut_off(stack: &[u32], frames: &[FrameInfo]) -> bool {
+    stack.first().is_some_and(|&f| {
+        let fi = &frames[f as usize];
+        fi.file == "[unknown]" || (fi.class == FrameClass::Marker && fi.name == "[unknown]")
+    })
+}
+
 fn has_python(a: Attribution) -> bool {
     matches!(
         a,
@@ -135,15 +144,42 @@ pub(super) fn link(
         if python {
             python_threads.entry(pid).or_default().push(tid);
         }
+        // A thread without Python whose samples that reach their root are
+        // mostly in one pool is that pool's thread: its samples whose
+        // unwinding stopped early (a kernel without unwind tables under
+        // `[[unknown]]`) are that pool's work too.
+        let mut own: BTreeMap<String, u64> = BTreeMap::new();
+        let mut elsewhere = 0u64;
+        let mut cut_short: Vec<usize> = Vec::new();
         for (i, s) in thread.iter().enumerate() {
-            let Some(file) = pool(s.stack) else { continue };
+            let Some(file) = pool(s.stack) else {
+                if python || s.attribution != Attribution::NativeOnly {
+                    continue;
+                }
+                if cut_off(&stacks[s.stack as usize], frames) {
+                    cut_short.push(from + i);
+                } else {
+                    elsewhere += s.weight as u64;
+                }
+                continue;
+            };
             if python {
                 *in_pool.entry((pid, file, tid)).or_default() += s.weight as u64;
             } else if s.attribution == Attribution::NativeOnly {
+                *own.entry(file.clone()).or_default() += s.weight as u64;
                 pool_samples.push((from + i, file));
             }
         }
+        let main_pool = own
+            .into_iter()
+            .max_by_key(|(f, n)| (*n, std::cmp::Reverse(f.clone())));
+        if let Some((file, n)) = main_pool {
+            if n >= elsewhere {
+                pool_samples.extend(cut_short.into_iter().map(|i| (i, file.clone())));
+            }
+        }
     }
+    pool_samples.sort_unstable();
     let mut starters: HashMap<(Pid, String), Option<Tid>> = HashMap::new();
     let mut windows: HashMap<(Pid, Tid), u64> = HashMap::new();
     let mut links = Vec::new();

@@ -16,7 +16,7 @@ use py_spy::config::{LineNo, LockingStrategy};
 use py_spy::{Config, PythonSpy};
 
 use super::offcpu::{copy_memory, parse_syscall, syscall_marker};
-use super::ring::Sample;
+use super::sample::Sample;
 use super::unwind::{self, Files, ProcessMaps, UnwindCache};
 use crate::event::{MonoNs, Pid, Tid};
 

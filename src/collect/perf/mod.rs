@@ -14,12 +14,16 @@
 
 mod dump;
 pub mod offcpu;
+mod options;
 mod perfmap;
 pub mod pyagent;
 pub mod pylines;
+mod pyread;
 mod ring;
+mod sample;
 mod symbolize;
 mod unwind;
+pub mod verdicts;
 
 use std::collections::{BTreeMap, HashMap};
 use std::os::fd::{AsFd, AsRawFd};
@@ -29,10 +33,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub use dump::dump;
+pub use options::{PerfOptions, SamplerChoice};
 pub use ring::{
     online_cpus, parse_cpu_list, perf_event_paranoid, refusal_advice_then, ring_bytes_for,
     OpenError,
 };
+pub use verdicts::AgentVerdicts;
 
 use nix::sys::eventfd::{EfdFlags, EventFd};
 
@@ -40,15 +46,14 @@ use crate::collect::intern::Interner;
 use crate::collect::TreeNews;
 use crate::event::{Coverage, Event, MonoNs, Pid, SampleSource, StackKind, StackStats, Tid};
 use crate::record::Sink;
+use crate::vocab::coverage;
+use crate::vocab::stacks::{
+    agent_covers, MARKER_NOT_UNWOUND, MARKER_ON_CPU, MARKER_RACED, MARKER_TRUNCATED,
+    MARKER_UNREADABLE, SAMPLER_PERF, SAMPLER_TIMER,
+};
 use pyagent::{AgentRecord, AgentRings, Note, PyStatus};
 use ring::{Record, Rings};
 use unwind::{Files, ProcessMaps, UnwindCache};
-
-/// Coverage source name of native stacks.
-pub const COVERAGE_SOURCE: &str = "native-stacks";
-/// `stacks.sampler` in report.json: which sampler took the native stacks.
-pub const SAMPLER_PERF: &str = "perf-events";
-pub const SAMPLER_TIMER: &str = "in-process-timer";
 
 /// Default and limits of the sampling settings.
 pub const DEFAULT_FREQUENCY: u64 = 99;
@@ -75,148 +80,6 @@ pub struct AgentLink {
     pub ring_dir: PathBuf,
     /// What the agent said of each process, for the py-spy sampler.
     pub verdicts: Arc<AgentVerdicts>,
-}
-
-/// Which processes the in-process agent samples, from its hello records:
-/// the perf reader writes, the py-spy sampler reads (it leaves those
-/// processes to the agent, see `collect::python`).
-#[derive(Debug)]
-pub struct AgentVerdicts {
-    said: std::sync::Mutex<HashMap<Pid, bool>>,
-    /// The agent's file, as the job's processes map it.
-    file: PathBuf,
-}
-
-impl AgentVerdicts {
-    pub fn new(file: PathBuf) -> AgentVerdicts {
-        AgentVerdicts {
-            said: Default::default(),
-            file,
-        }
-    }
-
-    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<Pid, bool>> {
-        self.said.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Whether the agent is loaded in `pid`: then it will say whether it
-    /// samples it (at once when it cannot, else at its first sample).
-    pub fn loaded_in(&self, pid: Pid) -> bool {
-        let Some(name) = self.file.to_str() else {
-            return false;
-        };
-        std::fs::read_to_string(format!("/proc/{}/maps", pid.0))
-            .is_ok_and(|m| m.lines().any(|l| l.ends_with(name)))
-    }
-
-    /// Whether `pid`'s environment preloads the agent: right after an
-    /// exec the dynamic loader has not mapped it yet ([`loaded_in`] says
-    /// no), and perf's news of the exec brings the py-spy sampler to look
-    /// at just that moment.
-    ///
-    /// [`loaded_in`]: AgentVerdicts::loaded_in
-    pub fn preloaded_in(&self, pid: Pid) -> bool {
-        let Some(name) = self.file.to_str() else {
-            return false;
-        };
-        std::fs::read(format!("/proc/{}/environ", pid.0)).is_ok_and(|env| {
-            env.split(|&b| b == 0)
-                .filter_map(|v| v.strip_prefix(b"LD_PRELOAD="))
-                .any(|v| {
-                    v.split(|&b| b == b' ' || b == b':')
-                        .any(|lib| lib == name.as_bytes())
-                })
-        })
-    }
-
-    /// The agent said whether it samples `pid`.
-    pub fn set(&self, pid: Pid, sampling: bool) {
-        self.map().insert(pid, sampling);
-    }
-
-    /// `pid` exited or exec'd: whatever the agent said is void.
-    pub fn forget(&self, pid: Pid) {
-        self.map().remove(&pid);
-    }
-
-    /// Some(true): the agent samples `pid`; Some(false): it said it does
-    /// not; None: it has said nothing (yet).
-    pub fn get(&self, pid: Pid) -> Option<bool> {
-        self.map().get(&pid).copied()
-    }
-}
-
-#[derive(Clone, Debug)]
-pub struct PerfOptions {
-    /// Samples per second per thread (1..=1000).
-    pub frequency: u64,
-    /// Bytes of user stack copied per sample (8..=65528, a multiple of 8).
-    pub stack_size: u32,
-    /// Python frames of the same instant from the in-process agent
-    /// (`--python-frames same-instant`, the default); else py-spy alone.
-    pub same_instant_python: bool,
-    /// `--hang-after`: write a hang report when every loop thread has been
-    /// blocked this long (None: off).
-    pub hang_after: Option<Duration>,
-    /// Where hang reports go (the output folder), set when recording.
-    pub hang_dir: Option<PathBuf>,
-    /// Which native sampler (`--sampler`).
-    pub sampler: SamplerChoice,
-}
-
-/// `--sampler`: who takes the native stacks.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum SamplerChoice {
-    /// perf events where allowed, else the in-process timer sampler.
-    #[default]
-    Auto,
-    /// perf events only: none where they are refused.
-    Perf,
-    /// The in-process timer sampler, even where perf is allowed.
-    Timer,
-}
-
-impl SamplerChoice {
-    pub fn parse(s: &str) -> Option<SamplerChoice> {
-        match s {
-            "auto" => Some(SamplerChoice::Auto),
-            "perf" => Some(SamplerChoice::Perf),
-            "timer" => Some(SamplerChoice::Timer),
-            _ => None,
-        }
-    }
-}
-
-impl Default for PerfOptions {
-    fn default() -> Self {
-        PerfOptions {
-            frequency: DEFAULT_FREQUENCY,
-            stack_size: DEFAULT_STACK_SIZE,
-            same_instant_python: true,
-            hang_after: None,
-            hang_dir: None,
-            sampler: SamplerChoice::Auto,
-        }
-    }
-}
-
-impl PerfOptions {
-    /// Check the settings; the message says what is allowed.
-    pub fn validate(&self) -> Result<(), String> {
-        if self.frequency == 0 || self.frequency > MAX_FREQUENCY {
-            return Err(format!(
-                "--frequency {} is out of range: use 1 to {MAX_FREQUENCY} samples per second (default {DEFAULT_FREQUENCY})",
-                self.frequency
-            ));
-        }
-        if self.stack_size < 1024 || self.stack_size > 65528 || self.stack_size % 8 != 0 {
-            return Err(format!(
-                "--stack-size {} is out of range: use a multiple of 8 bytes from 1024 to 65528 (default {DEFAULT_STACK_SIZE})",
-                self.stack_size
-            ));
-        }
-        Ok(())
-    }
 }
 
 /// Events opened on the (not yet exec'd) job, or on a running tree.
@@ -371,7 +234,7 @@ pub fn self_sampling_allowed() -> bool {
 /// The coverage entry for a refused or failed `open`.
 pub fn refused_coverage(err: &OpenError) -> Coverage {
     Coverage {
-        source: COVERAGE_SOURCE.into(),
+        source: coverage::NATIVE_STACKS.into(),
         available: false,
         detail: err.message.clone(),
     }
@@ -408,7 +271,7 @@ impl PerfSampler {
         let thread = std::thread::Builder::new()
             .name("gpuprof-perf".into())
             .spawn(move || {
-                let _cost = crate::collect::selfcost::Charge::new("perf reader");
+                let _cost = crate::selfcost::Charge::new("perf reader");
                 let off = opened.off;
                 let mut r = Reader::new(opened, sink, news, agent);
                 if off && !r.wait_for_window(&active, &stop2) {
@@ -465,20 +328,6 @@ enum FrameKey {
     Marker(&'static str),
 }
 
-/// Wall-clock samples of a thread on a CPU (perf and the agent have its
-/// stack) and of a blocked thread whose read raced its waking up.
-pub const MARKER_ON_CPU: &str = "[on cpu]";
-pub const MARKER_RACED: &str = "[blocked: woke while read, dropped]";
-
-/// Markers of agent samples whose Python frames are missing or cut.
-pub const MARKER_UNREADABLE: &str = "[python: unreadable]";
-pub const MARKER_TRUNCATED: &str = "[python: truncated]";
-/// A perf sample of a thread the agent was sampling at the time: not
-/// unwound (the agent's sample of the same thread is used; if the analysis
-/// falls back to perf's samples of the thread, the thread's nearest agent
-/// sample stands in for it, and this shows only where there is none).
-pub const MARKER_NOT_UNWOUND: &str = "[perf: not unwound, the agent sampled this thread]";
-
 /// What the agent did in one process.
 #[derive(Default)]
 struct AgentProc {
@@ -507,7 +356,7 @@ impl Agent {
         let c = self.counts.entry((pid, tid)).or_default();
         c.1 += 1;
         let (agent, perf) = *c;
-        crate::analysis::stacks::agent_covers(agent, perf) && self.verdicts.get(pid) == Some(true)
+        agent_covers(agent, perf) && self.verdicts.get(pid) == Some(true)
     }
 }
 
@@ -633,6 +482,9 @@ impl Reader {
         if let (Some(after), Some(dir)) = (opened.opts.hang_after, &opened.opts.hang_dir) {
             wall.watch_hangs(after, dir.clone());
         }
+        if let Some(a) = &agent {
+            wall.read_agent_layouts(a.ring_dir.clone());
+        }
         let wall = Some(wall);
         let mut r = Reader {
             rings: opened.rings,
@@ -701,7 +553,7 @@ impl Reader {
         }
         if let Err(e) = self.rings.enable() {
             self.sink.send_blocking(Event::Coverage(Coverage {
-                source: COVERAGE_SOURCE.into(),
+                source: coverage::NATIVE_STACKS.into(),
                 available: false,
                 detail: format!("cannot turn the perf events on when the recording window opened: {e}; no native stacks"),
             }));
@@ -1268,7 +1120,7 @@ impl Reader {
     /// Unwind an agent sample's native half. With the timer sampler a
     /// frame outside every known mapping (a library loaded after the maps
     /// were read) has the maps read again, and the sample unwound again.
-    fn unwind_agent_sample(&mut self, native: &ring::Sample) -> Option<unwind::Unwound> {
+    fn unwind_agent_sample(&mut self, native: &sample::Sample) -> Option<unwind::Unwound> {
         let pid = native.pid;
         for attempt in 0..2 {
             self.prepare_maps(pid);
@@ -1318,7 +1170,7 @@ impl Reader {
         self.interner.sample(pid, tid, t, stack, true, &self.sink);
     }
 
-    fn sample(&mut self, s: ring::Sample) {
+    fn sample(&mut self, s: sample::Sample) {
         self.stats.samples += 1;
         if let Some(a) = self.agent.as_mut() {
             if a.verdicts.get(s.pid).is_none() {
@@ -1523,7 +1375,7 @@ impl Reader {
         // the sampler's too.
         let naming = self.symbols.finish();
         let s = &mut self.stats;
-        s.busy_ns = crate::collect::thread_cpu_ns().unwrap_or(self.busy.as_nanos() as u64)
+        s.busy_ns = crate::selfcost::thread_cpu_ns().unwrap_or(self.busy.as_nanos() as u64)
             + naming.as_nanos() as u64;
         s.interval_ns = 1_000_000_000 / self.opts.frequency.max(1);
         if let Some(why) = &self.timer {
@@ -1552,6 +1404,7 @@ impl Reader {
                 "; wall-clock sampler: {} looks at threads, {} on a CPU, {} blocked ({} read, of which {} reused the native frames of an unchanged stack; {} unchanged since their previous read), {} reads dropped (the thread woke while read), {} blocked samples without Python frames",
                 w.looks, w.running, w.blocked + w.repeated, w.blocked, w.reused, w.repeated, w.raced, w.py_missing
             ));
+            s.detail.push_str(&w.python_reads());
         }
         if let Some(a) = self.agent.take() {
             let dropped = a.rings.dropped();
@@ -1584,7 +1437,7 @@ impl Reader {
         self.sink
             .send_blocking(Event::StackStats(self.stats.clone()));
         self.sink.send_blocking(Event::Coverage(Coverage {
-            source: COVERAGE_SOURCE.into(),
+            source: coverage::NATIVE_STACKS.into(),
             available: true,
             detail: cov_detail,
         }));

@@ -11,8 +11,11 @@
 //!   program counter (DESIGN.md §9);
 //! - the stack of a blocked thread does not change while it stays blocked:
 //!   it is copied with `process_vm_readv` and unwound like a perf sample;
-//! - its Python frames are read with py-spy (non-blocking mode) in the same
-//!   window;
+//! - its Python frames are read in the same window, from outside with
+//!   `process_vm_readv`: with the frame layout the in-process agent
+//!   publishes in its ring ([`super::pyread`]), and with py-spy
+//!   (non-blocking mode) where there is no agent (`gpuprof attach`) or that
+//!   read fails;
 //! - the thread's CPU time (`schedstat`) and its `syscall` line are read
 //!   before and after: a thread that ran in between (woke up, maybe blocked
 //!   again) gave a read that may mix two moments, and it is dropped, never
@@ -46,7 +49,8 @@ use std::time::{Duration, Instant};
 use py_spy::config::{LineNo, LockingStrategy};
 use py_spy::{Config, PythonSpy};
 
-use super::ring::Sample;
+use super::pyread::{gather, PyReader, ReadError};
+use super::sample::Sample;
 use crate::event::{MonoNs, Pid, Tid};
 
 /// Threads other than a process's main thread are looked at once every this
@@ -54,6 +58,11 @@ use crate::event::{MonoNs, Pid, Tid};
 pub const OTHERS_EVERY: u64 = 10;
 /// The job's threads are listed again this often.
 const LIST_EVERY: Duration = Duration::from_secs(1);
+/// A thread's Python frames, outermost first: (name, file, entry).
+type PyFrames = Vec<(String, String, bool)>;
+
+/// How often a loop process's agent layout is looked for until found.
+const FIND_EVERY: Duration = Duration::from_millis(100);
 /// Attempts to attach py-spy to a process (one per listing).
 const ATTACH_ATTEMPTS: u32 = 5;
 /// Places (system call, stack pointer, program counter) remembered per
@@ -159,7 +168,76 @@ pub struct WallStats {
     pub reused: u64,
     /// Blocked samples without Python frames in a process py-spy reads.
     pub py_missing: u64,
+    /// Reads of a process's Python frames (one per process and tick with a
+    /// blocked thread) served from the agent's layout, and the thread CPU
+    /// time they took.
+    pub py_agent: u64,
+    pub py_agent_ns: u64,
+    /// Reads from the agent's layout that failed (py-spy read those).
+    pub py_agent_failed: u64,
+    /// Reads by py-spy, and their thread CPU time.
+    pub py_spy: u64,
+    pub py_spy_ns: u64,
+    /// `GPUPROF_WALL_PY=check`: threads whose frames both readers gave,
+    /// and how many of those differed.
+    pub py_checked: u64,
+    pub py_differed: u64,
+    /// Thread CPU time of the whole sampler (its ticks).
+    pub cpu_ns: u64,
 }
+
+impl WallStats {
+    /// What read the blocked threads' Python frames and what it cost, for
+    /// the stack coverage's detail.
+    pub fn python_reads(&self) -> String {
+        let mean = |ns: u64, n: u64| {
+            if n == 0 {
+                0.0
+            } else {
+                ns as f64 / n as f64 / 1e3
+            }
+        };
+        let mut s = format!(
+            "; Python frames of blocked threads: {} reads with the agent's frame layout ({:.1} µs of CPU each), {} failed; {} reads by py-spy ({:.1} µs each)",
+            self.py_agent,
+            mean(self.py_agent_ns, self.py_agent),
+            self.py_agent_failed,
+            self.py_spy,
+            mean(self.py_spy_ns, self.py_spy),
+        );
+        if self.py_checked > 0 {
+            s.push_str(&format!(
+                "; checked against py-spy: {} threads, {} differed",
+                self.py_checked, self.py_differed
+            ));
+        }
+        s
+    }
+}
+
+/// Which reader gives blocked threads' Python frames
+/// (`GPUPROF_WALL_PY`: `spy` for py-spy only, to measure it against the
+/// agent's layout; `check` to read both and count where they differ).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum PySource {
+    Agent,
+    Spy,
+    Check,
+}
+
+impl PySource {
+    fn from_env() -> PySource {
+        match std::env::var("GPUPROF_WALL_PY").as_deref() {
+            Ok("spy") => PySource::Spy,
+            Ok("check") => PySource::Check,
+            _ => PySource::Agent,
+        }
+    }
+}
+
+/// The self-cost component the sampler's CPU goes to (carved out of the
+/// perf reader's thread, which runs it).
+pub const SELFCOST_PART: &str = "wall-clock sampler (in the perf reader)";
 
 /// One parsed `/proc/PID/task/TID/syscall` line of a blocked thread.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -238,7 +316,6 @@ fn words_unchanged(pid: Pid, sp: u64, words: &[(u32, u64)]) -> bool {
     if words.is_empty() {
         return true;
     }
-    let mut got = vec![0u64; words.len()];
     // One remote piece per run of adjacent words, all read by one call.
     let mut remote: Vec<libc::iovec> = Vec::new();
     let mut prev_end = None;
@@ -253,23 +330,12 @@ fn words_unchanged(pid: Pid, sp: u64, words: &[(u32, u64)]) -> bool {
         }
         prev_end = Some(a + 8);
     }
-    let local = libc::iovec {
-        iov_base: got.as_mut_ptr().cast(),
-        iov_len: got.len() * 8,
-    };
-    // SAFETY: the local iovec covers `got`, which outlives the call; the
-    // remote ones are only read by the kernel.
-    let n = unsafe {
-        libc::process_vm_readv(
-            pid.0,
-            &local,
-            1,
-            remote.as_ptr(),
-            remote.len() as libc::c_ulong,
-            0,
-        )
-    };
-    n == (got.len() * 8) as isize && words.iter().zip(&got).all(|(w, g)| w.1 == *g)
+    let mut got = Vec::with_capacity(words.len() * 8);
+    gather(pid, &remote, &mut got)
+        && words
+            .iter()
+            .zip(got.chunks_exact(8))
+            .all(|(w, g)| w.1.to_le_bytes() == g)
 }
 
 /// Copy up to `len` bytes of another process's memory at `addr`; a copy cut
@@ -470,6 +536,8 @@ pub struct WallSampler {
     interval: Duration,
     next: Instant,
     tick: u64,
+    /// Seed of the ticks' jitter.
+    seed: u64,
     stack_size: usize,
     threads: Vec<(Pid, Vec<Tid>)>,
     listed: Option<Instant>,
@@ -481,6 +549,16 @@ pub struct WallSampler {
     /// Scratch for a second `syscall` read.
     after: String,
     spies: HashMap<Pid, Spy>,
+    /// The agent's ring folder, where its processes publish their frame
+    /// layout; `None` without the agent.
+    ring_dir: Option<std::path::PathBuf>,
+    /// Readers of Python frames with the agent's layout, by process.
+    readers: HashMap<Pid, PyReader>,
+    /// `GPUPROF_WALL_PY=check`: py-spy's frames of this look.
+    spy_check: Option<HashMap<Tid, PyFrames>>,
+    /// When each loop process without a reader was last looked for one.
+    reader_sought: HashMap<Pid, Instant>,
+    py_source: PySource,
     /// Processes that run a training loop (the job's own, ranks' mains),
     /// once known.
     loops: HashMap<Pid, bool>,
@@ -507,6 +585,7 @@ impl WallSampler {
             interval,
             next: Instant::now(),
             tick: 0,
+            seed: job.0 as u64 ^ (std::process::id() as u64) << 32,
             stack_size: stack_size as usize,
             threads: Vec::new(),
             listed: None,
@@ -515,6 +594,11 @@ impl WallSampler {
             known: HashMap::new(),
             after: String::new(),
             spies: HashMap::new(),
+            ring_dir: None,
+            readers: HashMap::new(),
+            reader_sought: HashMap::new(),
+            spy_check: None,
+            py_source: PySource::from_env(),
             loops: HashMap::new(),
             config: Config {
                 blocking: LockingStrategy::NonBlocking,
@@ -526,6 +610,12 @@ impl WallSampler {
             stats: WallStats::default(),
             hang: None,
         }
+    }
+
+    /// Read Python frames with the layout the agent publishes in its rings
+    /// in `dir` (py-spy then reads only what that cannot).
+    pub fn read_agent_layouts(&mut self, dir: std::path::PathBuf) {
+        self.ring_dir = Some(dir);
     }
 
     /// Write a hang report into `dir` when every loop thread has stayed
@@ -610,8 +700,18 @@ impl WallSampler {
         if now < self.next {
             return;
         }
-        // A late tick is not made up for: ticks stay one interval apart.
-        self.next = (self.next + self.interval).max(now);
+        let cpu0 = crate::selfcost::thread_cpu_ns();
+        self.tick_now(now, out);
+        if let (Some(a), Some(b)) = (cpu0, crate::selfcost::thread_cpu_ns()) {
+            self.stats.cpu_ns += b.saturating_sub(a);
+            crate::selfcost::set_part("perf reader", SELFCOST_PART, self.stats.cpu_ns);
+        }
+    }
+
+    fn tick_now(&mut self, now: Instant, out: &mut Vec<WallRecord>) {
+        // A late tick is not made up for: ticks stay about one interval
+        // apart.
+        self.next = (self.next + jittered(self.interval, self.seed ^ self.tick)).max(now);
         if self.listed.map_or(true, |l| l.elapsed() >= LIST_EVERY) {
             self.list();
         }
@@ -667,8 +767,15 @@ impl WallSampler {
                     l
                 }
             };
+            if is_loop == Some(true) {
+                self.find_reader(Pid(pid));
+            }
+            // py-spy is attached where the agent's layout cannot be read
+            // (yet), or later if a read with it fails.
+            let has_reader =
+                self.readers.contains_key(&Pid(pid)) && self.py_source == PySource::Agent;
             let spy = self.spies.entry(Pid(pid)).or_insert(Spy::Trying(0));
-            if let Spy::Trying(n) = spy {
+            if let (Spy::Trying(n), false) = (&mut *spy, has_reader) {
                 let exe = crate::collect::python::exe_of(pid);
                 if is_loop == Some(false) {
                     *spy = Spy::No;
@@ -685,6 +792,8 @@ impl WallSampler {
         }
         let alive: std::collections::HashSet<Pid> = threads.iter().map(|t| t.0).collect();
         self.spies.retain(|p, _| alive.contains(p));
+        self.readers.retain(|p, _| alive.contains(p));
+        self.reader_sought.retain(|p, _| alive.contains(p));
         self.loops.retain(|p, _| alive.contains(p));
         let tids: std::collections::HashSet<Tid> =
             threads.iter().flat_map(|t| t.1.iter().copied()).collect();
@@ -816,7 +925,9 @@ impl WallSampler {
         if looks.is_empty() {
             return;
         }
-        let (mut py, holder) = match self.python_frames(pid) {
+        let blocked: Vec<Tid> = looks.iter().map(|l| l.tid).collect();
+        self.spy_check = None;
+        let (mut py, holder) = match self.python_frames(pid, &blocked) {
             Some((frames, holder)) => (Some(frames), holder),
             None => (None, None),
         };
@@ -838,6 +949,9 @@ impl WallSampler {
             }
             self.last.insert(tid, (look.runtime, look.before));
             let frames = py.as_mut().and_then(|m| m.remove(&tid));
+            if self.py_source == PySource::Check {
+                self.check_thread(tid, frames.as_ref());
+            }
             if py.is_some() && frames.is_none() {
                 self.stats.py_missing += 1;
             }
@@ -860,11 +974,131 @@ impl WallSampler {
         }
     }
 
-    /// Every thread's Python frames (outermost first), by thread, when the
-    /// process is read with py-spy; and the thread holding the GIL, with
-    /// its marker.
+    /// The Python frames (outermost first) of `tids` (py-spy: of every
+    /// thread), by thread, when the process's frames can be read; and the
+    /// thread holding the GIL, with its marker. With the agent's layout
+    /// when the process has one, else (or when that read fails) py-spy.
     #[allow(clippy::type_complexity)]
     fn python_frames(
+        &mut self,
+        pid: Pid,
+        tids: &[Tid],
+    ) -> Option<(
+        HashMap<Tid, Vec<(String, String, bool)>>,
+        Option<(Tid, &'static str)>,
+    )> {
+        if self.py_source != PySource::Spy {
+            self.find_reader(pid);
+            if let Some(r) = self.readers.get_mut(&pid) {
+                let t0 = crate::selfcost::thread_cpu_ns();
+                let got = r.read(tids);
+                if let (Some(a), Some(b)) = (t0, crate::selfcost::thread_cpu_ns()) {
+                    self.stats.py_agent_ns += b.saturating_sub(a);
+                }
+                match got {
+                    Ok(read) => {
+                        self.stats.py_agent += 1;
+                        let holder = read.holder.map(|(t, f)| {
+                            let (name, file) = f
+                                .as_ref()
+                                .map_or(("?", "?"), |f| (f.0.as_str(), f.1.as_str()));
+                            (t, gil_marker(t, name, file))
+                        });
+                        if self.py_source == PySource::Check {
+                            self.check_against_spy(pid);
+                        }
+                        return Some((read.frames, holder));
+                    }
+                    Err(ReadError::Gone) => {
+                        self.readers.remove(&pid);
+                    }
+                    Err(ReadError::Inconsistent) => self.stats.py_agent_failed += 1,
+                }
+                // py-spy reads this one: attached now if it was left for
+                // the agent's reader.
+                if let Some(Spy::Trying(n)) = self.spies.get_mut(&pid) {
+                    *n += 1;
+                    let attempt = *n;
+                    let config = self.config.clone();
+                    self.spies.insert(
+                        pid,
+                        match PythonSpy::new(pid.0, &config) {
+                            Ok(s) => Spy::Ready(Box::new(s)),
+                            Err(_) if attempt >= ATTACH_ATTEMPTS => Spy::No,
+                            Err(_) => Spy::Trying(attempt),
+                        },
+                    );
+                }
+            }
+        }
+        let t0 = crate::selfcost::thread_cpu_ns();
+        let got = self.spy_frames(pid);
+        if let (Some(a), Some(b)) = (t0, crate::selfcost::thread_cpu_ns()) {
+            if got.is_some() {
+                self.stats.py_spy += 1;
+                self.stats.py_spy_ns += b.saturating_sub(a);
+            }
+        }
+        got
+    }
+
+    /// Look for `pid`'s published layout when it has none yet, at most
+    /// every [`FIND_EVERY`]: the agent makes its ring at the process's
+    /// first sample, after the first listing of a new process.
+    fn find_reader(&mut self, pid: Pid) {
+        if self.readers.contains_key(&pid) || self.loops.get(&pid) != Some(&true) {
+            return;
+        }
+        let Some(dir) = &self.ring_dir else {
+            return;
+        };
+        let now = Instant::now();
+        if self
+            .reader_sought
+            .get(&pid)
+            .is_some_and(|t| now.duration_since(*t) < FIND_EVERY)
+        {
+            return;
+        }
+        self.reader_sought.insert(pid, now);
+        if let Some(r) = PyReader::find(dir, pid) {
+            self.readers.insert(pid, r);
+        }
+    }
+
+    /// `GPUPROF_WALL_PY=check`: read py-spy's frames right after the
+    /// agent-layout read, to be compared by [`check_thread`] for the
+    /// threads that did not run in the meantime.
+    ///
+    /// [`check_thread`]: WallSampler::check_thread
+    fn check_against_spy(&mut self, pid: Pid) {
+        self.spy_check = self.spy_frames(pid).map(|(f, _)| f);
+    }
+
+    /// Compare the two readers' frames of a thread whose look held (it
+    /// stayed blocked through both reads, so its frames did not move).
+    fn check_thread(&mut self, tid: Tid, ours: Option<&PyFrames>) {
+        let Some(theirs) = self.spy_check.as_ref().and_then(|m| m.get(&tid)) else {
+            return;
+        };
+        self.stats.py_checked += 1;
+        if ours != Some(theirs) {
+            self.stats.py_differed += 1;
+            if self.stats.py_differed <= 3 {
+                eprintln!(
+                    "gpuprof: thread {}: the agent-layout read gave {ours:?}, py-spy {theirs:?}",
+                    tid.0
+                );
+            }
+        }
+    }
+
+    /// Every thread's Python frames by py-spy, as [`python_frames`] gives
+    /// them.
+    ///
+    /// [`python_frames`]: WallSampler::python_frames
+    #[allow(clippy::type_complexity)]
+    fn spy_frames(
         &mut self,
         pid: Pid,
     ) -> Option<(
@@ -874,7 +1108,16 @@ impl WallSampler {
         let Some(Spy::Ready(spy)) = self.spies.get_mut(&pid) else {
             return None;
         };
-        let traces = spy.get_stack_traces().ok()?;
+        // py-spy panics on some interpreter states (seen with torch's
+        // 3.11 venv): that costs this process's py-spy reads, never the
+        // perf reader thread and every stack after it.
+        let read =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| spy.get_stack_traces()));
+        let Ok(read) = read else {
+            self.spies.insert(pid, Spy::No);
+            return None;
+        };
+        let traces = read.ok()?;
         let single = traces.len() == 1;
         let mut out = HashMap::new();
         let mut holder = None;
@@ -913,6 +1156,17 @@ impl WallSampler {
         }
         Some((out, holder))
     }
+}
+
+/// The gap before the next tick: `interval` scaled by a draw in
+/// [0.5, 1.5), so the mean stays `interval`. A training loop is periodic;
+/// ticks at a fixed period that nearly divides the loop's would look at
+/// the same few phases of every step and miss the rest (a 30 ms loop
+/// looked at every 10.1 ms sweeps a third of its cycle in 2 s), biasing
+/// every wait share. Each look still weighs the gap to the next one.
+fn jittered(interval: Duration, draw: u64) -> Duration {
+    let u = (crate::vocab::hash::splitmix64(draw) >> 11) as f64 / (1u64 << 53) as f64;
+    interval.mul_f64(0.5 + u)
 }
 
 /// Write the hang report and say where each rank is stuck.
@@ -960,6 +1214,28 @@ fn regs_of(l: &SyscallLine) -> [u64; 4] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Ticks every ~10.1 ms on a loop whose period is three of them: each
+    /// sixth of the loop's cycle gets its share of looks. Fixed ticks put
+    /// every look in the same three phases, leaving half the bins empty.
+    #[test]
+    fn jittered_ticks_look_at_every_phase_of_a_periodic_loop() {
+        let interval = Duration::from_nanos(10_101_010);
+        let cycle = 3 * interval.as_nanos() as u64;
+        for seed in [1u64, 0xdead_beef, 42 << 32] {
+            let (mut t, mut bins) = (0u64, [0u32; 6]);
+            for tick in 0..600u64 {
+                t += jittered(interval, seed ^ tick).as_nanos() as u64;
+                bins[(t % cycle * 6 / cycle) as usize] += 1;
+            }
+            assert!(bins.iter().all(|&n| (70..=130).contains(&n)), "{bins:?}");
+            let mean = t as f64 / 600.0;
+            assert!(
+                (mean / interval.as_nanos() as f64 - 1.0).abs() < 0.05,
+                "{mean}"
+            );
+        }
+    }
 
     #[test]
     fn syscall_lines_parse() {

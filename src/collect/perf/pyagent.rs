@@ -253,7 +253,7 @@ pub struct Hello {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AgentSample {
     /// The native half, as a perf sample would carry it.
-    pub native: super::ring::Sample,
+    pub native: super::sample::Sample,
     pub status: PyStatus,
     /// Python frames, innermost first: (code object, identity key, flags).
     pub frames: Vec<(u64, u32, u32)>,
@@ -337,7 +337,7 @@ fn cstr(b: &[u8]) -> String {
 
 /// A Python str's characters, `kind` bytes each (CPython's compact
 /// representation: Latin-1, UCS-2 or UCS-4).
-fn decode_str(b: &[u8], kind: u8) -> Option<String> {
+pub(crate) fn decode_str(b: &[u8], kind: u8) -> Option<String> {
     match kind {
         1 => Some(b.iter().map(|&c| c as char).collect()),
         2 => Some(
@@ -407,7 +407,7 @@ pub fn parse(rec: &[u8]) -> Option<AgentRecord> {
             #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
             let ip = 0;
             Some(AgentRecord::Sample(AgentSample {
-                native: super::ring::Sample {
+                native: super::sample::Sample {
                     pid,
                     tid,
                     t,

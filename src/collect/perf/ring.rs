@@ -14,6 +14,7 @@ use std::io;
 use perf_event::events::Software;
 use perf_event::{Builder, Clock, SampleFlag, Sampler};
 
+use super::sample::{Mmap2, Sample};
 use crate::event::{MonoNs, Pid, Tid};
 
 /// x86_64 `perf_regs` indices: BP = 6, SP = 7, IP = 8. Registers are dumped
@@ -466,30 +467,6 @@ impl Record {
             Record::Agent { rec, .. } => rec.time(),
         }
     }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Sample {
-    pub pid: Pid,
-    pub tid: Tid,
-    pub t: MonoNs,
-    /// The user registers of [`REGS_MASK`] in index order ([bp, sp, ip] on
-    /// x86_64); `None` when the sample has none (ABI "none").
-    pub regs: Option<[u64; 4]>,
-    pub ip: u64,
-    pub stack: Vec<u8>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Mmap2 {
-    pub pid: Pid,
-    pub tid: Tid,
-    pub t: MonoNs,
-    pub addr: u64,
-    pub len: u64,
-    pub pgoff: u64,
-    pub prot: u32,
-    pub path: String,
 }
 
 struct Cursor<'a> {

@@ -98,7 +98,7 @@ impl Streamer {
         let thread = std::thread::Builder::new()
             .name("gpuprof-symbols".into())
             .spawn(move || {
-                let _cost = crate::collect::selfcost::Charge::new("symbolizer");
+                let _cost = crate::selfcost::Charge::new("symbolizer");
                 run(rx, sink, &f2)
             })
             .ok();
@@ -211,7 +211,7 @@ fn run(rx: Receiver<Item>, sink: Sink, finishing: &AtomicBool) -> Duration {
         }
         since = Instant::now();
     }
-    crate::collect::thread_cpu_ns().map_or(busy, Duration::from_nanos)
+    crate::selfcost::thread_cpu_ns().map_or(busy, Duration::from_nanos)
 }
 
 #[cfg(test)]

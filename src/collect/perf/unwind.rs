@@ -19,7 +19,7 @@ use framehop::{
 use object::{Object, ObjectSection, ObjectSegment};
 
 use super::perfmap::{JitEntry, SharedMap};
-use super::ring::{Mmap2, Sample};
+use super::sample::{Mmap2, Sample};
 use crate::event::{MonoNs, Pid};
 
 /// Deepest stack kept; deeper ones are cut (and count as truncated).

@@ -8,6 +8,9 @@
 //! (`CLOCK_THREAD_CPUTIME_ID`) is put in the table when the charge is
 //! dropped, or earlier with [`Charge::update`] for a thread that outlives
 //! the moment the figures are read (the writer).
+//!
+//! Below the collectors and the recording writer (both charge to it), and
+//! below `session` and `live`, which read the whole process's usage.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -27,14 +30,14 @@ impl Charge {
         Charge {
             component,
             tid: nix::unistd::gettid().as_raw(),
-            start_ns: super::thread_cpu_ns().unwrap_or(0),
+            start_ns: thread_cpu_ns().unwrap_or(0),
         }
     }
 
     /// Put the thread's CPU time so far in the table (call on the thread
     /// that made the charge).
     pub fn update(&self) {
-        let Some(now) = super::thread_cpu_ns() else {
+        let Some(now) = thread_cpu_ns() else {
             return;
         };
         let mut t = TABLE.lock().unwrap_or_else(|e| e.into_inner());
@@ -51,14 +54,64 @@ impl Drop for Charge {
     }
 }
 
-/// CPU ns per component, every thread of it summed.
+/// (component, part) → CPU ns of the part so far: work done on a
+/// component's thread that is shown on its own (the wall-clock sampler on
+/// the perf reader's thread).
+static PARTS: Mutex<BTreeMap<(&'static str, &'static str), u64>> = Mutex::new(BTreeMap::new());
+
+/// `part` of `component`'s threads has used `ns` of CPU so far (timed by
+/// its caller with `CLOCK_THREAD_CPUTIME_ID`): [`by_component`] shows it
+/// on its own and takes it out of `component`'s figure.
+pub fn set_part(component: &'static str, part: &'static str, ns: u64) {
+    let mut p = PARTS.lock().unwrap_or_else(|e| e.into_inner());
+    p.insert((component, part), ns);
+}
+
+/// CPU ns per component, every thread of it summed, parts on their own.
 pub fn by_component() -> BTreeMap<String, u64> {
     let t = TABLE.lock().unwrap_or_else(|e| e.into_inner());
     let mut out: BTreeMap<String, u64> = BTreeMap::new();
     for ((c, _), ns) in t.iter() {
         *out.entry((*c).to_string()).or_default() += ns;
     }
+    let parts = PARTS.lock().unwrap_or_else(|e| e.into_inner());
+    for ((c, part), ns) in parts.iter() {
+        // Only where the component's own figure is in: else the part is
+        // all there is of it.
+        if let Some(whole) = out.get_mut(*c) {
+            let ns = (*ns).min(*whole);
+            *whole -= ns;
+            *out.entry((*part).to_string()).or_default() += ns;
+        }
+    }
     out
+}
+
+/// CPU time the calling thread has used, in ns (`CLOCK_THREAD_CPUTIME_ID`).
+pub fn thread_cpu_ns() -> Option<u64> {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: ts is a valid timespec to write into.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    (rc == 0).then(|| ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
+}
+
+/// gpuprof's own CPU time and peak RSS so far, to report its overhead.
+pub fn self_usage() -> (u64, u64) {
+    match nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF) {
+        Ok(u) => {
+            let tv = |t: nix::sys::time::TimeVal| {
+                t.tv_sec() as u64 * 1_000_000_000 + t.tv_usec() as u64 * 1000
+            };
+            (
+                tv(u.user_time()) + tv(u.system_time()),
+                u.max_rss() as u64 * 1024,
+            )
+        }
+        Err(_) => (0, 0),
+    }
 }
 
 #[cfg(test)]

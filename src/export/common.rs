@@ -1,0 +1,14 @@
+//! Helpers the exporters share, kept below them so that the files of one
+//! output (`report*`, `trace*`) import this rather than each other.
+
+use serde_json::{json, Value};
+
+/// Round to `d` decimals (NaN/inf become null).
+pub fn r(v: f64, d: i32) -> Value {
+    if !v.is_finite() {
+        return Value::Null;
+    }
+    let m = 10f64.powi(d);
+    // `+ 0.0` turns -0.0 into 0.0.
+    json!((v * m).round() / m + 0.0)
+}

@@ -1,0 +1,30 @@
+//! Stack vocabulary shared by the samplers that write stacks and the
+//! analysis that reads them: marker frames, sampler names, and the rule
+//! that picks the agent's samples of a thread over perf's.
+
+/// `stacks.sampler` in report.json: which sampler took the native stacks.
+pub const SAMPLER_PERF: &str = "perf-events";
+pub const SAMPLER_TIMER: &str = "in-process-timer";
+
+/// Wall-clock samples of a thread on a CPU (perf and the agent have its
+/// stack) and of a blocked thread whose read raced its waking up.
+pub const MARKER_ON_CPU: &str = "[on cpu]";
+pub const MARKER_RACED: &str = "[blocked: woke while read, dropped]";
+
+/// Markers of agent samples whose Python frames are missing or cut.
+pub const MARKER_UNREADABLE: &str = "[python: unreadable]";
+pub const MARKER_TRUNCATED: &str = "[python: truncated]";
+/// A perf sample of a thread the agent was sampling at the time: not
+/// unwound (the agent's sample of the same thread is used; if the analysis
+/// falls back to perf's samples of the thread, the thread's nearest agent
+/// sample stands in for it, and this shows only where there is none).
+pub const MARKER_NOT_UNWOUND: &str = "[perf: not unwound, the agent sampled this thread]";
+
+/// The agent's samples of a thread are used unless they are far fewer than
+/// perf's. Both sample the thread's CPU time at the same rate, but with
+/// timers of their own: on a loaded machine their counts differ by up to
+/// ~10% (measured). Far fewer means the agent missed the thread (it blocked
+/// SIGTRAP, or the agent's ring overflowed), and perf's samples are used.
+pub fn agent_covers(agent: u64, perf: u64) -> bool {
+    agent > 0 && 2 * agent + 5 >= perf
+}
