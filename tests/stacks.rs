@@ -678,7 +678,7 @@ fn steps_of_a_pytorch_loop_from_its_backward_passes() {
     let (out, code) = record(
         "steps-torch",
         &[],
-        &[torch.to_str().unwrap(), script.to_str().unwrap(), "40", "2"],
+        &[torch.to_str().unwrap(), script.to_str().unwrap(), "4", "2"],
     );
     assert_eq!(code, 0);
     let r = report(&out);
@@ -887,9 +887,11 @@ fn perf_trampolines_unwind_on_python_3_13() {
 /// products; ATen's element-wise loop: the sigmoids). At least 80% of the
 /// pool samples that tell go under the right function: the placement is by
 /// time (the starter's nearest sample), so the few near a switch may land
-/// on the other side. Pool samples whose unwinding stopped inside a
-/// kernel (`[[unknown]]` at the root, no libgomp frame) are the pool's too:
-/// none is left as a root of its own. ~10 s (importing torch is ~4 CPU-s).
+/// on the other side (each phase is 0.2 CPU-s long, ~10 periods per
+/// thread, whatever the machine's speed). Pool samples whose unwinding
+/// stopped inside a kernel (`[[unknown]]` at the root, no libgomp frame)
+/// are the pool's too: none is left as a root of its own. ~10 s (importing
+/// torch is ~4 CPU-s).
 #[test]
 fn pool_samples_go_under_the_python_function_whose_op_they_ran() {
     need_perf!();
@@ -900,7 +902,7 @@ fn pool_samples_go_under_the_python_function_whose_op_they_ran() {
     let (out, code) = record(
         "pool-ops",
         &[],
-        &[torch.to_str().unwrap(), script.to_str().unwrap(), "60"],
+        &[torch.to_str().unwrap(), script.to_str().unwrap(), "10"],
     );
     assert_eq!(code, 0);
     let py = folded(&out.join("stacks-main.folded"));
@@ -948,7 +950,8 @@ fn pool_samples_go_under_the_python_function_whose_op_they_ran() {
 /// of the operator that started the parallel region (`[pool thread of the
 /// main thread]`), counts them as `pool_thread`, and the subtitle's shares
 /// add up to 100%. Slow-ish (~10 s on two idle cores): importing torch
-/// alone is ~4 CPU-s, and 40 steps give the pool ~200 samples.
+/// alone is ~4 CPU-s, and 4 CPU-s of training give the pool ~200 samples
+/// whatever the machine's speed.
 #[test]
 fn pytorch_pool_threads_sit_under_the_python_op_that_started_them() {
     need_perf!();
@@ -959,7 +962,7 @@ fn pytorch_pool_threads_sit_under_the_python_op_that_started_them() {
     let (out, code) = record(
         "pool-torch",
         &[],
-        &[torch.to_str().unwrap(), script.to_str().unwrap(), "40", "2"],
+        &[torch.to_str().unwrap(), script.to_str().unwrap(), "4", "2"],
     );
     assert_eq!(code, 0);
     let r = report(&out);

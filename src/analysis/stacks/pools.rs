@@ -16,7 +16,8 @@
 //! pool sample goes under that thread's sample nearest in time that has
 //! Python frames of its own instant, within three sampling intervals (the
 //! period, or the starter's median interval between samples if longer),
-//! preferring one inside the pool's library (the same parallel region).
+//! preferring one inside the pool's library (the same parallel region) or
+//! one whose native frames are unknown (it may be inside it too).
 //! The starter's frames are kept down to the operator's call into the pool
 //! (or to its innermost Python frame when it was elsewhere: a pool thread
 //! spinning after a region ended), then `[pool thread of …]`, then the
@@ -81,11 +82,16 @@ fn pool_file(stack: &[u32], frames: &[FrameInfo]) -> Option<String> {
 }
 
 /// Unwinding stopped before the thread's start: the outermost frame is an
-/// address outside every mapping, or unknown.
+/// address outside every mapping, unknown, or in anonymous memory (code
+/// made at run time, as oneDNN's JIT convolution kernels are, has no
+/// unwind tables to go on with).
 fn cut_off(stack: &[u32], frames: &[FrameInfo]) -> bool {
     stack.first().is_some_and(|&f| {
         let fi = &frames[f as usize];
-        fi.file == "[unknown]" || (fi.class == FrameClass::Marker && fi.name == "[unknown]")
+        fi.file == "[unknown]"
+            || fi.file.starts_with("[anon")
+            || fi.file.starts_with("//anon")
+            || (fi.class == FrameClass::Marker && fi.name == "[unknown]")
     })
 }
 
@@ -199,8 +205,15 @@ pub(super) fn link(
         let window = *windows
             .entry((s.pid, tid))
             .or_insert_with(|| window.max(WINDOW_PERIODS * typical_interval(&samples[from..to])));
+        // A starter sample whose native frames are unknown (unwinding
+        // stopped in a kernel without unwind tables, as MKL's and ATen's
+        // vectorised loops often do) may well be inside the same region:
+        // it competes by time with those seen inside the pool, never loses
+        // to a farther one for want of frames.
         if let Some(j) = nearest(&samples[from..to], s.t.0, window, &mut |x| {
-            pool(x.stack).as_deref() == Some(file.as_str())
+            x.attribution == Attribution::NativeUnknown
+                || cut_off(&stacks[x.stack as usize], frames)
+                || pool(x.stack).as_deref() == Some(file.as_str())
         }) {
             links.push(Link {
                 sample: i,
@@ -296,5 +309,70 @@ impl Stacks {
             let id = super::intern_stack(&mut self.stacks, &mut ids, out);
             self.samples[l.sample].py_stack = id;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::MonoNs;
+
+    fn frame(name: &str, file: &str, class: FrameClass) -> FrameInfo {
+        FrameInfo {
+            label: name.to_string(),
+            class,
+            name: name.to_string(),
+            file: file.to_string(),
+            eval: false,
+            line: None,
+        }
+    }
+
+    fn sample(tid: i32, ms: u64, stack: u32, attribution: Attribution) -> Sample {
+        Sample {
+            t: MonoNs(ms * 1_000_000),
+            pid: Pid(1),
+            tid: Tid(tid),
+            stack,
+            py_stack: stack,
+            lined_stack: stack,
+            lined_py_stack: stack,
+            attribution,
+            weight: 1,
+        }
+    }
+
+    /// The main thread (tid 1) is seen inside the pool at 0 ms and with
+    /// unknown native frames (inside a kernel) at 20 ms; the pool thread
+    /// (tid 2) has a sample at 19 ms inside libgomp and one at 21 ms that
+    /// starts in JIT code (`[anon]`). Both pool samples go under the
+    /// nearer main-thread sample, the one whose native frames are unknown,
+    /// not the farther one seen inside the pool; the `[anon]` one counts
+    /// as the pool's work.
+    #[test]
+    fn pool_samples_go_to_the_nearest_starter_sample_that_may_be_in_the_region() {
+        let frames = vec![
+            frame("f", "a.py", FrameClass::Python),
+            frame("GOMP_parallel", "/x/libgomp.so.1", FrameClass::Native),
+            frame("[unknown]", "[unknown]", FrameClass::Native),
+            frame("[anon]", "[anon]", FrameClass::Native),
+            frame("kernel", "/x/libtorch_cpu.so", FrameClass::Native),
+        ];
+        let stacks = vec![
+            vec![0, 1],    // 0: main, inside the pool
+            vec![0, 2, 4], // 1: main, native frames unknown
+            vec![1, 4],    // 2: pool thread in libgomp
+            vec![3],       // 3: pool thread in JIT code
+        ];
+        let samples = vec![
+            sample(1, 0, 0, Attribution::SameInstant),
+            sample(1, 20, 1, Attribution::NativeUnknown),
+            sample(2, 19, 2, Attribution::NativeOnly),
+            sample(2, 21, 3, Attribution::NativeOnly),
+        ];
+        let links = link(&samples, &frames, &stacks, 10_000_000, 0);
+        let got: Vec<(usize, usize)> = links.iter().map(|l| (l.sample, l.starter)).collect();
+        assert_eq!(got, vec![(2, 1), (3, 1)]);
+        assert!(links.iter().all(|l| l.file == "/x/libgomp.so.1"));
     }
 }
