@@ -678,7 +678,7 @@ fn steps_of_a_pytorch_loop_from_its_backward_passes() {
     let (out, code) = record(
         "steps-torch",
         &[],
-        &[torch.to_str().unwrap(), script.to_str().unwrap(), "4", "2"],
+        &[torch.to_str().unwrap(), script.to_str().unwrap(), "40", "2"],
     );
     assert_eq!(code, 0);
     let r = report(&out);
