@@ -38,7 +38,8 @@
 //! The main thread of the job's own process and of each rank's main
 //! process (the training loop) is looked at every tick, at the stack
 //! frequency; other threads, and other processes' (DataLoader workers),
-//! every [`OTHERS_EVERY`] ticks, without Python frames.
+//! take turns: each every [`OTHERS_EVERY`] ticks, at most
+//! [`MAX_OTHER_LOOKS`] of them a tick, without Python frames.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -53,9 +54,16 @@ use super::pyread::{gather, PyReader, ReadError};
 use super::sample::Sample;
 use crate::event::{MonoNs, Pid, Tid};
 
-/// Threads other than a process's main thread are looked at once every this
-/// many ticks.
-pub const OTHERS_EVERY: u64 = 10;
+/// Threads other than a loop's main thread are looked at once every this
+/// many ticks (fewer when there are many: see [`MAX_OTHER_LOOKS`]).
+pub const OTHERS_EVERY: usize = 10;
+/// At most this many other threads are looked at in one tick: 16 processes
+/// of 4 threads each were 6 reads a tick, the wall sampler's largest cost.
+const MAX_OTHER_LOOKS: usize = 2;
+/// How long a descriptor's kind (regular file or not) is taken as known:
+/// a loop reads the same pipe or file step after step, and the `readlink`
+/// of `/proc/PID/fd/N` was a sixth of the wall sampler's own CPU.
+const FD_KIND_FOR: Duration = Duration::from_secs(1);
 /// The job's threads are listed again this often.
 const LIST_EVERY: Duration = Duration::from_secs(1);
 /// A thread's Python frames, outermost first: (name, file, entry).
@@ -565,6 +573,13 @@ pub struct WallSampler {
     config: Config,
     pub stats: WallStats,
     hang: Option<HangWatch>,
+    /// Other threads' turns: looks owed ([`OTHERS_EVERY`] per look) and
+    /// the next in line.
+    others_credit: usize,
+    others_next: usize,
+    /// Per thread, its last blocking descriptor, whether it is a regular
+    /// file, and when that was read.
+    fd_kinds: HashMap<Tid, (u64, bool, Instant)>,
 }
 
 /// `--hang-after`: when each loop thread has been blocked since when
@@ -609,6 +624,9 @@ impl WallSampler {
             },
             stats: WallStats::default(),
             hang: None,
+            others_credit: 0,
+            others_next: 0,
+            fd_kinds: HashMap::new(),
         }
     }
 
@@ -715,9 +733,9 @@ impl WallSampler {
         if self.listed.map_or(true, |l| l.elapsed() >= LIST_EVERY) {
             self.list();
         }
-        let others = self.tick % OTHERS_EVERY == 0;
         self.tick += 1;
         self.check_hang();
+        let turn = self.others_turn();
         for i in 0..self.threads.len() {
             let pid = self.threads[i].0;
             let is_loop = self.loops.get(&pid) == Some(&true);
@@ -725,10 +743,44 @@ impl WallSampler {
                 .1
                 .iter()
                 .copied()
-                .filter(|t| others || (is_loop && t.0 == pid.0))
+                .filter(|t| (is_loop && t.0 == pid.0) || turn.contains(t))
                 .collect();
-            self.look_at(pid, &tids, out);
+            if !tids.is_empty() {
+                self.look_at(pid, &tids, out);
+            }
         }
+    }
+
+    /// The other threads (not a loop's main thread) to look at this tick:
+    /// in turn, each once every [`OTHERS_EVERY`] ticks while they are few,
+    /// and never more than [`MAX_OTHER_LOOKS`] in one tick, so a job of
+    /// many workers costs a bounded few reads per tick (each is then seen
+    /// less often; the analysis weighs a look by the time to the next).
+    fn others_turn(&mut self) -> std::collections::HashSet<Tid> {
+        let others: Vec<Tid> = self
+            .threads
+            .iter()
+            .flat_map(|(pid, tids)| {
+                let is_loop = self.loops.get(pid) == Some(&true);
+                tids.iter()
+                    .copied()
+                    .filter(move |t| !(is_loop && t.0 == pid.0))
+            })
+            .collect();
+        let mut turn = std::collections::HashSet::new();
+        if others.is_empty() {
+            self.others_credit = 0;
+            return turn;
+        }
+        self.others_credit =
+            (self.others_credit + others.len()).min(MAX_OTHER_LOOKS * OTHERS_EVERY);
+        while self.others_credit >= OTHERS_EVERY && turn.len() < others.len() {
+            self.others_credit -= OTHERS_EVERY;
+            self.others_next %= others.len();
+            turn.insert(others[self.others_next]);
+            self.others_next += 1;
+        }
+        turn
     }
 
     fn list(&mut self) {
@@ -782,7 +834,7 @@ impl WallSampler {
                 } else if is_loop == Some(true)
                     && crate::collect::python::looks_like_python(Pid(pid), &exe)
                 {
-                    *spy = match PythonSpy::new(pid, &self.config) {
+                    *spy = match attach_spy(pid, &self.config) {
                         Ok(s) => Spy::Ready(Box::new(s)),
                         Err(_) if *n + 1 >= ATTACH_ATTEMPTS => Spy::No,
                         Err(_) => Spy::Trying(*n + 1),
@@ -798,6 +850,7 @@ impl WallSampler {
         let tids: std::collections::HashSet<Tid> =
             threads.iter().flat_map(|t| t.1.iter().copied()).collect();
         self.last.retain(|t, _| tids.contains(t));
+        self.fd_kinds.retain(|t, _| tids.contains(t));
         self.files.retain(|t, _| tids.contains(t));
         self.known.retain(|t, _| tids.contains(t));
         for (pid, ts) in &threads {
@@ -865,6 +918,24 @@ impl WallSampler {
 
     /// Look at some threads of one process: first read of each, stack
     /// copies, one Python read for the process, second read of each.
+    /// [`on_regular_file`], its answer for a descriptor kept per thread
+    /// for [`FD_KIND_FOR`] (a descriptor number reused for another kind of
+    /// file within that time is named by the old kind until then).
+    fn on_regular_file(&mut self, pid: Pid, tid: Tid, line: &SyscallLine) -> bool {
+        if !fd_syscall(line.nr) {
+            return on_regular_file(pid, line);
+        }
+        let fd = line.args[0];
+        if let Some(&(f, regular, at)) = self.fd_kinds.get(&tid) {
+            if f == fd && at.elapsed() < FD_KIND_FOR {
+                return regular;
+            }
+        }
+        let regular = on_regular_file(pid, line);
+        self.fd_kinds.insert(tid, (fd, regular, Instant::now()));
+        regular
+    }
+
     fn look_at(&mut self, pid: Pid, tids: &[Tid], out: &mut Vec<WallRecord>) {
         let mut looks: Vec<Look> = Vec::new();
         for &tid in tids {
@@ -910,7 +981,7 @@ impl WallSampler {
                     }
                 },
             };
-            let marker = syscall_marker(line.nr, on_regular_file(pid, &line));
+            let marker = syscall_marker(line.nr, self.on_regular_file(pid, tid, &line));
             looks.push(Look {
                 tid,
                 t,
@@ -1022,7 +1093,7 @@ impl WallSampler {
                     let config = self.config.clone();
                     self.spies.insert(
                         pid,
-                        match PythonSpy::new(pid.0, &config) {
+                        match attach_spy(pid.0, &config) {
                             Ok(s) => Spy::Ready(Box::new(s)),
                             Err(_) if attempt >= ATTACH_ATTEMPTS => Spy::No,
                             Err(_) => Spy::Trying(attempt),
@@ -1164,6 +1235,16 @@ impl WallSampler {
 /// the same few phases of every step and miss the rest (a 30 ms loop
 /// looked at every 10.1 ms sweeps a third of its cycle in 2 s), biasing
 /// every wait share. Each look still weighs the gap to the next one.
+/// py-spy attached to `pid`; a panic inside py-spy (it reads another
+/// process's interpreter state, which it may misjudge) is an attach that
+/// failed, never the end of the sampler thread.
+fn attach_spy(pid: i32, config: &Config) -> Result<PythonSpy, ()> {
+    match std::panic::catch_unwind(|| PythonSpy::new(pid, config)) {
+        Ok(Ok(s)) => Ok(s),
+        _ => Err(()),
+    }
+}
+
 fn jittered(interval: Duration, draw: u64) -> Duration {
     let u = (crate::vocab::hash::splitmix64(draw) >> 11) as f64 / (1u64 << 53) as f64;
     interval.mul_f64(0.5 + u)
@@ -1214,6 +1295,39 @@ fn regs_of(l: &SyscallLine) -> [u64; 4] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A loop process (its main thread looked at every tick, never in
+    /// the others' turns) and `n` other threads over 300 ticks: with few,
+    /// each other thread is looked at every OTHERS_EVERY ticks, as before
+    /// the turns; with many, no tick looks at more than MAX_OTHER_LOOKS
+    /// and every thread still gets its turns, evenly.
+    #[test]
+    fn other_threads_take_turns() {
+        for n in [1usize, 5, 20, 60] {
+            let mut w = WallSampler::new(Pid(1), 99, 4096);
+            w.loops.insert(Pid(1), true);
+            w.threads = vec![(Pid(1), vec![Tid(1), Tid(2)])];
+            w.threads
+                .push((Pid(9), (100..99 + n as i32).map(Tid).collect()));
+            let mut seen: HashMap<Tid, usize> = HashMap::new();
+            for _ in 0..300 {
+                let turn = w.others_turn();
+                assert!(turn.len() <= MAX_OTHER_LOOKS, "{n}: {turn:?}");
+                assert!(!turn.contains(&Tid(1)));
+                for t in turn {
+                    *seen.entry(t).or_default() += 1;
+                }
+            }
+            let per = (300 * n / OTHERS_EVERY).min(300 * MAX_OTHER_LOOKS) / n;
+            assert_eq!(seen.len(), n, "{n}: {seen:?}");
+            for (t, k) in &seen {
+                assert!(
+                    k.abs_diff(per) <= 1,
+                    "{n} threads: {t:?} seen {k}, not ~{per}"
+                );
+            }
+        }
+    }
 
     /// Ticks every ~10.1 ms on a loop whose period is three of them: each
     /// sixth of the loop's cycle gets its share of looks. Fixed ticks put
