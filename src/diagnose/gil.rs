@@ -9,6 +9,7 @@ use crate::analysis::waits::WaitClass;
 use crate::analysis::Analysis;
 use crate::units::pct;
 
+use super::rule::CauseRule;
 use super::{Basis, Finding, FindingKind, GpuTime, Severity};
 
 /// A loop thread waiting for the GIL at least this share of its counted
@@ -53,9 +54,8 @@ pub fn gil_contention(a: &Analysis) -> Vec<Finding> {
                 holders.join("; ")
             ));
         }
-        out.push(Finding {
+        out.push(CauseRule {
             kind: FindingKind::GilContention,
-            rank: p.and_then(|p| p.rank),
             severity: Severity::from_share(gil.seconds / run_s),
             title: format!(
                 "The training loop of {label} waits for the GIL {} of its time, held by {holder}",
@@ -69,8 +69,7 @@ pub fn gil_contention(a: &Analysis) -> Vec<Finding> {
             }),
             evidence: ev,
             fix: format!("Take the work of {holder} off the interpreter lock: move it to another process (a DataLoader worker, multiprocessing), or make it release the GIL (numpy/torch operations on whole arrays instead of Python loops); a thread that polls in pure Python should sleep between polls."),
-            support: None,
-        });
+        }.finding_of(p.and_then(|p| p.rank)));
     }
     out
 }

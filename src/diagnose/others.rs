@@ -5,6 +5,7 @@ use crate::analysis::others::{OtherProgram, OtherPrograms, STEP_MIN_SHARE};
 use crate::analysis::Analysis;
 use crate::units::pct;
 
+use super::rule::CauseRule;
 use super::{Basis, Finding, FindingKind, GpuTime, Severity};
 
 /// A process is named when it took at least this share of the job's
@@ -76,10 +77,8 @@ pub(super) fn other_programs(a: &Analysis) -> Option<Finding> {
     } else {
         0.0
     };
-    Some(Finding {
+    Some(CauseRule {
         kind: FindingKind::OtherProgramsCpu,
-        rank: None,
-        support: None,
         severity: Severity::from_share(share),
         title: format!(
             "Another program took CPU the job was waiting for: {} took ~{} of the job's runnable time",
@@ -105,7 +104,7 @@ pub(super) fn other_programs(a: &Analysis) -> Option<Finding> {
             OtherPrograms::label(top),
             top.pid.0
         ),
-    })
+    }.finding())
 }
 
 /// What `p` took from the job (seconds); with GPU data, each interval
