@@ -180,3 +180,32 @@ pub const ACCOUNT_MIN_SAMPLES: u64 = 40;
 /// account (the data path, or the model) must reach for the finding of
 /// the winning side to say that it matters too and what to do about it.
 pub const ACCOUNT_SECOND_SHARE: f64 = 0.2;
+
+// The live early warnings (`--warn-after`, `live::LiveState::alerts`): a
+// condition must hold over the whole window. They also use the
+// diagnosis' own thresholds above where the same figure is read
+// (`MEMORY_PSI_SHARE`, `CPU_THROTTLED_SHARE`, `GPU_MEMORY_PRESSURE`,
+// `IO_D_SHARE`, `MAIN_BUSY_CORES`, the saturation thresholds).
+
+/// The GPU is mostly idle: busy below this share (the usual alerting rule
+/// for training jobs: utilization under 30% for a sustained time).
+pub const WARN_GPU_BUSY_BELOW: f64 = 0.30;
+/// The clock-event reasons the diagnosis takes for thermal throttling
+/// (`THERMAL_REASONS`), active at least this share of the window ...
+pub const WARN_THERMAL_SHARE: f64 = 0.5;
+/// ... and for a power cap (`POWER_REASONS`).
+pub const WARN_POWER_SHARE: f64 = 0.5;
+/// A disk with IO in flight at least this share of the window ...
+pub const WARN_DISK_BUSY: f64 = 0.9;
+/// ... while on average at least this many of the job's threads waited in
+/// state D (uninterruptible, almost always storage).
+pub const WARN_D_THREADS: f64 = 0.5;
+/// A figure read from samples (PSI, GPU busy, disk counters) speaks for
+/// the window when its samples span at least this share of it.
+pub const WARN_WINDOW_COVERED: f64 = 0.8;
+/// The cgroup's CPU limit is judged over at least this many scheduling
+/// periods (a second's worth of the default 100 ms periods).
+pub const WARN_MIN_CPU_PERIODS: u64 = 10;
+/// Fewer worker processes than this on average over the window: batches
+/// are built in the main process.
+pub const WARN_NO_WORKERS: f64 = 0.5;
