@@ -12,10 +12,6 @@ use crate::units::pct;
 use super::rule::CauseRule;
 use super::{Basis, Finding, FindingKind, GpuTime, Severity};
 
-/// A loop thread waiting for the GIL at least this share of its counted
-/// time is reported.
-pub const GIL_MIN_SHARE: f64 = 0.10;
-
 pub fn gil_contention(a: &Analysis) -> Vec<Finding> {
     let run_s = a.end.secs_since(a.start).max(1e-9);
     let mut out = Vec::new();
@@ -26,7 +22,7 @@ pub fn gil_contention(a: &Analysis) -> Vec<Finding> {
         let Some(gil) = t.waits.get(&WaitClass::Gil) else {
             continue;
         };
-        if gil.share < GIL_MIN_SHARE {
+        if gil.share < super::thresholds::GIL_MIN_SHARE {
             continue;
         }
         let p = a.processes.get(&t.pid);

@@ -620,7 +620,7 @@ fn pipeline(a: &Analysis, tl: &Timeline, gpu: Option<&GpuEvidence>) -> Option<Fi
                 if n == 1 { "worker is".to_string() } else { format!("{n} workers are") },
                 if idle >= th::IDLE_CORES_FOR_MORE_WORKERS { "" } else { " and no core is idle" }
             ),
-            format!("{}Make each batch cheaper: preprocess once offline (store decoded/resized data), use cheaper augmentation or run it on the GPU (e.g. NVIDIA DALI, torchvision transforms on GPU tensors), or use a machine with more CPU cores per GPU. `pin_memory=True` and a larger `prefetch_factor` only smooth bursts.", if others >= 0.5 { format!("Other programs took {others:.1} cores: run the job where it has the CPUs to itself, or stop them. ") } else { String::new() }),
+            format!("{}Make each batch cheaper: preprocess once offline (store decoded/resized data), use cheaper augmentation or run it on the GPU (e.g. NVIDIA DALI, torchvision transforms on GPU tensors), or use a machine with more CPU cores per GPU. `pin_memory=True` and a larger `prefetch_factor` only smooth bursts.", if others >= th::OTHER_PROGRAMS_CORES { format!("Other programs took {others:.1} cores: run the job where it has the CPUs to itself, or stop them. ") } else { String::new() }),
         )
     };
     Some(CauseRule::costing(kind, gt, title, ev, fix).finding())

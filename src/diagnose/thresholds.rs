@@ -163,6 +163,15 @@ pub const DISK_BUSY_PCT: f64 = 50.0;
 /// workers were saturated compete with them: the fix starts with giving the
 /// job the CPU.
 pub const OTHER_PROGRAMS_CORES: f64 = 0.5;
+/// Another program is named when it took at least this share of the job's
+/// runnable time in the seconds it was busy …
+pub const OTHER_PROGRAM_MIN_SHARE_OF_RUNNABLE: f64 = 0.10;
+/// … and at least this much in all (a compiler run of a second is not a
+/// finding).
+pub const OTHER_PROGRAM_MIN_TOOK_S: f64 = 1.0;
+/// A loop thread waiting for the GIL at least this share of its counted
+/// time is reported.
+pub const GIL_MIN_SHARE: f64 = 0.10;
 /// Start-up and shutdown idle time worth a note (below it, rounding).
 pub const EDGE_IDLE_NOTE_S: f64 = 0.05;
 /// Without a measured GPU, start-up and shutdown told apart by the stacks
