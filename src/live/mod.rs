@@ -983,7 +983,7 @@ impl Views {
     pub fn start(
         live: &Live,
         out: &std::path::Path,
-        cfg: &crate::cli::RecordConfig,
+        cfg: &crate::config::RecordConfig,
         metrics: Option<std::net::TcpListener>,
     ) -> Views {
         let recording_file = out
@@ -1032,7 +1032,7 @@ impl Views {
 /// The `--metrics-addr` listener, bound now (before the job or output
 /// folder), or None without the option.
 pub fn bind_metrics(
-    cfg: &crate::cli::RecordConfig,
+    cfg: &crate::config::RecordConfig,
 ) -> anyhow::Result<Option<std::net::TcpListener>> {
     match cfg.metrics_addr.as_deref() {
         Some(a) => Ok(Some(metrics::bind(a).map_err(anyhow::Error::msg)?)),
