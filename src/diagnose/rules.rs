@@ -481,7 +481,7 @@ fn starved(
     (r, cpu): (f64, f64),
     others_more: bool,
 ) -> Option<Starved> {
-    if !(cpu < 0.5 * r && others_more && super::others::names_any(a)) {
+    if !(cpu < th::STARVED_CPU_OF_RUNNABLE * r && others_more && super::others::names_any(a)) {
         return None;
     }
     let loop_waits = 1.0
@@ -677,7 +677,7 @@ fn oversubscribed(a: &Analysis, tl: &Timeline, gpu: Option<&GpuEvidence>) -> Opt
                 .sum();
             (r / os, p.threads.len(), p.role)
         })
-        .filter(|(r, _, _)| *r >= 0.5)
+        .filter(|(r, _, _)| *r >= th::OVERSUBSCRIBED_BUSY_PROCESS_RUNNABLE)
         .collect();
     let busy_procs = busy.len().max(1);
     let per_proc = runnable / busy_procs as f64;

@@ -92,12 +92,28 @@ pub const IO_D_SHARE: f64 = 0.5;
 /// machine near the threshold does not flip too-few-workers and
 /// input-pipeline-bound run to run.
 pub const IDLE_CORES_FOR_MORE_WORKERS: f64 = 0.75;
+/// Saturated workers are starved by other programs when the CPU they used
+/// was under this share of the time they were runnable (the rest went
+/// waiting for a core).
+pub const STARVED_CPU_OF_RUNNABLE: f64 = 0.5;
+/// Main processes that did real work, whose main threads are counted: at
+/// least this share of the busiest main process's CPU time (a wrapper
+/// shell or launcher with next to no CPU does not dilute the main
+/// thread's figures).
+pub const MAIN_PROCESS_MIN_CPU_SHARE: f64 = 0.1;
+/// An interval has input workers when more than this many were alive on
+/// average in it: then the main thread's own work is the training loop,
+/// not batch preparation.
+pub const WORKERS_ALIVE_MIN: f32 = 0.5;
 /// CPU oversubscription: the job's runnable threads at least this many
 /// times the cores (a third of them waiting for a CPU at any time) ...
 pub const OVERSUBSCRIBED_RUNNABLE_PER_CORE: f64 = 1.5;
 /// ... and some task stalled waiting for a CPU at least this share of the
 /// time (PSI cpu "some"), when the kernel reports pressure.
 pub const OVERSUBSCRIBED_PSI_CPU: f64 = 0.25;
+/// When oversubscribed, a process is busy when its threads were runnable
+/// (state R) at least this many at a time on average ...
+pub const OVERSUBSCRIBED_BUSY_PROCESS_RUNNABLE: f64 = 0.5;
 /// When oversubscribed, busy processes with at least this many runnable
 /// threads each point at thread pools (OpenMP/MKL/intra-op) rather than at
 /// too many worker processes.
