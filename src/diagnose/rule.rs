@@ -32,13 +32,10 @@ impl CauseRule {
         evidence: Vec<String>,
         fix: impl Into<String>,
     ) -> CauseRule {
+        let severity = Severity::from_share(gpu_time.share);
         CauseRule {
-            kind,
-            severity: Severity::from_share(gpu_time.share),
-            title: title.into(),
             gpu_time: Some(gpu_time),
-            evidence,
-            fix: fix.into(),
+            ..CauseRule::risk(kind, severity, title, evidence, fix)
         }
     }
 
