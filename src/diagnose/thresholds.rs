@@ -1,5 +1,6 @@
-//! Every threshold of the diagnosis, with its reason. `docs/findings.md`
-//! quotes them; change both together.
+//! Every threshold of the diagnosis and of the live early warnings
+//! (`WARN_*`, at the end), with its reason. `docs/findings.md` quotes
+//! them; change both together.
 
 /// A cause costing at least this share of the run is critical: fixing it
 /// alone would make the run at least 1/(1-0.3) ≈ 1.4× faster.
