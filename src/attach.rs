@@ -16,8 +16,8 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use tokio::signal::unix::{signal, SignalKind};
 
-use crate::cli::RecordConfig;
 use crate::collect::stacks::StackCollectors;
+use crate::config::RecordConfig;
 use crate::event::{Attached, Event, JobStatus, MonoNs, Pid};
 use crate::record;
 use crate::session::{self, say, Recording, SamplerThread};

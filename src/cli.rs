@@ -1,11 +1,14 @@
-//! Command-line parsing (clap) into clap-free configuration structs. No I/O
+//! Command-line parsing (clap) into the clap-free configuration of
+//! [`crate::config`] and the options of the other commands. No I/O
 //! happens here, so parsing is unit-testable.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::config::{ForwardSignals, PerfOptions, PythonFrames, RecordConfig, SamplerChoice};
 
 const AFTER_HELP: &str = "\
 Examples:
@@ -332,8 +335,8 @@ pub struct RecordArgs {
     /// cost more, not used by gpuprof: CPython 3.12+ perf trampolines
     /// (PYTHONPERFSUPPORT=1: ×1.9 on call-heavy code) and stopping the
     /// process per sample (`py-spy record --native`: ×1.05–1.8).
-    #[arg(long, value_name = "MODE", default_value = "same-instant", value_parser = ["same-instant", "py-spy"])]
-    pub python_frames: String,
+    #[arg(long, value_name = "MODE", value_enum, default_value_t = PythonFramesArg::SameInstant)]
+    pub python_frames: PythonFramesArg,
 
     /// Who takes the native stacks. `auto` (default): perf events where
     /// they are allowed, else the in-process timer sampler. `timer`: each
@@ -343,8 +346,8 @@ pub struct RecordArgs {
     /// `perf_event_open` is refused (Docker's and Kubernetes' defaults,
     /// `perf_event_paranoid` 3 or 4). `perf`: perf events only, no stacks
     /// where they are refused. See docs/stacks.md for what each measures.
-    #[arg(long, value_name = "WHO", default_value = "auto", value_parser = ["auto", "perf", "timer"])]
-    pub sampler: String,
+    #[arg(long, value_name = "WHO", value_enum, default_value_t = SamplerArg::Auto)]
+    pub sampler: SamplerArg,
 
     /// Whether SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 sent to gpuprof are
     /// passed on to the job. `auto`: yes, except those sent by
@@ -355,8 +358,8 @@ pub struct RecordArgs {
     /// scheduler or script that
     /// signals the whole process group or cgroup; gpuprof then records
     /// until the job exits. `always`: pass every one on.
-    #[arg(long, value_name = "WHEN", default_value = "auto", value_parser = ["auto", "always", "never"])]
-    pub forward_signals: String,
+    #[arg(long, value_name = "WHEN", value_enum, default_value_t = ForwardSignalsArg::Auto)]
+    pub forward_signals: ForwardSignalsArg,
 
     /// The job to run, after `--`, e.g. `-- python train.py --epochs 1`.
     #[arg(
@@ -447,43 +450,6 @@ impl OutputArgs {
     }
 }
 
-/// Validated settings of a recording.
-#[derive(Debug, Clone)]
-pub struct RecordConfig {
-    pub command: Vec<OsString>,
-    pub output: Option<PathBuf>,
-    pub interval: Duration,
-    pub delay: Option<Duration>,
-    pub duration: Option<Duration>,
-    pub quiet: bool,
-    pub no_gpu: bool,
-    pub gpu_interval: Duration,
-    pub idle_threshold_pct: f64,
-    /// Stack sampling settings; `None` with `--no-stacks`.
-    pub stacks: Option<crate::collect::perf::PerfOptions>,
-    /// `gpuprof attach PID`: the running process to record (no command).
-    pub attach: Option<crate::event::Pid>,
-    pub no_nvtx: bool,
-    pub outputs: crate::outputs::OutputOptions,
-    pub step_range: Option<String>,
-    /// `--metrics-addr`, as given (bound before the job starts).
-    pub metrics_addr: Option<String>,
-    /// Early-warning window; zero: no early warnings.
-    pub warn_after: Duration,
-    /// `--forward-signals`.
-    pub forward_signals: ForwardSignals,
-}
-
-/// Which of the signals sent to gpuprof are passed on to the job
-/// (`--forward-signals`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ForwardSignals {
-    /// All but those from a sender that signals every process of the job.
-    Auto,
-    Always,
-    Never,
-}
-
 impl RecordArgs {
     pub fn into_config(self) -> Result<RecordConfig, String> {
         if self.command.is_empty() {
@@ -532,17 +498,16 @@ impl RecordArgs {
         let stacks = if self.no_stacks {
             None
         } else {
-            let o = crate::collect::perf::PerfOptions {
+            let o = PerfOptions {
                 frequency: self.frequency,
                 stack_size: self.stack_size,
-                same_instant_python: self.python_frames == "same-instant",
+                python_frames: self.python_frames.into(),
                 hang_after: Some(self.hang_after).filter(|d| !d.is_zero()),
                 hang_dir: None,
-                sampler: crate::collect::perf::SamplerChoice::parse(&self.sampler)
-                    .unwrap_or_default(),
+                sampler: self.sampler.into(),
             };
             o.validate()?;
-            if o.sampler == crate::collect::perf::SamplerChoice::Timer && !o.same_instant_python {
+            if o.sampler == SamplerChoice::Timer && !o.same_instant_python() {
                 return Err("--sampler timer runs in the agent that --python-frames py-spy turns off: use one or the other".into());
             }
             Some(o)
@@ -569,12 +534,60 @@ impl RecordArgs {
             step_range: self.step_range.filter(|s| !s.trim().is_empty()),
             metrics_addr: self.metrics_addr,
             warn_after: self.warn_after,
-            forward_signals: match self.forward_signals.as_str() {
-                "always" => ForwardSignals::Always,
-                "never" => ForwardSignals::Never,
-                _ => ForwardSignals::Auto,
-            },
+            forward_signals: self.forward_signals.into(),
         })
+    }
+}
+
+/// `--python-frames`, as spelled on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PythonFramesArg {
+    SameInstant,
+    PySpy,
+}
+
+impl From<PythonFramesArg> for PythonFrames {
+    fn from(a: PythonFramesArg) -> PythonFrames {
+        match a {
+            PythonFramesArg::SameInstant => PythonFrames::SameInstant,
+            PythonFramesArg::PySpy => PythonFrames::PySpy,
+        }
+    }
+}
+
+/// `--sampler`, as spelled on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SamplerArg {
+    Auto,
+    Perf,
+    Timer,
+}
+
+impl From<SamplerArg> for SamplerChoice {
+    fn from(a: SamplerArg) -> SamplerChoice {
+        match a {
+            SamplerArg::Auto => SamplerChoice::Auto,
+            SamplerArg::Perf => SamplerChoice::Perf,
+            SamplerArg::Timer => SamplerChoice::Timer,
+        }
+    }
+}
+
+/// `--forward-signals`, as spelled on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ForwardSignalsArg {
+    Auto,
+    Always,
+    Never,
+}
+
+impl From<ForwardSignalsArg> for ForwardSignals {
+    fn from(a: ForwardSignalsArg) -> ForwardSignals {
+        match a {
+            ForwardSignalsArg::Auto => ForwardSignals::Auto,
+            ForwardSignalsArg::Always => ForwardSignals::Always,
+            ForwardSignalsArg::Never => ForwardSignals::Never,
+        }
     }
 }
 

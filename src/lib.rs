@@ -9,6 +9,7 @@ pub mod attach;
 pub mod cli;
 pub mod collect;
 pub mod compare;
+pub mod config;
 pub mod diagnose;
 pub mod doctor;
 pub mod event;

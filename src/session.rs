@@ -12,7 +12,6 @@ use nix::sys::signal::{kill, Signal};
 use nix::sys::wait::{waitid, waitpid, Id, WaitPidFlag, WaitStatus};
 use tokio::signal::unix::{signal, SignalKind};
 
-use crate::cli::{ForwardSignals, RecordConfig};
 use crate::collect::cgroup::CgroupCollector;
 use crate::collect::files::FilesCollector;
 use crate::collect::gpu::{GpuCollector, GpuOptions};
@@ -22,6 +21,7 @@ use crate::collect::procfs::TreeCollector;
 use crate::collect::stacks::{AgentPlan, StackCollectors};
 use crate::collect::system::SystemCollector;
 use crate::collect::TreeNews;
+use crate::config::{ForwardSignals, RecordConfig};
 use crate::event::{ClockAnchor, Event, Footer, Header, JobStatus, MonoNs, Pid, RECORDING_VERSION};
 use crate::launch;
 use crate::outdir::{OutDir, Reserve};

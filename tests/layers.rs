@@ -540,6 +540,39 @@ fn the_parser_reads_use_trees_and_skips_comments_strings_and_tests() {
     );
 }
 
+/// The only files that may name clap: the command line is parsed in
+/// `cli.rs` (and run from `main.rs`); below them configuration is
+/// clap-free (`config.rs`, docs/architecture.md).
+const CLAP_FILES: &[&str] = &["main.rs", "cli.rs"];
+
+/// Whether a source names the `clap` crate (outside comments and strings).
+fn names_clap(src: &str) -> bool {
+    let text = strip(src);
+    let b = text.as_bytes();
+    text.match_indices("clap").any(|(i, _)| {
+        let end = i + "clap".len();
+        !ident_byte(b, i) && !(end < b.len() && (b[end].is_ascii_alphanumeric() || b[end] == b'_'))
+    })
+}
+
+#[test]
+fn only_main_and_cli_import_clap() {
+    let users: Vec<String> = sources()
+        .into_iter()
+        .filter(|(rel, text)| !CLAP_FILES.contains(&rel.as_str()) && names_clap(text))
+        .map(|(rel, _)| rel)
+        .collect();
+    assert!(
+        users.is_empty(),
+        "clap is named outside main.rs and cli.rs: {users:?}; parse flags in cli.rs into the clap-free types of config.rs"
+    );
+    assert!(names_clap("use clap::Parser;"));
+    assert!(names_clap("#[derive(clap::ValueEnum)]"));
+    assert!(!names_clap(
+        "// clap is not used here\nlet s = \"clap\"; let clapper = 1;"
+    ));
+}
+
 /// Longest file and function in `src/` (docs/architecture.md, "Sizes").
 const MAX_FILE_LINES: usize = 1500;
 const MAX_FN_LINES: usize = 150;

@@ -121,7 +121,7 @@ impl StackCollectors {
         let Some(opts) = opts else {
             return AgentPlan::Off("disabled with --no-stacks".into());
         };
-        if !opts.same_instant_python {
+        if !opts.same_instant_python() {
             return AgentPlan::Off(
                 "disabled with --python-frames py-spy: Python frames come from py-spy alone".into(),
             );

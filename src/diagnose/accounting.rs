@@ -15,6 +15,7 @@ use crate::units::pct;
 
 use super::causes::{functions_in, functions_text};
 use super::measure::{idle_measure_text, measured_devices, Scope};
+use super::rule::CauseRule;
 use super::thresholds as th;
 use super::timeline::{Cause, Timeline};
 use super::{Basis, Finding, FindingKind, GpuTime, Severity};
@@ -197,10 +198,8 @@ pub(super) fn unexplained(a: &Analysis, sc: &Scope, findings: &[Finding]) -> Opt
     } else {
         Severity::from_share(share)
     };
-    Some(Finding {
+    Some(CauseRule {
         kind: FindingKind::GpuIdleUnexplained,
-        rank: sc.rank,
-        support: None,
         severity,
         title: format!(
             "{rest:.1} s of GPU idle time ({} of the run) has no cause gpuprof recognises",
@@ -214,5 +213,5 @@ pub(super) fn unexplained(a: &Analysis, sc: &Scope, findings: &[Finding]) -> Opt
         }),
         evidence: ev,
         fix: "Look at what ran while the GPU waited: flame-gpu-idle.svg, and the trace's `idle %` track beside the threads. Causes gpuprof does not detect: synchronisation inside the loop (`.item()`, `.cpu()`, `torch.cuda.synchronize()`) while the CPU has little to do, many small kernels (launch-bound: `torch.compile`, CUDA graphs, larger batches), host-to-device copies from pageable memory (`pin_memory=True` with `non_blocking=True`), waits for other ranks, evaluation or logging phases between epochs.".into(),
-    })
+    }.finding_of(sc.rank))
 }

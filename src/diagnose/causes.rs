@@ -14,9 +14,10 @@ use crate::units::{bytes, pct, plural, rate};
 
 use super::evidence::{is_python_frame, GpuEvidence};
 use super::measure::{concurrent_workers, gpu_gap_lines, gpu_time};
+use super::rule::CauseRule;
 use super::thresholds as th;
 use super::timeline::{Cause, InputThread, Timeline};
-use super::{Finding, FindingKind, Severity};
+use super::{Finding, FindingKind};
 
 /// Frames of a sampled stack shown for a function: the innermost Python
 /// function and its callers, up to this many.
@@ -341,16 +342,7 @@ pub(super) fn training_loop(
         return None;
     }
     let (title, fix) = loop_title_fix(a, tl, gpu, &acc, loop_s / dur, named, &mut ev);
-    Some(Finding {
-        kind: FindingKind::TrainingLoop,
-        rank: None,
-        support: None,
-        severity: Severity::from_share(gt.share),
-        title,
-        gpu_time: Some(gt),
-        evidence: ev,
-        fix,
-    })
+    Some(CauseRule::costing(FindingKind::TrainingLoop, gt, title, ev, fix).finding())
 }
 
 /// The training-loop finding's title and fix: the model computed on the
@@ -491,19 +483,19 @@ pub(super) fn write_stall(
     if gt.share < th::MIN_SHARE {
         return None;
     }
-    Some(Finding {
-        kind: FindingKind::WriteStall,
-        rank: None,
-        support: None,
-        severity: Severity::from_share(gt.share),
-        title: format!(
-            "The job stalls on its own writes (checkpoints, logs) {} of the run",
-            pct(secs / dur)
-        ),
-        gpu_time: Some(gt),
-        evidence: ev,
-        fix: "Write off the training loop: copy the state to CPU memory and save it from a background thread or process (`torch.distributed.checkpoint.async_save`, or `torch.save` in a `threading.Thread`), save less often, or save to fast local storage (NVMe, `/dev/shm`) and copy it off asynchronously; buffer logs instead of flushing them every step.".into(),
-    })
+    Some(
+        CauseRule::costing(
+            FindingKind::WriteStall,
+            gt,
+            format!(
+                "The job stalls on its own writes (checkpoints, logs) {} of the run",
+                pct(secs / dur)
+            ),
+            ev,
+            "Write off the training loop: copy the state to CPU memory and save it from a background thread or process (`torch.distributed.checkpoint.async_save`, or `torch.save` in a `threading.Thread`), save less often, or save to fast local storage (NVMe, `/dev/shm`) and copy it off asynchronously; buffer logs instead of flushing them every step.",
+        )
+        .finding(),
+    )
 }
 
 /// Input workers started anew (e.g. each epoch, without
@@ -584,23 +576,23 @@ pub(super) fn worker_restarts(
             functions_text(&fs)
         ));
     }
-    Some(Finding {
-        kind: FindingKind::WorkerRestarts,
-        rank: None,
-        support: None,
-        severity: Severity::from_share(gt.share),
-        title: format!(
-            "The input workers are restarted {} and the GPU waits while they start",
-            if k == 1 {
-                "once".to_string()
-            } else {
-                format!("{k} times")
-            }
-        ),
-        gpu_time: Some(gt),
-        evidence: ev,
-        fix: "Keep the workers across epochs: `DataLoader(..., persistent_workers=True)` (with `num_workers > 0`); keep `worker_init_fn` and the dataset's set-up cheap (open files and connections lazily, in the worker), so that a start that does happen is short.".into(),
-    })
+    Some(
+        CauseRule::costing(
+            FindingKind::WorkerRestarts,
+            gt,
+            format!(
+                "The input workers are restarted {} and the GPU waits while they start",
+                if k == 1 {
+                    "once".to_string()
+                } else {
+                    format!("{k} times")
+                }
+            ),
+            ev,
+            "Keep the workers across epochs: `DataLoader(..., persistent_workers=True)` (with `num_workers > 0`); keep `worker_init_fn` and the dataset's set-up cheap (open files and connections lazily, in the worker), so that a start that does happen is short.",
+        )
+        .finding(),
+    )
 }
 
 /// The job's cgroup CPU limit throttled it.
@@ -660,21 +652,21 @@ pub(super) fn cpu_limit(a: &Analysis, tl: &Timeline, gpu: Option<&GpuEvidence>) 
         "the time weighted by the share of throttled periods",
     );
     let need = (workers + 1).max(runnable.ceil() as usize).max(1);
-    Some(Finding {
-        kind: FindingKind::CpuLimit,
-        rank: None,
-        support: None,
-        severity: Severity::from_share(gt.share),
-        title: format!(
-            "The container's CPU limit ({quota:.2} CPUs) throttles the job {} of the run",
-            pct(secs / dur)
-        ),
-        gpu_time: Some(gt),
-        evidence: ev,
-        fix: format!(
-            "Raise the CPU limit of the job's container or cgroup to at least {need} CPUs (the main process plus one per DataLoader worker): Kubernetes `resources.limits.cpu` (or no CPU limit, keeping `requests`), `docker run --cpus`, Slurm `--cpus-per-task`, systemd `CPUQuota=`. Within the limit, fewer workers do not help: the work is the same; make each batch cheaper instead."
-        ),
-    })
+    Some(
+        CauseRule::costing(
+            FindingKind::CpuLimit,
+            gt,
+            format!(
+                "The container's CPU limit ({quota:.2} CPUs) throttles the job {} of the run",
+                pct(secs / dur)
+            ),
+            ev,
+            format!(
+                "Raise the CPU limit of the job's container or cgroup to at least {need} CPUs (the main process plus one per DataLoader worker): Kubernetes `resources.limits.cpu` (or no CPU limit, keeping `requests`), `docker run --cpus`, Slurm `--cpus-per-task`, systemd `CPUQuota=`. Within the limit, fewer workers do not help: the work is the same; make each batch cheaper instead."
+            ),
+        )
+        .finding(),
+    )
 }
 
 /// The input processes read their dataset from storage again and again: it
@@ -771,19 +763,19 @@ pub(super) fn host_memory(
         est,
         "the time weighted by the share some task stalled on memory",
     );
-    Some(Finding {
-        kind: FindingKind::HostMemoryPressure,
-        rank: None,
-        support: None,
-        severity: Severity::from_share(gt.share),
-        title: format!(
-            "Host memory pressure: tasks stall waiting for memory {} of the run",
-            pct(secs / dur)
-        ),
-        gpu_time: Some(gt),
-        evidence: ev,
-        fix: "Give the job memory headroom: raise its memory limit (Kubernetes `resources.limits.memory`, `docker run --memory`, Slurm `--mem`) or stop other memory users on the machine; shrink the job's footprint (fewer DataLoader workers — each holds its own copy of the dataset object —, a smaller `prefetch_factor`, memory-mapped data instead of loading it in every worker); when the dataset cannot stay in the page cache, pack it smaller or read it from faster storage.".into(),
-    })
+    Some(
+        CauseRule::costing(
+            FindingKind::HostMemoryPressure,
+            gt,
+            format!(
+                "Host memory pressure: tasks stall waiting for memory {} of the run",
+                pct(secs / dur)
+            ),
+            ev,
+            "Give the job memory headroom: raise its memory limit (Kubernetes `resources.limits.memory`, `docker run --memory`, Slurm `--mem`) or stop other memory users on the machine; shrink the job's footprint (fewer DataLoader workers — each holds its own copy of the dataset object —, a smaller `prefetch_factor`, memory-mapped data instead of loading it in every worker); when the dataset cannot stay in the page cache, pack it smaller or read it from faster storage.",
+        )
+        .finding(),
+    )
 }
 
 #[cfg(test)]

@@ -9,11 +9,8 @@ use crate::analysis::waits::WaitClass;
 use crate::analysis::Analysis;
 use crate::units::pct;
 
+use super::rule::CauseRule;
 use super::{Basis, Finding, FindingKind, GpuTime, Severity};
-
-/// A loop thread waiting for the GIL at least this share of its counted
-/// time is reported.
-pub const GIL_MIN_SHARE: f64 = 0.10;
 
 pub fn gil_contention(a: &Analysis) -> Vec<Finding> {
     let run_s = a.end.secs_since(a.start).max(1e-9);
@@ -25,7 +22,7 @@ pub fn gil_contention(a: &Analysis) -> Vec<Finding> {
         let Some(gil) = t.waits.get(&WaitClass::Gil) else {
             continue;
         };
-        if gil.share < GIL_MIN_SHARE {
+        if gil.share < super::thresholds::GIL_MIN_SHARE {
             continue;
         }
         let p = a.processes.get(&t.pid);
@@ -53,9 +50,8 @@ pub fn gil_contention(a: &Analysis) -> Vec<Finding> {
                 holders.join("; ")
             ));
         }
-        out.push(Finding {
+        out.push(CauseRule {
             kind: FindingKind::GilContention,
-            rank: p.and_then(|p| p.rank),
             severity: Severity::from_share(gil.seconds / run_s),
             title: format!(
                 "The training loop of {label} waits for the GIL {} of its time, held by {holder}",
@@ -69,8 +65,7 @@ pub fn gil_contention(a: &Analysis) -> Vec<Finding> {
             }),
             evidence: ev,
             fix: format!("Take the work of {holder} off the interpreter lock: move it to another process (a DataLoader worker, multiprocessing), or make it release the GIL (numpy/torch operations on whole arrays instead of Python loops); a thread that polls in pure Python should sleep between polls."),
-            support: None,
-        });
+        }.finding_of(p.and_then(|p| p.rank)));
     }
     out
 }

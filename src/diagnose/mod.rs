@@ -24,6 +24,7 @@ mod gil;
 mod measure;
 mod others;
 pub mod ranks;
+mod rule;
 mod rules;
 pub mod support;
 pub mod thresholds;

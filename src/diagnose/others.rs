@@ -5,19 +5,16 @@ use crate::analysis::others::{OtherProgram, OtherPrograms, STEP_MIN_SHARE};
 use crate::analysis::Analysis;
 use crate::units::pct;
 
+use super::rule::CauseRule;
+use super::thresholds as th;
 use super::{Basis, Finding, FindingKind, GpuTime, Severity};
 
-/// A process is named when it took at least this share of the job's
-/// runnable time in the seconds it was busy …
-const MIN_SHARE_OF_RUNNABLE: f64 = 0.10;
-/// … and at least this much in all (a compiler run of a second is not a
-/// finding).
-const MIN_TOOK_S: f64 = 1.0;
 /// At most this many processes are named.
 const MAX_NAMED: usize = 3;
 
 fn named(p: &OtherProgram) -> bool {
-    p.share_of_runnable >= MIN_SHARE_OF_RUNNABLE && p.took_s >= MIN_TOOK_S
+    p.share_of_runnable >= th::OTHER_PROGRAM_MIN_SHARE_OF_RUNNABLE
+        && p.took_s >= th::OTHER_PROGRAM_MIN_TOOK_S
 }
 
 /// Whether the finding names at least one process.
@@ -76,10 +73,8 @@ pub(super) fn other_programs(a: &Analysis) -> Option<Finding> {
     } else {
         0.0
     };
-    Some(Finding {
+    Some(CauseRule {
         kind: FindingKind::OtherProgramsCpu,
-        rank: None,
-        support: None,
         severity: Severity::from_share(share),
         title: format!(
             "Another program took CPU the job was waiting for: {} took ~{} of the job's runnable time",
@@ -105,7 +100,7 @@ pub(super) fn other_programs(a: &Analysis) -> Option<Finding> {
             OtherPrograms::label(top),
             top.pid.0
         ),
-    })
+    }.finding())
 }
 
 /// What `p` took from the job (seconds); with GPU data, each interval

@@ -22,6 +22,7 @@ use crate::analysis::{Analysis, Process, Role, Thread};
 use crate::event::Pid;
 
 use super::evidence::GpuEvidence;
+use super::rule::CauseRule;
 use super::thresholds as th;
 use super::{Basis, Finding, FindingKind, GpuTime, Severity};
 use crate::analysis::collectives::CountedFrom;
@@ -640,10 +641,8 @@ fn finding(method: Method, s: &RankFigures, others: &[&RankFigures], hosts: usiz
         .sum::<f64>()
         .max(1e-9);
     let share = (lost / total).min(1.0);
-    Finding {
+    CauseRule {
         kind: FindingKind::StragglerRank,
-        rank: Some(s.rank),
-        support: None,
         severity: Severity::from_share(share).max(Severity::Warning),
         title: format!(
             "{} is the straggler: the other {} waited for it (cause: {cause})",
@@ -663,6 +662,7 @@ fn finding(method: Method, s: &RankFigures, others: &[&RankFigures], hosts: usiz
         evidence: ev,
         fix,
     }
+    .finding_of(Some(s.rank))
 }
 
 fn capitalize(s: &str) -> String {

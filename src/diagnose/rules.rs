@@ -10,6 +10,7 @@ use crate::units::{bytes as mb, pct, plural};
 
 use super::evidence::{GpuDeviceEvidence, GpuEvidence, StackEvidence, ThrottleEvidence};
 use super::measure::{concurrent_workers, gpu_gap_lines, gpu_time, measured_devices, Scope};
+use super::rule::CauseRule;
 use super::thresholds as th;
 use super::timeline::{Cause, InputThread, Timeline};
 use super::{accounting, causes};
@@ -275,19 +276,19 @@ fn io_bound(a: &Analysis, tl: &Timeline, gpu: Option<&GpuEvidence>) -> Option<Fi
     if throttled_hint {
         fix.push_str(" Check for an IO limit on the job's cgroup or volume.");
     }
-    Some(Finding {
-        kind: FindingKind::IoBound,
-        rank: None,
-        support: None,
-        severity: Severity::from_share(gt.share),
-        title: format!(
-            "IO-bound: the input threads waited for storage reads {} of the run",
-            pct(io_s / dur)
-        ),
-        gpu_time: Some(gt),
-        evidence: ev,
-        fix,
-    })
+    Some(
+        CauseRule::costing(
+            FindingKind::IoBound,
+            gt,
+            format!(
+                "IO-bound: the input threads waited for storage reads {} of the run",
+                pct(io_s / dur)
+            ),
+            ev,
+            fix,
+        )
+        .finding(),
+    )
 }
 
 fn slow_storage(a: &Analysis, tl: &Timeline, io: Option<&Finding>) -> Option<Finding> {
@@ -345,16 +346,14 @@ fn slow_storage(a: &Analysis, tl: &Timeline, io: Option<&Finding>) -> Option<Fin
             (Severity::Info, None)
         }
     };
-    Some(Finding {
+    Some(CauseRule {
         kind: FindingKind::SlowStorage,
-        rank: None,
-        support: None,
         severity,
         title: format!("Training data is read from a {}", kinds.join(" and a ")),
         gpu_time,
         evidence: ev,
         fix: "Copy the dataset to a local SSD/NVMe before training (or to /dev/shm when it fits in RAM), or convert it into large sequentially-read shards; on a network filesystem, cache it locally on first read.".into(),
-    })
+    }.finding())
 }
 
 fn main_preprocessing(a: &Analysis, tl: &Timeline, gpu: Option<&GpuEvidence>) -> Option<Finding> {
@@ -454,16 +453,7 @@ fn main_preprocessing(a: &Analysis, tl: &Timeline, gpu: Option<&GpuEvidence>) ->
             pct(busy_s / dur)
         )
     };
-    Some(Finding {
-        kind: FindingKind::MainProcessPreprocessing,
-        rank: None,
-        support: None,
-        severity: Severity::from_share(gt.share),
-        title,
-        gpu_time: Some(gt),
-        evidence: ev,
-        fix,
-    })
+    Some(CauseRule::costing(FindingKind::MainProcessPreprocessing, gt, title, ev, fix).finding())
 }
 
 /// Saturated workers starved of CPU by other programs.
@@ -491,7 +481,7 @@ fn starved(
     (r, cpu): (f64, f64),
     others_more: bool,
 ) -> Option<Starved> {
-    if !(cpu < 0.5 * r && others_more && super::others::names_any(a)) {
+    if !(cpu < th::STARVED_CPU_OF_RUNNABLE * r && others_more && super::others::names_any(a)) {
         return None;
     }
     let loop_waits = 1.0
@@ -630,19 +620,10 @@ fn pipeline(a: &Analysis, tl: &Timeline, gpu: Option<&GpuEvidence>) -> Option<Fi
                 if n == 1 { "worker is".to_string() } else { format!("{n} workers are") },
                 if idle >= th::IDLE_CORES_FOR_MORE_WORKERS { "" } else { " and no core is idle" }
             ),
-            format!("{}Make each batch cheaper: preprocess once offline (store decoded/resized data), use cheaper augmentation or run it on the GPU (e.g. NVIDIA DALI, torchvision transforms on GPU tensors), or use a machine with more CPU cores per GPU. `pin_memory=True` and a larger `prefetch_factor` only smooth bursts.", if others >= 0.5 { format!("Other programs took {others:.1} cores: run the job where it has the CPUs to itself, or stop them. ") } else { String::new() }),
+            format!("{}Make each batch cheaper: preprocess once offline (store decoded/resized data), use cheaper augmentation or run it on the GPU (e.g. NVIDIA DALI, torchvision transforms on GPU tensors), or use a machine with more CPU cores per GPU. `pin_memory=True` and a larger `prefetch_factor` only smooth bursts.", if others >= th::OTHER_PROGRAMS_CORES { format!("Other programs took {others:.1} cores: run the job where it has the CPUs to itself, or stop them. ") } else { String::new() }),
         )
     };
-    Some(Finding {
-        kind,
-        rank: None,
-        support: None,
-        severity: Severity::from_share(gt.share),
-        title,
-        gpu_time: Some(gt),
-        evidence: ev,
-        fix,
-    })
+    Some(CauseRule::costing(kind, gt, title, ev, fix).finding())
 }
 
 /// The lower end of the 95% interval of the mean idle cores over the
@@ -696,7 +677,7 @@ fn oversubscribed(a: &Analysis, tl: &Timeline, gpu: Option<&GpuEvidence>) -> Opt
                 .sum();
             (r / os, p.threads.len(), p.role)
         })
-        .filter(|(r, _, _)| *r >= 0.5)
+        .filter(|(r, _, _)| *r >= th::OVERSUBSCRIBED_BUSY_PROCESS_RUNNABLE)
         .collect();
     let busy_procs = busy.len().max(1);
     let per_proc = runnable / busy_procs as f64;
@@ -730,29 +711,29 @@ fn oversubscribed(a: &Analysis, tl: &Timeline, gpu: Option<&GpuEvidence>) -> Opt
         est,
         "time some task of the machine waited for a CPU while the job's runnable threads far exceeded the cores",
     );
-    Some(Finding {
-        kind: FindingKind::CpuOversubscribed,
-        rank: None,
-        support: None,
-        severity: Severity::from_share(gt.share),
-        title: format!(
-            "CPU oversubscribed: {runnable:.1} runnable threads for {:.0} cores",
-            tl.cores
-        ),
-        gpu_time: Some(gt),
-        evidence: ev,
-        fix: if pools {
+    Some(
+        CauseRule::costing(
+            FindingKind::CpuOversubscribed,
+            gt,
             format!(
-                "Cap the threads per process so that all of them fit the {:.0} cores: thread pools (OpenMP/MKL/BLAS, the framework's intra-op threads) multiply with the worker count. Set `OMP_NUM_THREADS=1` (and `MKL_NUM_THREADS=1`) for DataLoader workers, `torch.set_num_threads(k)` in the main process, and keep `num_workers` no higher than the cores left.",
+                "CPU oversubscribed: {runnable:.1} runnable threads for {:.0} cores",
                 tl.cores
-            )
-        } else {
-            format!(
-                "More busy processes than cores: lower `num_workers` from {workers} to at most {} (one core left for the main process, so it can launch GPU work promptly). The CPU itself is then the limit: make each batch cheaper or use more cores per GPU.",
-                (tl.cores as usize).saturating_sub(1).max(1)
-            )
-        },
-    })
+            ),
+            ev,
+            if pools {
+                format!(
+                    "Cap the threads per process so that all of them fit the {:.0} cores: thread pools (OpenMP/MKL/BLAS, the framework's intra-op threads) multiply with the worker count. Set `OMP_NUM_THREADS=1` (and `MKL_NUM_THREADS=1`) for DataLoader workers, `torch.set_num_threads(k)` in the main process, and keep `num_workers` no higher than the cores left.",
+                    tl.cores
+                )
+            } else {
+                format!(
+                    "More busy processes than cores: lower `num_workers` from {workers} to at most {} (one core left for the main process, so it can launch GPU work promptly). The CPU itself is then the limit: make each batch cheaper or use more cores per GPU.",
+                    (tl.cores as usize).saturating_sub(1).max(1)
+                )
+            },
+        )
+        .finding(),
+    )
 }
 
 /// Seconds of `state` runs falling inside `spans` (both sorted by time).
@@ -829,21 +810,22 @@ fn gpu_not_used(a: &Analysis, g: &GpuEvidence) -> Option<Finding> {
     } else if cuda_mapped == Some(false) && g.attribution_available {
         ev.push("No process of the job mapped a CUDA library (`libcuda`, `libcudart`).".into());
     }
-    Some(Finding {
-        kind: FindingKind::GpuNotUsed,
-        rank: None,
-        support: None,
-        severity: Severity::Critical,
-        title: "The job never used the GPU".into(),
-        gpu_time: Some(GpuTime {
-            seconds: dur * g.devices.len() as f64,
-            share: 1.0,
-            basis: Basis::Measured,
-            method: "the whole run on every GPU: no process of the job was ever on one".into(),
-        }),
-        evidence: ev,
-        fix,
-    })
+    Some(
+        CauseRule {
+            kind: FindingKind::GpuNotUsed,
+            severity: Severity::Critical,
+            title: "The job never used the GPU".into(),
+            gpu_time: Some(GpuTime {
+                seconds: dur * g.devices.len() as f64,
+                share: 1.0,
+                basis: Basis::Measured,
+                method: "the whole run on every GPU: no process of the job was ever on one".into(),
+            }),
+            evidence: ev,
+            fix,
+        }
+        .finding(),
+    )
 }
 
 fn cuda_mismatch(a: &Analysis, g: &GpuEvidence) -> Option<Finding> {
@@ -900,16 +882,14 @@ fn cuda_mismatch(a: &Analysis, g: &GpuEvidence) -> Option<Finding> {
         ev.push("Same major version: CUDA minor-version compatibility lets it run, but kernels JIT-compiled from PTX and features of the newer minor version can fail.".into());
         (Severity::Warning, None)
     };
-    Some(Finding {
+    Some(CauseRule {
         kind: FindingKind::CudaDriverMismatch,
-        rank: None,
-        support: None,
         severity,
         title: format!("The job's CUDA runtime is newer than the driver (CUDA {dmaj}.{dmin})"),
         gpu_time,
         evidence: ev,
         fix: format!("Upgrade the NVIDIA driver to one that supports the job's CUDA runtime, or install the framework build for CUDA {dmaj}.x or older (e.g. the matching `--index-url https://download.pytorch.org/whl/cuXYZ` wheel)."),
-    })
+    }.finding())
 }
 
 fn throttle_finding(
@@ -979,25 +959,26 @@ fn throttle_finding(
             )
         }
     };
-    Some(Finding {
-        kind,
-        rank: None,
-        support: None,
-        severity,
-        title,
-        gpu_time: Some(GpuTime {
-            seconds: secs,
-            share,
-            basis: Basis::Measured,
-            method: if upper {
-                "upper bound: time throttled while busy (clocks not measured)".into()
-            } else {
-                "time throttled while busy × the share of clock speed lost".into()
-            },
-        }),
-        evidence: ev,
-        fix,
-    })
+    Some(
+        CauseRule {
+            kind,
+            severity,
+            title,
+            gpu_time: Some(GpuTime {
+                seconds: secs,
+                share,
+                basis: Basis::Measured,
+                method: if upper {
+                    "upper bound: time throttled while busy (clocks not measured)".into()
+                } else {
+                    "time throttled while busy × the share of clock speed lost".into()
+                },
+            }),
+            evidence: ev,
+            fix,
+        }
+        .finding(),
+    )
 }
 
 fn throttling(a: &Analysis, g: &GpuEvidence) -> Vec<Finding> {
@@ -1043,16 +1024,7 @@ fn memory_pressure(a: &Analysis, g: &GpuEvidence) -> Option<Finding> {
             mb(s.swap_out_bytes as f64)
         ));
     }
-    Some(Finding {
-        kind: FindingKind::GpuMemoryPressure,
-        rank: None,
-        support: None,
-        severity: Severity::Warning,
-        title: "GPU memory nearly full".into(),
-        gpu_time: None,
-        evidence: ev,
-        fix: "Leave headroom: smaller batch (with gradient accumulation to keep the effective size), mixed precision (AMP), activation checkpointing; `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` reduces fragmentation.".into(),
-    })
+    Some(CauseRule::risk(FindingKind::GpuMemoryPressure, Severity::Warning, "GPU memory nearly full", ev, "Leave headroom: smaller batch (with gradient accumulation to keep the effective size), mixed precision (AMP), activation checkpointing; `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` reduces fragmentation.").finding())
 }
 
 fn pcie(g: &GpuEvidence) -> Option<Finding> {
@@ -1071,16 +1043,7 @@ fn pcie(g: &GpuEvidence) -> Option<Finding> {
     if ev.is_empty() {
         return None;
     }
-    Some(Finding {
-        kind: FindingKind::PcieDegraded,
-        rank: None,
-        support: None,
-        severity: Severity::Warning,
-        title: "PCIe link below its maximum".into(),
-        gpu_time: None,
-        evidence: ev,
-        fix: "Reseat the card, check that the slot is wired x16 and not shared, check risers and the BIOS PCIe generation setting; confirm under load with `nvidia-smi -q -d PCIE` (links slow down when idle).".into(),
-    })
+    Some(CauseRule::risk(FindingKind::PcieDegraded, Severity::Warning, "PCIe link below its maximum", ev, "Reseat the card, check that the slot is wired x16 and not shared, check risers and the BIOS PCIe generation setting; confirm under load with `nvidia-smi -q -d PCIE` (links slow down when idle).").finding())
 }
 
 fn coverage(
@@ -1156,31 +1119,32 @@ fn coverage(
     if fixes.is_empty() {
         fixes.push("see each line above for how to enable what was missing");
     }
-    Some(Finding {
-        kind: FindingKind::LowSampleCoverage,
-        rank: None,
-        support: None,
-        severity: if inconclusive {
-            Severity::Warning
-        } else {
-            Severity::Info
-        },
-        title: if inconclusive {
-            "Parts of this run were not measured well enough to conclude".into()
-        } else if short {
-            "This run is short: its figures are imprecise".into()
-        } else {
-            "Some sources were not measured".into()
-        },
-        gpu_time: None,
-        evidence: ev,
-        fix: {
-            let mut f = fixes.join("; ");
-            if let Some(c) = f.get_mut(0..1) {
-                c.make_ascii_uppercase();
-            }
-            f.push('.');
-            f
-        },
-    })
+    Some(
+        CauseRule {
+            kind: FindingKind::LowSampleCoverage,
+            severity: if inconclusive {
+                Severity::Warning
+            } else {
+                Severity::Info
+            },
+            title: if inconclusive {
+                "Parts of this run were not measured well enough to conclude".into()
+            } else if short {
+                "This run is short: its figures are imprecise".into()
+            } else {
+                "Some sources were not measured".into()
+            },
+            gpu_time: None,
+            evidence: ev,
+            fix: {
+                let mut f = fixes.join("; ");
+                if let Some(c) = f.get_mut(0..1) {
+                    c.make_ascii_uppercase();
+                }
+                f.push('.');
+                f
+            },
+        }
+        .finding(),
+    )
 }

@@ -1,5 +1,6 @@
-//! Every threshold of the diagnosis, with its reason. `docs/findings.md`
-//! quotes them; change both together.
+//! Every threshold of the diagnosis and of the live early warnings
+//! (`WARN_*`, at the end), with its reason. `docs/findings.md` quotes
+//! them; change both together.
 
 /// A cause costing at least this share of the run is critical: fixing it
 /// alone would make the run at least 1/(1-0.3) ≈ 1.4× faster.
@@ -92,12 +93,28 @@ pub const IO_D_SHARE: f64 = 0.5;
 /// machine near the threshold does not flip too-few-workers and
 /// input-pipeline-bound run to run.
 pub const IDLE_CORES_FOR_MORE_WORKERS: f64 = 0.75;
+/// Saturated workers are starved by other programs when the CPU they used
+/// was under this share of the time they were runnable (the rest went
+/// waiting for a core).
+pub const STARVED_CPU_OF_RUNNABLE: f64 = 0.5;
+/// Main processes that did real work, whose main threads are counted: at
+/// least this share of the busiest main process's CPU time (a wrapper
+/// shell or launcher with next to no CPU does not dilute the main
+/// thread's figures).
+pub const MAIN_PROCESS_MIN_CPU_SHARE: f64 = 0.1;
+/// An interval has input workers when more than this many were alive on
+/// average in it: then the main thread's own work is the training loop,
+/// not batch preparation.
+pub const WORKERS_ALIVE_MIN: f32 = 0.5;
 /// CPU oversubscription: the job's runnable threads at least this many
 /// times the cores (a third of them waiting for a CPU at any time) ...
 pub const OVERSUBSCRIBED_RUNNABLE_PER_CORE: f64 = 1.5;
 /// ... and some task stalled waiting for a CPU at least this share of the
 /// time (PSI cpu "some"), when the kernel reports pressure.
 pub const OVERSUBSCRIBED_PSI_CPU: f64 = 0.25;
+/// When oversubscribed, a process is busy when its threads were runnable
+/// (state R) at least this many at a time on average ...
+pub const OVERSUBSCRIBED_BUSY_PROCESS_RUNNABLE: f64 = 0.5;
 /// When oversubscribed, busy processes with at least this many runnable
 /// threads each point at thread pools (OpenMP/MKL/intra-op) rather than at
 /// too many worker processes.
@@ -163,6 +180,15 @@ pub const DISK_BUSY_PCT: f64 = 50.0;
 /// workers were saturated compete with them: the fix starts with giving the
 /// job the CPU.
 pub const OTHER_PROGRAMS_CORES: f64 = 0.5;
+/// Another program is named when it took at least this share of the job's
+/// runnable time in the seconds it was busy …
+pub const OTHER_PROGRAM_MIN_SHARE_OF_RUNNABLE: f64 = 0.10;
+/// … and at least this much in all (a compiler run of a second is not a
+/// finding).
+pub const OTHER_PROGRAM_MIN_TOOK_S: f64 = 1.0;
+/// A loop thread waiting for the GIL at least this share of its counted
+/// time is reported.
+pub const GIL_MIN_SHARE: f64 = 0.10;
 /// Start-up and shutdown idle time worth a note (below it, rounding).
 pub const EDGE_IDLE_NOTE_S: f64 = 0.05;
 /// Without a measured GPU, start-up and shutdown told apart by the stacks
@@ -180,3 +206,32 @@ pub const ACCOUNT_MIN_SAMPLES: u64 = 40;
 /// account (the data path, or the model) must reach for the finding of
 /// the winning side to say that it matters too and what to do about it.
 pub const ACCOUNT_SECOND_SHARE: f64 = 0.2;
+
+// The live early warnings (`--warn-after`, `live::LiveState::alerts`): a
+// condition must hold over the whole window. They also use the
+// diagnosis' own thresholds above where the same figure is read
+// (`MEMORY_PSI_SHARE`, `CPU_THROTTLED_SHARE`, `GPU_MEMORY_PRESSURE`,
+// `IO_D_SHARE`, `MAIN_BUSY_CORES`, the saturation thresholds).
+
+/// The GPU is mostly idle: busy below this share (the usual alerting rule
+/// for training jobs: utilization under 30% for a sustained time).
+pub const WARN_GPU_BUSY_BELOW: f64 = 0.30;
+/// The clock-event reasons the diagnosis takes for thermal throttling
+/// (`THERMAL_REASONS`), active at least this share of the window ...
+pub const WARN_THERMAL_SHARE: f64 = 0.5;
+/// ... and for a power cap (`POWER_REASONS`).
+pub const WARN_POWER_SHARE: f64 = 0.5;
+/// A disk with IO in flight at least this share of the window ...
+pub const WARN_DISK_BUSY: f64 = 0.9;
+/// ... while on average at least this many of the job's threads waited in
+/// state D (uninterruptible, almost always storage).
+pub const WARN_D_THREADS: f64 = 0.5;
+/// A figure read from samples (PSI, GPU busy, disk counters) speaks for
+/// the window when its samples span at least this share of it.
+pub const WARN_WINDOW_COVERED: f64 = 0.8;
+/// The cgroup's CPU limit is judged over at least this many scheduling
+/// periods (a second's worth of the default 100 ms periods).
+pub const WARN_MIN_CPU_PERIODS: u64 = 10;
+/// Fewer worker processes than this on average over the window: batches
+/// are built in the main process.
+pub const WARN_NO_WORKERS: f64 = 0.5;

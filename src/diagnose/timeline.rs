@@ -457,7 +457,7 @@ impl Timeline {
         let mut mains: Vec<InputThread> = a
             .processes_with_role(Role::Main)
             .filter(in_scope)
-            .filter(|p| p.cpu_s() >= 0.1 * main_cpu_max)
+            .filter(|p| p.cpu_s() >= th::MAIN_PROCESS_MIN_CPU_SHARE * main_cpu_max)
             .filter_map(|p| busiest_thread(p).map(|t| msum.add(p, t, start, end, bin_ns)))
             .collect();
         if mains.is_empty() && rank.is_none() {
@@ -622,7 +622,7 @@ impl Timeline {
         if !self.workers.is_empty() && self.workers_saturated(i) {
             return Some(Cause::PipelineSaturated);
         }
-        if self.workers_alive[i] > 0.5 && main_busy {
+        if self.workers_alive[i] > th::WORKERS_ALIVE_MIN && main_busy {
             return Some(Cause::TrainingLoop);
         }
         None

@@ -484,7 +484,10 @@ fn nvtx_and_condition_families(b: &mut Builder, st: &LiveState, ctx: &Context) {
             l(&[
                 ("condition", cond),
                 ("subject", subject),
-                ("finding", a.finding.unwrap_or("").to_string()),
+                (
+                    "finding",
+                    a.finding.map_or(String::new(), |f| f.id().to_string()),
+                ),
             ]),
             1.0,
         ));

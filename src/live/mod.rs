@@ -20,7 +20,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use crate::analysis::gpu::throttle_mask;
 use crate::analysis::roles::{self, RoleFacts, TORCH_WORKER_NAME};
 use crate::analysis::Role;
-use crate::diagnose::{POWER_REASONS, THERMAL_REASONS};
+use crate::diagnose::thresholds as th;
+use crate::diagnose::{FindingKind, POWER_REASONS, THERMAL_REASONS};
 use crate::event::{CpuTimes, Event, GpuIndex, GpuProc, GpuState, MonoNs, Pid, Tid};
 use crate::vocab::ranks::RankIds;
 
@@ -855,7 +856,7 @@ impl LiveState {
         g.mem_used = state.mem_used;
         let full = match (state.mem_used, g.mem_total) {
             (Some(u), Some(total)) if total > 0 => {
-                u as f64 >= crate::diagnose::thresholds::GPU_MEMORY_PRESSURE * total as f64
+                u as f64 >= th::GPU_MEMORY_PRESSURE * total as f64
             }
             _ => false,
         };
@@ -982,7 +983,7 @@ impl Views {
     pub fn start(
         live: &Live,
         out: &std::path::Path,
-        cfg: &crate::cli::RecordConfig,
+        cfg: &crate::config::RecordConfig,
         metrics: Option<std::net::TcpListener>,
     ) -> Views {
         let recording_file = out
@@ -1031,7 +1032,7 @@ impl Views {
 /// The `--metrics-addr` listener, bound now (before the job or output
 /// folder), or None without the option.
 pub fn bind_metrics(
-    cfg: &crate::cli::RecordConfig,
+    cfg: &crate::config::RecordConfig,
 ) -> anyhow::Result<Option<std::net::TcpListener>> {
     match cfg.metrics_addr.as_deref() {
         Some(a) => Ok(Some(metrics::bind(a).map_err(anyhow::Error::msg)?)),
@@ -1046,25 +1047,8 @@ pub struct Alert {
     /// Stable key (one alert per key per run), e.g. `gpu-idle:0`.
     pub key: String,
     /// The finding this condition is evidence of, when one fits.
-    pub finding: Option<&'static str>,
+    pub finding: Option<FindingKind>,
     pub message: String,
-}
-
-/// Early warnings: the thresholds below hold over the whole window.
-pub mod warn {
-    /// The GPU is mostly idle: busy below this share (the usual alerting
-    /// rule for training jobs: utilization under 30% for a sustained time).
-    pub const GPU_BUSY_BELOW: f64 = 0.30;
-    /// The clock-event reasons the diagnosis takes for thermal throttling
-    /// (`THERMAL_REASONS`), active at least this share of the window ...
-    pub const THERMAL_SHARE: f64 = 0.5;
-    /// ... and for a power cap (`POWER_REASONS`).
-    pub const POWER_SHARE: f64 = 0.5;
-    /// A disk with IO in flight at least this share of the window ...
-    pub const DISK_BUSY: f64 = 0.9;
-    /// ... while on average at least this many of the job's threads waited
-    /// in state D (uninterruptible, almost always storage).
-    pub const D_THREADS: f64 = 0.5;
 }
 
 impl LiveState {
@@ -1092,7 +1076,6 @@ impl LiveState {
     /// Tasks stalled on host memory, and the job held back by its
     /// cgroup's CPU limit, over the window (the diagnosis' thresholds).
     fn host_alerts(&self, w: f64, mins: &str, out: &mut Vec<Alert>) {
-        use crate::diagnose::thresholds as th;
         if self.elapsed_s() < w {
             return;
         }
@@ -1104,12 +1087,12 @@ impl LiveState {
             self.psi_mem.back(),
         ) {
             let span = b.0.secs_since(a.0);
-            if span >= 0.8 * w {
+            if span >= th::WARN_WINDOW_COVERED * w {
                 let share = b.1.saturating_sub(a.1) as f64 / 1e6 / span;
                 if share >= th::MEMORY_PSI_SHARE {
                     out.push(Alert {
                         key: "host-memory".into(),
-                        finding: Some("host-memory-pressure"),
+                        finding: Some(FindingKind::HostMemoryPressure),
                         message: format!(
                             "tasks stalled on host memory {:.0}% of the last {mins} (PSI memory \"some\": reclaim, swapping, a page cache too small for the data)",
                             share * 100.0
@@ -1125,10 +1108,12 @@ impl LiveState {
             let periods = b.1.saturating_sub(a.1);
             let throttled = b.2.saturating_sub(a.2);
             // At least a second's worth of 100 ms periods.
-            if periods >= 10 && throttled as f64 >= th::CPU_THROTTLED_SHARE * periods as f64 {
+            if periods >= th::WARN_MIN_CPU_PERIODS
+                && throttled as f64 >= th::CPU_THROTTLED_SHARE * periods as f64
+            {
                 out.push(Alert {
                     key: "cpu-limit".into(),
-                    finding: Some("cpu-limit"),
+                    finding: Some(FindingKind::CpuLimit),
                     message: format!(
                         "the job's cgroup CPU limit ({:.1} cores) throttled it in {:.0}% of its scheduling periods over the last {mins}",
                         b.3,
@@ -1157,17 +1142,17 @@ impl LiveState {
             for (reasons, share, key, finding, what, detail) in [
                 (
                     THERMAL_REASONS,
-                    warn::THERMAL_SHARE,
+                    th::WARN_THERMAL_SHARE,
                     "thermal",
-                    "thermal-throttling",
+                    FindingKind::ThermalThrottling,
                     "thermally throttled",
                     format!("{clock}{temp}°C"),
                 ),
                 (
                     POWER_REASONS,
-                    warn::POWER_SHARE,
+                    th::WARN_POWER_SHARE,
                     "power",
-                    "power-capped",
+                    FindingKind::PowerCapped,
                     "held by its power cap",
                     format!("{clock}drawing {power} W"),
                 ),
@@ -1199,10 +1184,10 @@ impl LiveState {
             if now.secs_since(since) >= w {
                 out.push(Alert {
                     key: format!("gpu-memory:{i}"),
-                    finding: Some("gpu-memory-pressure"),
+                    finding: Some(FindingKind::GpuMemoryPressure),
                     message: format!(
                         "GPU {i} memory was at least {:.0}% full for the whole last {mins} ({:.0} of {:.0} MiB used now)",
-                        crate::diagnose::thresholds::GPU_MEMORY_PRESSURE * 100.0,
+                        th::GPU_MEMORY_PRESSURE * 100.0,
                         used as f64 / 1048576.0,
                         total as f64 / 1048576.0
                     ),
@@ -1224,7 +1209,7 @@ impl LiveState {
         {
             out.push(Alert {
                 key: "gpu-not-used".into(),
-                finding: Some("gpu-not-used"),
+                finding: Some(FindingKind::GpuNotUsed),
                 message: format!(
                     "no process has used a GPU in the first {mins} ({} GPU{} idle)",
                     self.gpus.len(),
@@ -1247,7 +1232,7 @@ impl LiveState {
             let Some((share, covered)) = g.busy_share(from, now) else {
                 continue;
             };
-            if covered < 0.8 * w || share >= warn::GPU_BUSY_BELOW {
+            if covered < th::WARN_WINDOW_COVERED * w || share >= th::WARN_GPU_BUSY_BELOW {
                 continue;
             }
             let (finding, why) = match &hint {
@@ -1269,20 +1254,20 @@ impl LiveState {
     fn disk_alerts(&self, w: f64, mins: &str, out: &mut Vec<Alert>) {
         let recorded = self.elapsed_s();
         if let Some((a, b)) = self.window(w) {
-            if b.t.secs_since(a.t) >= 0.8 * w && recorded >= w {
+            if b.t.secs_since(a.t) >= th::WARN_WINDOW_COVERED * w && recorded >= w {
                 let ds: Vec<&Tick> = self.ticks.iter().filter(|k| k.t > a.t).collect();
                 let d_mean =
                     ds.iter().map(|k| k.d_threads as f64).sum::<f64>() / ds.len().max(1) as f64;
-                if d_mean >= warn::D_THREADS {
+                if d_mean >= th::WARN_D_THREADS {
                     for (name, d) in &self.disks {
                         if let Some(busy) = d.busy_share(a.t, b.t) {
-                            if busy >= warn::DISK_BUSY {
+                            if busy >= th::WARN_DISK_BUSY {
                                 let mbps = b.read_bytes.saturating_sub(a.read_bytes) as f64
                                     / 1e6
                                     / b.t.secs_since(a.t);
                                 out.push(Alert {
                                     key: format!("disk:{name}"),
-                                    finding: Some("io-bound"),
+                                    finding: Some(FindingKind::IoBound),
                                     message: format!(
                                         "disk {name} was {:.0}% busy over the last {mins} while {d_mean:.1} of the job's threads waited on IO (state D) on average; the job read {mbps:.1} MB/s",
                                         busy * 100.0
@@ -1299,24 +1284,23 @@ impl LiveState {
     /// What the CPU side did over the window, when it matches a finding's
     /// evidence (the same thresholds as the diagnosis); None otherwise —
     /// the diagnosis at the end says more.
-    fn idle_hint(&self, w: f64) -> Option<(&'static str, String)> {
-        use crate::diagnose::thresholds as th;
+    fn idle_hint(&self, w: f64) -> Option<(FindingKind, String)> {
         let (a, b) = self.window(w)?;
         let ticks: Vec<&Tick> = self.ticks.iter().filter(|k| k.t > a.t).collect();
         let n = ticks.len().max(1) as f64;
         let d_mean = ticks.iter().map(|k| k.d_threads as f64).sum::<f64>() / n;
         if d_mean >= th::IO_D_SHARE {
             return Some((
-                "io-bound",
+                FindingKind::IoBound,
                 format!("{d_mean:.1} of the job's threads waited on IO (state D) on average"),
             ));
         }
         let workers = ticks.iter().map(|k| k.workers as f64).sum::<f64>() / n;
         let cores = self.role_cores(b.t.secs_since(a.t))?;
-        if workers < 0.5 {
+        if workers < th::WARN_NO_WORKERS {
             if cores[ri(Role::Main)] >= th::MAIN_BUSY_CORES {
                 return Some((
-                    "main-process-preprocessing",
+                    FindingKind::MainProcessPreprocessing,
                     format!(
                         "no worker processes, and the main process used {:.2} cores",
                         cores[ri(Role::Main)]
@@ -1338,9 +1322,9 @@ impl LiveState {
             || idle < th::MAIN_BUSY_FREE_CORES;
         if sat >= th::SATURATED_WORKERS_SHARE && confirmed {
             let id = if idle >= th::IDLE_CORES_FOR_MORE_WORKERS {
-                "too-few-workers"
+                FindingKind::TooFewWorkers
             } else {
-                "input-pipeline-bound"
+                FindingKind::InputPipelineBound
             };
             return Some((
                 id,

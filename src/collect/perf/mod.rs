@@ -33,7 +33,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub use dump::dump;
-pub use options::{PerfOptions, SamplerChoice};
+pub use options::{PerfOptions, PythonFrames, SamplerChoice};
 pub use ring::{
     online_cpus, parse_cpu_list, perf_event_paranoid, refusal_advice_then, ring_bytes_for,
     OpenError,

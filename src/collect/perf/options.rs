@@ -12,9 +12,9 @@ pub struct PerfOptions {
     pub frequency: u64,
     /// Bytes of user stack copied per sample (8..=65528, a multiple of 8).
     pub stack_size: u32,
-    /// Python frames of the same instant from the in-process agent
-    /// (`--python-frames same-instant`, the default); else py-spy alone.
-    pub same_instant_python: bool,
+    /// Where Python processes' Python frames come from
+    /// (`--python-frames`).
+    pub python_frames: PythonFrames,
     /// `--hang-after`: write a hang report when every loop thread has been
     /// blocked this long (None: off).
     pub hang_after: Option<Duration>,
@@ -36,14 +36,22 @@ pub enum SamplerChoice {
     Timer,
 }
 
-impl SamplerChoice {
-    pub fn parse(s: &str) -> Option<SamplerChoice> {
-        match s {
-            "auto" => Some(SamplerChoice::Auto),
-            "perf" => Some(SamplerChoice::Perf),
-            "timer" => Some(SamplerChoice::Timer),
-            _ => None,
-        }
+/// `--python-frames`: how Python processes get Python frames in their
+/// native stacks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PythonFrames {
+    /// The frames of the same instant, from the in-process agent.
+    #[default]
+    SameInstant,
+    /// No agent: py-spy alone, into a separate Python-only view.
+    PySpy,
+}
+
+impl PerfOptions {
+    /// Whether the in-process agent takes the Python frames of the same
+    /// instant (`--python-frames same-instant`, the default).
+    pub fn same_instant_python(&self) -> bool {
+        self.python_frames == PythonFrames::SameInstant
     }
 }
 
@@ -52,7 +60,7 @@ impl Default for PerfOptions {
         PerfOptions {
             frequency: DEFAULT_FREQUENCY,
             stack_size: DEFAULT_STACK_SIZE,
-            same_instant_python: true,
+            python_frames: PythonFrames::SameInstant,
             hang_after: None,
             hang_dir: None,
             sampler: SamplerChoice::Auto,
