@@ -642,8 +642,7 @@ fn long_recording(secs: u64, job: Job, budgets: &[u64]) {
                 "{reductions:#?}"
             );
         }
-        let r: Value =
-            serde_json::from_slice(&std::fs::read(out.join("report.json")).unwrap()).unwrap();
+        let r = common::read_json(&out.join("report.json"));
         let mut in_report = r["trace"].clone();
         for k in ["path", "written", "gzip"] {
             in_report.as_object_mut().unwrap().remove(k);
