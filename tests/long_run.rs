@@ -24,7 +24,6 @@ use gpuprof::event::{
     CpuTimes, Event, Footer, GpuContext, GpuProc, GpuState, Header, JobStatus, MonoNs, Pid,
     SampleBatch, StackKind, StackStats, Tid,
 };
-use serde_json::Value;
 
 const S: u64 = 1_000_000_000;
 const T0: u64 = 1_000 * S;

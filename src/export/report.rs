@@ -401,7 +401,7 @@ fn waits(a: &Analysis) -> Option<t::Waits> {
     let share = |c: &crate::analysis::waits::ClassTime| t::ClassShare {
         share: rn(c.share, 3),
         seconds: rn(c.seconds, 3),
-        samples: c.samples as u64,
+        samples: c.samples,
     };
     let threads = a
         .waits
@@ -413,7 +413,7 @@ fn waits(a: &Analysis) -> Option<t::Waits> {
             tid: th.tid.0,
             process: a.processes.get(&th.pid).map(|p| p.label()),
             main_thread: th.pid.0 == th.tid.0,
-            samples: th.samples as u64,
+            samples: th.samples,
             span_s: rn(th.span_s, 3),
             counted_over: if th.steady {
                 "steady_state"
@@ -436,7 +436,7 @@ fn waits(a: &Analysis) -> Option<t::Waits> {
                 .iter()
                 .map(|(f, n)| t::FramesCount {
                     frames: json_of(f),
-                    samples: *n as u64,
+                    samples: *n,
                 })
                 .collect(),
             gil_holders: th

@@ -14,18 +14,18 @@ fn group_json(g: &RangeGroup) -> t::NvtxGroup {
         domain: g.domain.clone(),
         name: g.name.clone(),
         distinct_names: g.distinct_names as u64,
-        count: g.count as u64,
+        count: g.count,
         total_s: rn(g.total_s, 6),
         mean_s: rn(g.mean_s, 6),
         p50_s: g.p50_s.map(|v| rn(v, 6)),
         p95_s: g.p95_s.map(|v| rn(v, 6)),
         max_s: rn(g.max_s, 6),
-        quantiles_from: g.quantiles_from as u64,
+        quantiles_from: g.quantiles_from,
         gpu_busy_share: g.gpu_busy_share.map(|v| rn(v, 4)),
         level: json_of(&g.level),
         processes: g.processes as u64,
         threads: g.threads as u64,
-        open: g.open as u64,
+        open: g.open,
     }
 }
 
@@ -54,11 +54,11 @@ pub fn nvtx(a: &Analysis) -> t::Nvtx {
             .collect(),
         names_left_out: n.groups.len().saturating_sub(REPORT_MAX_GROUPS) as u64,
         recording: t::NvtxRecording {
-            lost_in_job: n.stats.lost_in_job as u64,
-            over_budget: n.stats.over_budget as u64,
-            unmatched: n.stats.unmatched as u64,
-            bad_rings: n.stats.bad_rings as u64,
-            not_kept_in_analysis: n.not_kept_in_analysis as u64,
+            lost_in_job: n.stats.lost_in_job,
+            over_budget: n.stats.over_budget,
+            unmatched: n.stats.unmatched,
+            bad_rings: n.stats.bad_rings,
+            not_kept_in_analysis: n.not_kept_in_analysis,
         },
     }
 }
