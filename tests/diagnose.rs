@@ -865,3 +865,17 @@ fn a_cpu_hog_outside_the_job_is_named_with_its_share() {
     );
     well_formed(&r);
 }
+
+#[test]
+fn the_report_check_refuses_what_the_schema_does_not_allow() {
+    // The helper every test reads report.json through must fail on a
+    // report that does not match docs/report.schema.json.
+    let p = Path::new("broken/report.json");
+    for bad in [
+        serde_json::json!({"schema_version": 1}),
+        serde_json::json!({"kind": "merge", "schema_version": 1, "nodes": "x"}),
+    ] {
+        let r = std::panic::catch_unwind(|| common::check_report_json(&bad, p));
+        assert!(r.is_err(), "{bad} passed the schema check");
+    }
+}
