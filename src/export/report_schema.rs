@@ -639,13 +639,12 @@ pub fn from_value<T: serde::de::DeserializeOwned>(v: Value, path: &Path) -> Resu
             build: env!("CARGO_PKG_VERSION"),
         });
     }
-    serde_path_to_error_free(v).map_err(|why| ReadError::Field { path: p, why })
-}
-
-/// serde_json's message names the missing or mistyped field ("missing
-/// field `duration_s`").
-fn serde_path_to_error_free<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, String> {
-    serde_json::from_value(v).map_err(|e| e.to_string())
+    // serde_json's message names the missing or mistyped field ("missing
+    // field `duration_s`"), not the path to it.
+    serde_json::from_value(v).map_err(|e| ReadError::Field {
+        path: p,
+        why: e.to_string(),
+    })
 }
 
 /// Read a report from text (`path` names it in errors).
