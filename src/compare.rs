@@ -11,7 +11,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use regex::Regex;
-use serde_json::Value;
+
+use crate::export::report_schema::{self as schema, Report};
 
 /// Matches "47.2 steps/s", "12.5 it/s", "3 step/s", "samples/s" is not a step rate.
 pub const DEFAULT_STEPS_REGEX: &str = r"([0-9]+(?:\.[0-9]+)?)\s*(?:steps?|it|iters?|iterations?)/s";
@@ -31,7 +32,7 @@ pub struct CompareOptions {
 /// One run's report.
 pub struct Run {
     pub path: PathBuf,
-    pub report: Value,
+    pub report: Report,
     pub steps_per_s: Option<f64>,
 }
 
@@ -63,14 +64,14 @@ pub fn load(p: &Path, log: Option<&Path>, re: &Regex) -> Result<Run> {
     let path = report_path(p)?;
     let text = std::fs::read_to_string(&path)
         .with_context(|| format!("cannot read {}", path.display()))?;
-    let report: Value = serde_json::from_str(&text)
+    // Refuses a newer schema_version; a missing field is named with the file.
+    let value: serde_json::Value = serde_json::from_str(&text)
         .map_err(|e| anyhow::anyhow!("{} is not a gpuprof report.json: {e}", path.display()))?;
-    if report.get("schema_version").is_none() {
-        bail!(
-            "{} is not a gpuprof report.json (no schema_version)",
-            path.display()
-        );
-    }
+    let report: Report = if value.get("kind").and_then(|k| k.as_str()) == Some("merge") {
+        merged_as_run(schema::from_value(value, &path)?)
+    } else {
+        schema::from_value(value, &path)?
+    };
     let steps_per_s = match log {
         None => measured_steps(&report).map(|x| x.0),
         Some(l) => {
@@ -88,37 +89,33 @@ pub fn load(p: &Path, log: Option<&Path>, re: &Regex) -> Result<Run> {
     })
 }
 
-/// Steps/s measured by gpuprof itself (report.json `steps`), with how.
-pub fn measured_steps(r: &Value) -> Option<(f64, String)> {
-    let s = r.get("steps")?;
-    let v = s.get("steps_per_s")?.as_f64()?;
-    let method = s.get("method")?.as_str()?.to_string();
-    Some((v, method))
+/// What a merged report (`gpuprof merge`) has of a run's figures: its
+/// span and findings.
+fn merged_as_run(m: crate::merge::report::MergedReport) -> Report {
+    Report {
+        schema_version: m.schema_version,
+        gpuprof_version: m.gpuprof_version,
+        start_time: m.start_time,
+        duration_s: m.duration_s,
+        findings: m.findings.into_iter().map(|f| f.finding).collect(),
+        ..Report::default()
+    }
 }
 
-fn num(v: &Value, path: &[&str]) -> Option<f64> {
-    let mut cur = v;
-    for k in path {
-        cur = cur.get(*k)?;
-    }
-    cur.as_f64()
+/// Steps/s measured by gpuprof itself (report.json `steps`), with how.
+pub fn measured_steps(r: &Report) -> Option<(f64, String)> {
+    let s = r.steps.as_ref()?;
+    Some((s.steps_per_s?, s.method.clone()))
 }
 
 /// Findings by id with their severity (info findings left out: they are
 /// notes, not problems).
-fn problems(r: &Value) -> BTreeMap<String, String> {
-    r.get("findings")
-        .and_then(|f| f.as_array())
-        .map(|fs| {
-            fs.iter()
-                .filter_map(|f| {
-                    let id = f.get("id")?.as_str()?.to_string();
-                    let sev = f.get("severity")?.as_str()?.to_string();
-                    (sev != "info").then_some((id, sev))
-                })
-                .collect()
-        })
-        .unwrap_or_default()
+fn problems(r: &Report) -> BTreeMap<String, String> {
+    r.findings
+        .iter()
+        .filter(|f| f.severity != "info")
+        .map(|f| (f.id.clone(), f.severity.clone()))
+        .collect()
 }
 
 /// One GPU's figures.
@@ -134,24 +131,22 @@ struct GpuFigures {
 }
 
 /// GPU figures keyed by index.
-fn gpus(r: &Value) -> BTreeMap<i64, GpuFigures> {
-    let mut out = BTreeMap::new();
-    if let Some(gs) = r.get("gpus").and_then(|g| g.as_array()) {
-        for (i, g) in gs.iter().enumerate() {
-            let idx = g.get("index").and_then(|x| x.as_i64()).unwrap_or(i as i64);
-            out.insert(
-                idx,
+fn gpus(r: &Report) -> BTreeMap<i64, GpuFigures> {
+    r.gpus
+        .iter()
+        .map(|g| {
+            (
+                i64::from(g.index),
                 GpuFigures {
-                    busy: num(g, &["busy_fraction"]),
-                    idle_s: num(g, &["idle", "total_s"]),
-                    steady_idle_s: num(g, &["idle", "steady_s"]),
-                    gaps: num(g, &["idle_gaps", "count"]),
-                    gaps_s: num(g, &["idle_gaps", "total_s"]),
+                    busy: g.busy_fraction,
+                    idle_s: g.idle.as_ref().map(|i| i.total_s),
+                    steady_idle_s: g.idle.as_ref().map(|i| i.steady_s),
+                    gaps: g.idle_gaps.as_ref().map(|i| i.count as f64),
+                    gaps_s: g.idle_gaps.as_ref().map(|i| i.total_s),
                 },
-            );
-        }
-    }
-    out
+            )
+        })
+        .collect()
 }
 
 /// A table row: label, A, B, change.
@@ -196,8 +191,8 @@ pub fn compare(a: &Run, b: &Run) -> Comparison {
     let secs = |v: f64| format!("{v:.2} s");
     let mut rows = vec![row(
         "wall time",
-        num(ra, &["duration_s"]),
-        num(rb, &["duration_s"]),
+        Some(ra.duration_s),
+        Some(rb.duration_s),
         &secs,
     )];
     let mut notes = Vec::new();
@@ -262,10 +257,12 @@ pub fn compare(a: &Run, b: &Run) -> Comparison {
     if idx.is_empty() {
         notes.push("GPU: neither run has GPU figures (not measured).".into());
     }
+    let role_fig =
+        |r: &Report, role: &str, f: &dyn Fn(&schema::RoleTotals) -> f64| r.roles.get(role).map(f);
     for role in crate::analysis::Role::ALL.map(|r| r.as_str()) {
         let (x, y) = (
-            num(ra, &["roles", role, "processes"]),
-            num(rb, &["roles", role, "processes"]),
+            role_fig(ra, role, &|t| t.processes as f64),
+            role_fig(rb, role, &|t| t.processes as f64),
         );
         if x.unwrap_or(0.0) == 0.0 && y.unwrap_or(0.0) == 0.0 {
             continue;
@@ -275,27 +272,21 @@ pub fn compare(a: &Run, b: &Run) -> Comparison {
         }));
         rows.push(row(
             &format!("{role} CPU"),
-            num(ra, &["roles", role, "cpu_s"]),
-            num(rb, &["roles", role, "cpu_s"]),
+            role_fig(ra, role, &|t| t.cpu_s),
+            role_fig(rb, role, &|t| t.cpu_s),
             &secs,
         ));
     }
-    let read = |r: &Value| -> Option<f64> {
-        let roles = r.get("roles")?.as_object()?;
-        Some(
-            roles
-                .values()
-                .filter_map(|v| v.get("read_bytes")?.as_f64())
-                .sum(),
-        )
+    let read = |r: &Report| -> Option<f64> {
+        (!r.roles.is_empty()).then(|| r.roles.values().map(|v| v.read_bytes as f64).sum())
     };
     rows.push(row("read from storage", read(ra), read(rb), &|v| {
         crate::units::bytes(v)
     }));
     rows.push(row(
         "iowait (mean)",
-        num(ra, &["system", "iowait_pct", "mean"]),
-        num(rb, &["system", "iowait_pct", "mean"]),
+        ra.system.iowait_pct.as_ref().map(|s| s.mean),
+        rb.system.iowait_pct.as_ref().map(|s| s.mean),
         &|v| format!("{v:.1}%"),
     ));
     let (pa, pb) = (problems(ra), problems(rb));
@@ -422,7 +413,15 @@ pub fn run(opts: &CompareOptions) -> Result<Comparison> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use crate::export::report_schema::{Finding, GpuDevice, GpuIdleGaps, Steps};
+
+    fn report(duration_s: f64) -> Report {
+        Report {
+            schema_version: schema::SCHEMA_VERSION,
+            duration_s,
+            ..Report::default()
+        }
+    }
 
     #[test]
     fn default_regex_reads_common_rate_lines() {
@@ -440,8 +439,14 @@ mod tests {
     #[test]
     fn measured_steps_are_compared_when_both_runs_have_them() {
         let run = |sps: f64| {
-            let report = json!({"schema_version": 1, "duration_s": 10.0,
-                "steps": {"method": "nvtx-range-auto", "steps_per_s": sps}});
+            let report = Report {
+                steps: Some(Steps {
+                    method: "nvtx-range-auto".into(),
+                    steps_per_s: Some(sps),
+                    ..Steps::default()
+                }),
+                ..report(10.0)
+            };
             Run {
                 path: PathBuf::from("x"),
                 steps_per_s: measured_steps(&report).map(|x| x.0),
@@ -458,7 +463,7 @@ mod tests {
         // An older report without `steps`: no rate, and the note says how.
         let old = Run {
             path: PathBuf::from("y"),
-            report: json!({"schema_version": 1, "duration_s": 10.0}),
+            report: report(10.0),
             steps_per_s: None,
         };
         let c = compare(&old, &old);
@@ -468,23 +473,40 @@ mod tests {
 
     #[test]
     fn findings_fixed_remaining_new() {
-        let run = |findings: Value, busy: f64| Run {
+        let run = |findings: &[(&str, &str)], busy: f64| Run {
             path: PathBuf::from("x"),
-            report: json!({"schema_version": 1, "duration_s": 10.0, "findings": findings,
-                "gpus": [{"index": 0, "busy_fraction": busy, "idle_gaps": {"count": 3, "total_s": 1.0}}]}),
+            report: Report {
+                findings: findings
+                    .iter()
+                    .map(|(id, severity)| Finding {
+                        id: id.to_string(),
+                        severity: severity.to_string(),
+                        ..Finding::default()
+                    })
+                    .collect(),
+                gpus: vec![GpuDevice {
+                    index: 0,
+                    busy_fraction: Some(busy),
+                    idle_gaps: Some(GpuIdleGaps {
+                        count: 3,
+                        total_s: 1.0,
+                        ..GpuIdleGaps::default()
+                    }),
+                    ..GpuDevice::default()
+                }],
+                ..report(10.0)
+            },
             steps_per_s: None,
         };
         let a = run(
-            json!([{"id": "too-few-workers", "severity": "critical"},
-                   {"id": "io-bound", "severity": "warning"},
-                   {"id": "low-sample-coverage", "severity": "info"}]),
+            &[
+                ("too-few-workers", "critical"),
+                ("io-bound", "warning"),
+                ("low-sample-coverage", "info"),
+            ],
             0.3,
         );
-        let b = run(
-            json!([{"id": "io-bound", "severity": "info"},
-                   {"id": "pcie-degraded", "severity": "warning"}]),
-            0.8,
-        );
+        let b = run(&[("io-bound", "info"), ("pcie-degraded", "warning")], 0.8);
         let c = compare(&a, &b);
         assert_eq!(c.fixed, vec!["io-bound", "too-few-workers"]);
         assert!(c.remaining.is_empty());

@@ -186,30 +186,21 @@ fn write_outputs(
     let build_report = |a: &Analysis, missing: &[(String, String)], trace: &Value| {
         let mut report = export::report::build(a);
         export::report::add_diagnosis(&mut report, &diagnosis);
-        if let (Some(n), Some(prof)) = (
-            recording_bytes,
-            report.get_mut("profiler").and_then(|v| v.as_object_mut()),
-        ) {
-            prof.insert("recording_bytes".into(), n.into());
+        if let Some(prof) = report.profiler.as_mut() {
+            prof.recording_bytes = recording_bytes;
         }
-        if let Some(obj) = report.as_object_mut() {
-            obj.insert(
-                "outputs_missing".into(),
-                Value::Array(
-                    missing
-                        .iter()
-                        .map(|(f, e)| json!({"file": f, "error": e}))
-                        .collect(),
-                ),
-            );
-            obj.insert("trace".into(), trace.clone());
-        }
+        report.outputs_missing = missing
+            .iter()
+            .map(|(f, e)| export::report_schema::OutputMissing {
+                file: f.clone(),
+                error: e.clone(),
+            })
+            .collect();
+        report.trace = trace.clone();
         report
     };
-    let render_report = |report: &Value| -> std::io::Result<Vec<u8>> {
-        let mut buf = serde_json::to_vec_pretty(report)?;
-        buf.push(b'\n');
-        Ok(buf)
+    let render_report = |report: &export::report_schema::Report| -> std::io::Result<Vec<u8>> {
+        Ok(export::report_schema::to_pretty_bytes(report)?)
     };
     let md = export::summary::markdown(&a, &diagnosis);
     let terminal_summary = export::summary::terminal(&a, &diagnosis);

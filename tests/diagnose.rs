@@ -89,8 +89,8 @@ fn check_recorded(o: &Output, out: &Path) -> Value {
         stderr.contains("== gpuprof diagnosis =="),
         "the terminal summary starts with the diagnosis: {stderr}"
     );
-    let report: Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap()).unwrap();
+    // Checked against docs/report.schema.json and the report types.
+    let report = common::read_json(&out.join("report.json"));
     common::check_outputs(out);
     let summary = std::fs::read_to_string(out.join("summary.md")).unwrap();
     assert!(summary.contains("## Diagnosis"), "{summary}");
@@ -273,8 +273,7 @@ fn preprocessing_in_the_main_process() {
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     common::check_outputs(&again);
-    let r2: Value =
-        serde_json::from_str(&std::fs::read_to_string(again.join("report.json")).unwrap()).unwrap();
+    let r2 = common::read_json(&again.join("report.json"));
     assert_eq!(findings(&r2), findings(&report));
 }
 
@@ -439,6 +438,15 @@ fn one_saturated_worker_is_input_bound_and_compare_shows_the_fix() {
         report["findings"]
     );
     assert_eq!(sev, "critical", "{}", report["findings"]);
+    // The same through the report types.
+    let typed = common::typed_report(&before);
+    assert_eq!(
+        (
+            typed.findings[0].id.as_str(),
+            typed.findings[0].severity.as_str()
+        ),
+        (id.as_str(), sev.as_str())
+    );
     // With stack samples, the evidence names the augmentation function.
     if report["diagnosis"]["stacks_measured"] == true {
         let ev = top_finding(&report).2["evidence"].to_string();
@@ -555,6 +563,37 @@ fn compare_rejects_what_is_not_a_report() {
         .unwrap();
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("not a gpuprof report.json"));
+    // A newer schema than this build knows: refused, naming both versions.
+    let newer = dir.path().join("newer.json");
+    std::fs::write(&newer, "{\"schema_version\": 999, \"duration_s\": 1.0}").unwrap();
+    let o = Command::new(gpuprof())
+        .arg("compare")
+        .arg(&newer)
+        .arg(&newer)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("schema_version 999") && err.contains("upgrade gpuprof"),
+        "{err}"
+    );
+    assert!(err.contains("newer.json"), "{err}");
+    // A required field missing: named, with the file (no panic).
+    let partial = dir.path().join("partial.json");
+    std::fs::write(&partial, "{\"schema_version\": 1}").unwrap();
+    let o = Command::new(gpuprof())
+        .arg("compare")
+        .arg(&partial)
+        .arg(&partial)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("missing field") && err.contains("partial.json"),
+        "{err}"
+    );
     let o = Command::new(gpuprof())
         .args(["compare", "a", "b", "--steps-regex", "([0-9"])
         .output()
@@ -825,4 +864,18 @@ fn a_cpu_hog_outside_the_job_is_named_with_its_share() {
         "reported {share}, the hog's own CPU implies {implied}: {p}"
     );
     well_formed(&r);
+}
+
+#[test]
+fn the_report_check_refuses_what_the_schema_does_not_allow() {
+    // The helper every test reads report.json through must fail on a
+    // report that does not match docs/report.schema.json.
+    let p = Path::new("broken/report.json");
+    for bad in [
+        serde_json::json!({"schema_version": 1}),
+        serde_json::json!({"kind": "merge", "schema_version": 1, "nodes": "x"}),
+    ] {
+        let r = std::panic::catch_unwind(|| common::check_report_json(&bad, p));
+        assert!(r.is_err(), "{bad} passed the schema check");
+    }
 }

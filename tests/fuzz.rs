@@ -294,7 +294,7 @@ fn analyse(dir: &Path, full: bool) -> Result<Option<Value>, String> {
         gpuprof::outputs::generate(dir, &od, &Default::default()).map_err(|e| e.to_string())?;
         let _ = std::fs::remove_dir_all(&out);
     }
-    Ok(Some(r))
+    Ok(Some(serde_json::to_value(&r).map_err(|e| e.to_string())?))
 }
 
 /// A real recording of a small training job (with GPU events from the fake

@@ -24,7 +24,6 @@ use gpuprof::event::{
     CpuTimes, Event, Footer, GpuContext, GpuProc, GpuState, Header, JobStatus, MonoNs, Pid,
     SampleBatch, StackKind, StackStats, Tid,
 };
-use serde_json::Value;
 
 const S: u64 = 1_000_000_000;
 const T0: u64 = 1_000 * S;
@@ -642,8 +641,7 @@ fn long_recording(secs: u64, job: Job, budgets: &[u64]) {
                 "{reductions:#?}"
             );
         }
-        let r: Value =
-            serde_json::from_slice(&std::fs::read(out.join("report.json")).unwrap()).unwrap();
+        let r = common::read_json(&out.join("report.json"));
         let mut in_report = r["trace"].clone();
         for k in ["path", "written", "gzip"] {
             in_report.as_object_mut().unwrap().remove(k);

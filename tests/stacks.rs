@@ -46,9 +46,9 @@ fn record(name: &str, args: &[&str], job: &[&str]) -> (PathBuf, i32) {
     (out, st.code().unwrap_or(-1))
 }
 
+/// The report, checked against its schema and types (`common::read_json`).
 fn report(dir: &Path) -> Value {
-    serde_json::from_slice(&std::fs::read(dir.join("report.json")).expect("report.json"))
-        .expect("report.json is JSON")
+    common::read_json(&dir.join("report.json"))
 }
 
 /// (stack, count) of a folded file.

@@ -10,6 +10,7 @@ pub mod pprof;
 pub mod report;
 pub mod report_gpu;
 pub mod report_nvtx;
+pub mod report_schema;
 pub mod sampled;
 pub mod speedscope;
 pub mod summary;

@@ -1,15 +1,17 @@
 //! `report.json`: every figure of the run, machine-readable. Keys are
 //! sorted and numbers rounded so the file is deterministic for a given
-//! recording. Bump [`SCHEMA_VERSION`] on incompatible changes.
+//! recording. The exporter fills the types of [`super::report_schema`]
+//! and serializes them; bump [`SCHEMA_VERSION`] on incompatible changes.
 
-use serde_json::{json, Map, Value};
+use std::collections::BTreeMap;
 
 use crate::analysis::{Analysis, Process, Role, Series};
 use crate::diagnose::{Diagnosis, Finding};
 
-use super::common::r;
+use super::common::rn;
+use super::report_schema::{self as t, json_of, name_of};
 
-pub const SCHEMA_VERSION: u32 = 1;
+pub use super::report_schema::SCHEMA_VERSION;
 
 /// Processes listed one by one in `processes[]`; the others are summed in
 /// `processes_omitted`. So report.json stays a few MB whatever the number
@@ -26,15 +28,15 @@ pub const MAX_COMMAND_BYTES: usize = 4096;
 /// Entries kept in other per-process lists (frameworks, CUDA runtimes, ...).
 pub const MAX_LIST: usize = 64;
 
-fn series_stats(s: &Series, scale: f64) -> Value {
+pub(super) fn series_stats(s: &Series, scale: f64) -> Option<t::SeriesStats> {
     if s.is_empty() {
-        return Value::Null;
+        return None;
     }
-    json!({
-        "mean": r(s.mean() * scale, 2),
-        "p50": r(s.quantile(0.5) * scale, 2),
-        "p95": r(s.quantile(0.95) * scale, 2),
-        "max": r(s.max() * scale, 2),
+    Some(t::SeriesStats {
+        mean: rn(s.mean() * scale, 2),
+        p50: rn(s.quantile(0.5) * scale, 2),
+        p95: rn(s.quantile(0.95) * scale, 2),
+        max: rn(s.max() * scale, 2),
     })
 }
 
@@ -116,12 +118,12 @@ fn listed_processes(a: &Analysis) -> Vec<&Process> {
 
 /// Keep the first [`MAX_LIST`] entries of each array `keys` of `obj`; the
 /// count left out goes into `<key>_omitted`.
-fn cap_lists(obj: &mut Value, keys: &[&str]) {
+fn cap_lists(obj: &mut serde_json::Value, keys: &[&str]) {
     let Some(o) = obj.as_object_mut() else {
         return;
     };
     for k in keys {
-        if let Some(Value::Array(v)) = o.get_mut(*k) {
+        if let Some(serde_json::Value::Array(v)) = o.get_mut(*k) {
             if v.len() > MAX_LIST {
                 let n = v.len() - MAX_LIST;
                 v.truncate(MAX_LIST);
@@ -131,125 +133,166 @@ fn cap_lists(obj: &mut Value, keys: &[&str]) {
     }
 }
 
-/// What `processes_omitted` / `threads_omitted` say about left-out entries.
-fn omitted_processes(ps: &[&Process]) -> Value {
-    let mut by_role = Map::new();
-    for role in Role::ALL {
-        let n = ps.iter().filter(|p| p.role == role).count();
-        if n > 0 {
-            by_role.insert(role.as_str().into(), n.into());
-        }
-    }
-    json!({
-        "count": ps.len(),
-        "threads": ps.iter().map(|p| p.threads.len()).sum::<usize>(),
-        "cpu_s": r(ps.iter().map(|p| p.cpu_s()).sum::<f64>(), 3),
-        "read_bytes": ps.iter().map(|p| p.read_bytes).sum::<u64>(),
-        "write_bytes": ps.iter().map(|p| p.write_bytes).sum::<u64>(),
-        "max_rss_bytes": ps.iter().map(|p| p.max_rss).max().unwrap_or(0),
-        "exited": ps.iter().filter(|p| p.exited.is_some()).count(),
-        "by_role": by_role,
+/// [`cap_lists`] of a typed list: the count left out, if any.
+fn cap_list<T>(v: &mut Vec<T>) -> Option<u64> {
+    (v.len() > MAX_LIST).then(|| {
+        let n = v.len() - MAX_LIST;
+        v.truncate(MAX_LIST);
+        n as u64
     })
 }
 
-/// The job's cgroup limits (null when it had none).
-fn cgroup_json(c: &crate::analysis::CgroupLimits) -> Value {
-    let cpu = c.cpu_quota_cores.map(|q| {
-        json!({
-            "path": c.cpu_path,
-            "cgroup_v2": c.cpu_v2,
-            "quota_cores": r(q, 3),
-            "period_us": c.cpu_period_us,
-            "periods": c.periods,
-            "throttled_periods": c.throttled_periods,
-            "throttled_s": r(c.throttled_s, 3),
-        })
-    });
-    let memory = c.memory_limit_bytes.map(|l| {
-        json!({
-            "path": c.memory_path,
-            "cgroup_v2": c.memory_v2,
-            "limit_bytes": l,
-            "usage_max_bytes": c.memory_usage_max,
-        })
-    });
-    if cpu.is_none() && memory.is_none() {
-        return Value::Null;
+/// What `processes_omitted` / `threads_omitted` say about left-out entries.
+fn omitted_processes(ps: &[&Process]) -> t::ProcessesOmitted {
+    let mut by_role = BTreeMap::new();
+    for role in Role::ALL {
+        let n = ps.iter().filter(|p| p.role == role).count();
+        if n > 0 {
+            by_role.insert(role.as_str().into(), n as u64);
+        }
     }
-    json!({"cpu": cpu, "memory": memory})
+    t::ProcessesOmitted {
+        count: ps.len() as u64,
+        threads: ps.iter().map(|p| p.threads.len()).sum::<usize>() as u64,
+        cpu_s: rn(ps.iter().map(|p| p.cpu_s()).sum::<f64>(), 3),
+        read_bytes: ps.iter().map(|p| p.read_bytes).sum::<u64>(),
+        write_bytes: ps.iter().map(|p| p.write_bytes).sum::<u64>(),
+        max_rss_bytes: ps.iter().map(|p| p.max_rss).max().unwrap_or(0),
+        exited: ps.iter().filter(|p| p.exited.is_some()).count() as u64,
+        by_role,
+    }
 }
 
-fn process_json(a: &Analysis, p: &Process, max_threads: usize) -> Value {
+/// The job's cgroup limits (null when it had none).
+fn cgroup_json(c: &crate::analysis::CgroupLimits) -> Option<t::Cgroup> {
+    let cpu = c.cpu_quota_cores.map(|q| t::CgroupCpu {
+        path: c.cpu_path.clone(),
+        cgroup_v2: c.cpu_v2,
+        quota_cores: rn(q, 3),
+        period_us: c.cpu_period_us,
+        periods: c.periods,
+        throttled_periods: c.throttled_periods,
+        throttled_s: rn(c.throttled_s, 3),
+    });
+    let memory = c.memory_limit_bytes.map(|l| t::CgroupMemory {
+        path: c.memory_path.clone(),
+        cgroup_v2: c.memory_v2,
+        limit_bytes: l,
+        usage_max_bytes: c.memory_usage_max,
+    });
+    if cpu.is_none() && memory.is_none() {
+        return None;
+    }
+    Some(t::Cgroup { cpu, memory })
+}
+
+fn process_json(a: &Analysis, p: &Process, max_threads: usize) -> t::ProcessEntry {
     let (from, to) = p.lifetime(a.end);
     let mut listed: Vec<&crate::analysis::Thread> = p.threads.values().collect();
-    let mut omitted = Value::Null;
+    let mut omitted = None;
     if listed.len() > max_threads {
         // The busiest threads, in tid order.
         listed.sort_by_key(|t| std::cmp::Reverse(t.user_ns + t.sys_ns));
         let rest = listed.split_off(max_threads);
         listed.sort_by_key(|t| t.tid);
-        omitted = json!({
-            "count": rest.len(),
-            "cpu_s": r(rest.iter().map(|t| (t.user_ns + t.sys_ns) as f64 / 1e9).sum::<f64>(), 3),
+        omitted = Some(t::ThreadsOmitted {
+            count: rest.len() as u64,
+            cpu_s: rn(
+                rest.iter()
+                    .map(|t| (t.user_ns + t.sys_ns) as f64 / 1e9)
+                    .sum::<f64>(),
+                3,
+            ),
         });
     }
-    let threads: Vec<Value> = listed
+    let threads: Vec<t::ThreadEntry> = listed
         .into_iter()
-        .map(|t| {
-            let states: Map<String, Value> = t
+        .map(|th| t::ThreadEntry {
+            tid: th.tid.0,
+            name: th.comm.clone(),
+            cpu_s: rn((th.user_ns + th.sys_ns) as f64 / 1e9, 3),
+            cpu_user_s: rn(th.user_ns as f64 / 1e9, 3),
+            cpu_sys_s: rn(th.sys_ns as f64 / 1e9, 3),
+            cpu_pct: series_stats(&th.cpu, 100.0),
+            state_s: th
                 .state_ns
                 .iter()
-                .map(|(k, v)| (k.to_string(), r(*v as f64 / 1e9, 3)))
-                .collect();
-            json!({
-                "tid": t.tid.0,
-                "name": t.comm,
-                "cpu_s": r((t.user_ns + t.sys_ns) as f64 / 1e9, 3),
-                "cpu_user_s": r(t.user_ns as f64 / 1e9, 3),
-                "cpu_sys_s": r(t.sys_ns as f64 / 1e9, 3),
-                "cpu_pct": series_stats(&t.cpu, 100.0),
-                "state_s": states,
-            })
+                .map(|(k, v)| (k.to_string(), rn(*v as f64 / 1e9, 3)))
+                .collect(),
         })
         .collect();
-    json!({
-        "pid": p.pid.0,
-        "ppid": p.ppid.0,
-        "role": p.role,
-        "label": p.label(),
-        "rank": p.rank,
-        "local_rank": p.rank_ids.local_rank,
-        "node_rank": p.rank_ids.node_rank,
-        "world_size": p.rank_ids.world_size,
-        "rank_env": p.rank_env,
-        "is_job": p.is_job,
-        "recovered": p.recovered,
-        "comm": p.comm,
-        "command": bounded_command(&p.cmdline),
-        "exe": p.exe,
-        "start_s": r(a.rel_s(from).max(0.0), 3),
-        "end_s": r(a.rel_s(to).max(0.0), 3),
-        "exited": p.exited.is_some(),
-        "exit_code": p.status.and_then(|s| s.exit_code()),
-        "cpu_user_s": r(p.user_ns as f64 / 1e9, 3),
-        "cpu_sys_s": r(p.sys_ns as f64 / 1e9, 3),
-        "cpu_s": r(p.cpu_s(), 3),
-        "cpu_pct": series_stats(&p.cpu, 100.0),
-        "read_bytes": p.read_bytes,
-        "write_bytes": p.write_bytes,
-        "rchar": p.rchar,
-        "wchar": p.wchar,
-        "max_rss_bytes": p.max_rss,
-        "threads": threads,
-        "threads_omitted": omitted,
+    t::ProcessEntry {
+        pid: p.pid.0,
+        ppid: p.ppid.0,
+        role: name_of(&p.role),
+        label: p.label(),
+        rank: p.rank,
+        local_rank: p.rank_ids.local_rank,
+        node_rank: p.rank_ids.node_rank,
+        world_size: p.rank_ids.world_size,
+        rank_env: p.rank_env.clone(),
+        is_job: p.is_job,
+        recovered: p.recovered,
+        comm: p.comm.clone(),
+        command: bounded_command(&p.cmdline),
+        exe: p.exe.clone(),
+        start_s: rn(a.rel_s(from).max(0.0), 3),
+        end_s: rn(a.rel_s(to).max(0.0), 3),
+        exited: p.exited.is_some(),
+        exit_code: p.status.and_then(|s| s.exit_code()),
+        cpu_user_s: rn(p.user_ns as f64 / 1e9, 3),
+        cpu_sys_s: rn(p.sys_ns as f64 / 1e9, 3),
+        cpu_s: rn(p.cpu_s(), 3),
+        cpu_pct: series_stats(&p.cpu, 100.0),
+        read_bytes: p.read_bytes,
+        write_bytes: p.write_bytes,
+        rchar: p.rchar,
+        wchar: p.wchar,
+        max_rss_bytes: p.max_rss,
+        threads,
+        threads_omitted: omitted,
+    }
+}
+
+/// `profiler`: gpuprof's own CPU time, memory and dropped events.
+fn profiler(a: &Analysis) -> Option<t::Profiler> {
+    let dur = a.duration_s();
+    a.footer.as_ref().map(|f| {
+        let mut by: BTreeMap<String, f64> = f
+            .profiler_cpu_ns_by_component
+            .iter()
+            .map(|(k, ns)| (k.clone(), rn(*ns as f64 / 1e9, 3)))
+            .collect();
+        if !by.is_empty() {
+            let parts: u64 = f.profiler_cpu_ns_by_component.values().sum();
+            by.insert(
+                "main thread (signals, live views, start and end)".into(),
+                rn(f.profiler_cpu_ns.saturating_sub(parts) as f64 / 1e9, 3),
+            );
+        }
+        t::Profiler {
+            cpu_s: rn(f.profiler_cpu_ns as f64 / 1e9, 3),
+            cpu_s_by_component: by,
+            cpu_pct_of_one_core: rn(
+                if dur > 0.0 {
+                    f.profiler_cpu_ns as f64 / 1e9 / dur * 100.0
+                } else {
+                    0.0
+                },
+                2,
+            ),
+            max_rss_bytes: f.profiler_max_rss_bytes,
+            dropped_events: f.dropped_events,
+            recording_bytes: None,
+        }
     })
 }
 
-pub fn build(a: &Analysis) -> Value {
-    let h = &a.header;
+/// The listed processes (within the thread budget) and what is left out.
+fn processes(a: &Analysis) -> (Vec<t::ProcessEntry>, Option<t::ProcessesOmitted>) {
     let listed = listed_processes(a);
     let mut thread_budget = MAX_THREADS;
-    let processes: Vec<Value> = listed
+    let processes: Vec<t::ProcessEntry> = listed
         .iter()
         .map(|p| {
             let n = MAX_THREADS_PER_PROCESS.min(thread_budget);
@@ -257,7 +300,7 @@ pub fn build(a: &Analysis) -> Value {
             process_json(a, p, n)
         })
         .collect();
-    let processes_omitted = if listed.len() < a.processes.len() {
+    let omitted = (listed.len() < a.processes.len()).then(|| {
         let keep: std::collections::BTreeSet<crate::event::Pid> =
             listed.iter().map(|p| p.pid).collect();
         let rest: Vec<&Process> = a
@@ -266,40 +309,24 @@ pub fn build(a: &Analysis) -> Value {
             .filter(|p| !keep.contains(&p.pid))
             .collect();
         omitted_processes(&rest)
-    } else {
-        Value::Null
-    };
-    let processes_reused = processes_reused(a);
-    let roles = roles_json(a);
-    let system = system_json(a);
-    let coverage: Vec<Value> = a
+    });
+    (processes, omitted)
+}
+
+/// The report without the diagnosis (see [`add_diagnosis`]).
+pub fn build(a: &Analysis) -> t::Report {
+    let h = &a.header;
+    let (processes, processes_omitted) = processes(a);
+    let coverage = a
         .coverage
         .values()
-        .map(|c| json!({"source": c.source, "available": c.available, "detail": c.detail}))
+        .map(|c| t::Coverage {
+            source: c.source.clone(),
+            available: c.available,
+            detail: c.detail.clone(),
+        })
         .collect();
     let footer = a.footer.as_ref();
-    let dur = a.duration_s();
-    let profiler = footer.map(|f| {
-        let mut by: serde_json::Map<String, Value> = f
-            .profiler_cpu_ns_by_component
-            .iter()
-            .map(|(k, ns)| (k.clone(), json!(r(*ns as f64 / 1e9, 3))))
-            .collect();
-        if !by.is_empty() {
-            let parts: u64 = f.profiler_cpu_ns_by_component.values().sum();
-            by.insert(
-                "main thread (signals, live views, start and end)".into(),
-                json!(r(f.profiler_cpu_ns.saturating_sub(parts) as f64 / 1e9, 3)),
-            );
-        }
-        json!({
-            "cpu_s": r(f.profiler_cpu_ns as f64 / 1e9, 3),
-            "cpu_s_by_component": by,
-            "cpu_pct_of_one_core": r(if dur > 0.0 { f.profiler_cpu_ns as f64 / 1e9 / dur * 100.0 } else { 0.0 }, 2),
-            "max_rss_bytes": f.profiler_max_rss_bytes,
-            "dropped_events": f.dropped_events,
-        })
-    });
     let start_wall = chrono::DateTime::from_timestamp(
         ((h.anchor_realtime_ns as i128 + a.start.0 as i128 - h.anchor_monotonic_ns as i128)
             / 1_000_000_000) as i64,
@@ -307,129 +334,152 @@ pub fn build(a: &Analysis) -> Value {
     )
     .map(|d| d.to_rfc3339());
     let mut gpus = super::report_gpu::devices(a);
-    for d in gpus.as_array_mut().into_iter().flatten() {
-        cap_lists(d, &["processes", "throttle_reasons"]);
+    for d in &mut gpus {
+        d.processes_omitted = cap_list(&mut d.processes);
+        d.throttle_reasons_omitted = cap_list(&mut d.throttle_reasons);
     }
-    json!({
-        "schema_version": SCHEMA_VERSION,
-        "gpuprof_version": h.gpuprof_version,
-        "command": h.command,
-        "host": h.host,
-        "rank": h.rank,
-        "rank_env": h.rank_env,
-        "clock": {
-            "anchor_monotonic_ns": h.anchor_monotonic_ns,
-            "anchor_realtime_ns": h.anchor_realtime_ns,
-            "anchor_error_ns": h.anchor_error_ns,
-            "sync": h.clock,
-            "end_anchor": footer.and_then(|f| f.end_anchor),
+    t::Report {
+        schema_version: SCHEMA_VERSION,
+        gpuprof_version: h.gpuprof_version.clone(),
+        command: h.command.clone(),
+        host: h.host.clone(),
+        rank: h.rank.clone(),
+        rank_env: h.rank_env.clone(),
+        clock: t::Clock {
+            anchor_monotonic_ns: h.anchor_monotonic_ns,
+            anchor_realtime_ns: h.anchor_realtime_ns,
+            anchor_error_ns: h.anchor_error_ns,
+            sync: h.clock.as_ref().map(json_of),
+            end_anchor: footer.and_then(|f| f.end_anchor.as_ref()).map(json_of),
         },
-        "start_time": start_wall,
-        "duration_s": r(dur, 3),
-        "interval_s": r(h.interval_ns as f64 / 1e9, 3),
-        "exit_code": a.job_status().and_then(|s| s.exit_code()),
-        "job_status": a.job_status(),
-        "stop_reason": footer.map(|f| f.reason.clone()),
-        "attached": h.attached.as_ref().map(|at| json!({
-            "pid": h.job_pid,
-            "at": start_wall,
-            "job_running_before_s": r(a.header.start.secs_since(at.process_start), 3),
-            "processes_at_attach": at.processes,
-            "threads_at_attach": at.threads,
-        })),
-        "complete": a.complete,
-        "processes": processes,
-        "processes_omitted": processes_omitted,
-        "processes_reused": processes_reused,
-        "roles": roles,
-        "system": system,
-        "coverage": coverage,
-        "gpu": super::report_gpu::summary(a),
-        "gpus": gpus,
-        "stacks": a.stacks.report,
-        "nvtx": super::report_nvtx::nvtx(a),
-        "steps": super::report_nvtx::steps(a),
-        "other_programs": &a.others,
-        "waits": waits(a),
-        "profiler": profiler,
-        "warnings": a.warnings,
-    })
+        start_time: start_wall.clone(),
+        duration_s: rn(a.duration_s(), 3),
+        interval_s: rn(h.interval_ns as f64 / 1e9, 3),
+        exit_code: a.job_status().and_then(|s| s.exit_code()),
+        job_status: a.job_status().as_ref().map(json_of),
+        stop_reason: footer.map(|f| f.reason.clone()),
+        attached: h.attached.as_ref().map(|at| t::Attached {
+            pid: h.job_pid.0,
+            at: start_wall,
+            job_running_before_s: rn(a.header.start.secs_since(at.process_start), 3),
+            processes_at_attach: at.processes,
+            threads_at_attach: at.threads,
+        }),
+        complete: a.complete,
+        processes,
+        processes_omitted,
+        processes_reused: processes_reused(a),
+        roles: roles_json(a),
+        system: system_json(a),
+        coverage,
+        gpu: super::report_gpu::summary(a),
+        gpus,
+        stacks: json_of(&a.stacks.report),
+        nvtx: Some(super::report_nvtx::nvtx(a)),
+        steps: Some(super::report_nvtx::steps(a)),
+        other_programs: json_of(&a.others),
+        waits: waits(a),
+        profiler: profiler(a),
+        warnings: a.warnings.clone(),
+        findings: Vec::new(),
+        diagnosis: t::DiagnosisInfo::default(),
+        ranks: serde_json::Value::Null,
+        environment: serde_json::Value::Null,
+        outputs_missing: Vec::new(),
+        trace: serde_json::Value::Null,
+    }
 }
 
 /// Where the threads the wall-clock sampler looked at spent their wall
 /// time: on a CPU, blocked by wait class, or unknown (reads dropped).
 /// Null when no thread was looked at (no perf, or an older recording):
 /// not measured, which is not 0%.
-fn waits(a: &Analysis) -> Value {
+fn waits(a: &Analysis) -> Option<t::Waits> {
     if a.waits.threads.is_empty() {
-        return Value::Null;
+        return None;
     }
-    let share = |c: &crate::analysis::waits::ClassTime| json!({"share": r(c.share, 3), "seconds": r(c.seconds, 3), "samples": c.samples});
-    let threads: Vec<Value> = a
+    let share = |c: &crate::analysis::waits::ClassTime| t::ClassShare {
+        share: rn(c.share, 3),
+        seconds: rn(c.seconds, 3),
+        samples: c.samples,
+    };
+    let threads = a
         .waits
         .threads
         .iter()
         .take(MAX_THREADS)
-        .map(|t| {
-            let classes: Map<String, Value> = t
+        .map(|th| t::WaitThread {
+            pid: th.pid.0,
+            tid: th.tid.0,
+            process: a.processes.get(&th.pid).map(|p| p.label()),
+            main_thread: th.pid.0 == th.tid.0,
+            samples: th.samples,
+            span_s: rn(th.span_s, 3),
+            counted_over: if th.steady {
+                "steady_state"
+            } else {
+                "thread_life"
+            }
+            .into(),
+            on_cpu: share(&th.on_cpu),
+            unknown: share(&th.unknown),
+            blocked: th
                 .waits
                 .iter()
                 .map(|(k, v)| {
-                    let key = serde_json::to_value(k)
-                        .ok()
-                        .and_then(|v| v.as_str().map(String::from))
-                        .unwrap_or_default();
+                    let key = json_of(k).as_str().map(String::from).unwrap_or_default();
                     (key, share(v))
                 })
-                .collect();
-            json!({
-                "pid": t.pid.0,
-                "tid": t.tid.0,
-                "process": a.processes.get(&t.pid).map(|p| p.label()),
-                "main_thread": t.pid.0 == t.tid.0,
-                "samples": t.samples,
-                "span_s": r(t.span_s, 3),
-                "counted_over": if t.steady { "steady_state" } else { "thread_life" },
-                "on_cpu": share(&t.on_cpu),
-                "unknown": share(&t.unknown),
-                "blocked": classes,
-                "other_top": t.other_top.iter().map(|(f, n)| json!({"frames": f, "samples": n})).collect::<Vec<_>>(),
-                "gil_holders": t.gil_holders.iter().map(|(h, s)| json!({"holder": h, "seconds": r(*s, 3)})).collect::<Vec<_>>(),
-            })
+                .collect(),
+            other_top: th
+                .other_top
+                .iter()
+                .map(|(f, n)| t::FramesCount {
+                    frames: json_of(f),
+                    samples: *n,
+                })
+                .collect(),
+            gil_holders: th
+                .gil_holders
+                .iter()
+                .map(|(h, s)| t::GilHolder {
+                    holder: json_of(h),
+                    seconds: rn(*s, 3),
+                })
+                .collect(),
         })
         .collect();
-    json!({
-        "method": "wall-clock sampler: each tick reads a thread's /proc syscall file; a blocked thread's stack is copied and unwound (or its native frames reused when every stack word the last unwinding read is unchanged), its Python frames read with py-spy, and the read dropped if the thread ran meanwhile; shares are counts of looks (estimates, ± about sqrt(n)/N)",
-        "threads": threads,
+    Some(t::Waits {
+        method: "wall-clock sampler: each tick reads a thread's /proc syscall file; a blocked thread's stack is copied and unwound (or its native frames reused when every stack word the last unwinding read is unchanged), its Python frames read with py-spy, and the read dropped if the thread ran meanwhile; shares are counts of looks (estimates, ± about sqrt(n)/N)".into(),
+        threads,
     })
 }
 
 /// Processes whose PID a later one took: their own figures, the busiest
 /// first, within the list's bounds.
-fn processes_reused(a: &Analysis) -> Value {
+fn processes_reused(a: &Analysis) -> Option<t::ProcessesReused> {
     if a.reused.is_empty() {
-        Value::Null
-    } else {
-        let mut ps: Vec<&Process> = a.reused.iter().collect();
-        ps.sort_by(|x, y| y.cpu_s().total_cmp(&x.cpu_s()).then(x.pid.cmp(&y.pid)));
-        let count = ps.len() as u64 + a.reused_omitted.0;
-        let cpu = ps.iter().map(|p| p.cpu_s()).sum::<f64>() + a.reused_omitted.1;
-        json!({
-            "count": count,
-            "cpu_s": r(cpu, 3),
-            "listed": ps
-                .iter()
-                .take(MAX_REUSED_LISTED)
-                .map(|p| process_json(a, p, MAX_THREADS_PER_PROCESS.min(8)))
-                .collect::<Vec<Value>>(),
-        })
+        return None;
     }
+    let mut ps: Vec<&Process> = a.reused.iter().collect();
+    ps.sort_by(|x, y| y.cpu_s().total_cmp(&x.cpu_s()).then(x.pid.cmp(&y.pid)));
+    let count = ps.len() as u64 + a.reused_omitted.0;
+    let cpu = ps.iter().map(|p| p.cpu_s()).sum::<f64>() + a.reused_omitted.1;
+    Some(t::ProcessesReused {
+        count,
+        cpu_s: rn(cpu, 3),
+        listed: ps
+            .iter()
+            .take(MAX_REUSED_LISTED)
+            .map(|p| process_json(a, p, MAX_THREADS_PER_PROCESS.min(8)))
+            .collect(),
+    })
 }
 
 /// Per role: its processes (those whose PID was reused too) and their
 /// CPU and IO totals.
-fn roles_json(a: &Analysis) -> Map<String, Value> {
-    let mut roles = Map::new();
+fn roles_json(a: &Analysis) -> BTreeMap<String, t::RoleTotals> {
+    let mut roles = BTreeMap::new();
     for role in Role::ALL {
         // Every process that had the role, those whose PID was reused too.
         let ps: Vec<&Process> = a
@@ -438,107 +488,98 @@ fn roles_json(a: &Analysis) -> Map<String, Value> {
             .collect();
         roles.insert(
             role.as_str().into(),
-            json!({
-                "processes": ps.len(),
-                "cpu_s": r(ps.iter().map(|p| p.cpu_s()).sum::<f64>(), 3),
-                "read_bytes": ps.iter().map(|p| p.read_bytes).sum::<u64>(),
-                "write_bytes": ps.iter().map(|p| p.write_bytes).sum::<u64>(),
-            }),
+            t::RoleTotals {
+                processes: ps.len() as u64,
+                cpu_s: rn(ps.iter().map(|p| p.cpu_s()).sum::<f64>(), 3),
+                read_bytes: ps.iter().map(|p| p.read_bytes).sum::<u64>(),
+                write_bytes: ps.iter().map(|p| p.write_bytes).sum::<u64>(),
+            },
         );
     }
     roles
 }
 
 /// `system`: CPU, disks, pressure, memory and the job's cgroup.
-fn system_json(a: &Analysis) -> Value {
+fn system_json(a: &Analysis) -> t::System {
     let s = &a.system;
-    let disks: Vec<Value> = s
+    let disks = s
         .disks
         .values()
         .filter(|d| d.read_bytes > 0 || d.write_bytes > 0 || d.busy.max() > 0.0)
-        .map(|d| {
-            json!({
-                "name": d.name,
-                "read_bytes": d.read_bytes,
-                "write_bytes": d.write_bytes,
-                "busy_pct": series_stats(&d.busy, 1.0),
-                "read_mb_per_s": series_stats(&d.read_bps, 1e-6),
-                "write_mb_per_s": series_stats(&d.write_bps, 1e-6),
-            })
+        .map(|d| t::Disk {
+            name: d.name.clone(),
+            read_bytes: d.read_bytes,
+            write_bytes: d.write_bytes,
+            busy_pct: series_stats(&d.busy, 1.0),
+            read_mb_per_s: series_stats(&d.read_bps, 1e-6),
+            write_mb_per_s: series_stats(&d.write_bps, 1e-6),
         })
         .collect();
     let psi = |ps: &crate::analysis::PressureSeries| {
-        if ps.some.is_empty() {
-            Value::Null
-        } else {
-            json!({"some_pct": series_stats(&ps.some, 1.0), "full_pct": series_stats(&ps.full, 1.0)})
-        }
+        (!ps.some.is_empty()).then(|| t::PressureStats {
+            some_pct: series_stats(&ps.some, 1.0),
+            full_pct: series_stats(&ps.full, 1.0),
+        })
     };
-    json!({
-        "cpus": s.cpus,
-        "cpu_busy_pct": series_stats(&s.busy, 1.0),
-        "iowait_pct": series_stats(&s.iowait, 1.0),
-        "steal_pct": series_stats(&s.steal, 1.0),
-        "runnable_tasks": series_stats(&s.runnable, 1.0),
-        "blocked_tasks": series_stats(&s.blocked, 1.0),
-        "disks": disks,
-        "pressure": {"cpu": psi(&s.psi_cpu), "io": psi(&s.psi_io), "memory": psi(&s.psi_memory)},
-        "memory": {
-            "total_bytes": s.mem_total,
-            "available_min_bytes": if s.mem_available.is_empty() { Value::Null } else { json!(s.mem_available.quantile(0.0) as u64) },
-            "swap_in_bytes": s.swap_in_bytes,
-            "swap_out_bytes": s.swap_out_bytes,
+    t::System {
+        cpus: s.cpus,
+        cpu_busy_pct: series_stats(&s.busy, 1.0),
+        iowait_pct: series_stats(&s.iowait, 1.0),
+        steal_pct: series_stats(&s.steal, 1.0),
+        runnable_tasks: series_stats(&s.runnable, 1.0),
+        blocked_tasks: series_stats(&s.blocked, 1.0),
+        disks,
+        pressure: t::Pressure {
+            cpu: psi(&s.psi_cpu),
+            io: psi(&s.psi_io),
+            memory: psi(&s.psi_memory),
         },
-        "cgroup": cgroup_json(&s.cgroup),
-    })
+        memory: t::SystemMemory {
+            total_bytes: s.mem_total,
+            available_min_bytes: (!s.mem_available.is_empty())
+                .then(|| s.mem_available.quantile(0.0) as u64),
+            swap_in_bytes: s.swap_in_bytes,
+            swap_out_bytes: s.swap_out_bytes,
+        },
+        cgroup: cgroup_json(&s.cgroup),
+    }
 }
 
-pub fn finding_json(f: &Finding) -> Value {
+pub fn finding_json(f: &Finding) -> t::Finding {
     let gt = f.gpu_time.as_ref();
-    json!({
-        "id": f.kind.id(),
-        "rank": f.rank,
-        "severity": f.severity,
-        "title": f.title,
-        "gpu_time_s": gt.map_or(Value::Null, |g| r(g.seconds, 3)),
-        "gpu_time_share": gt.map_or(Value::Null, |g| r(g.share, 4)),
-        "gpu_time_basis": gt.map(|g| g.basis),
-        "gpu_time_method": gt.map(|g| g.method.clone()),
-        "evidence": f.evidence,
-        "fix": f.fix,
-        "docs": f.kind.docs(),
-        "established": f.established(),
-        "support": f.support,
-    })
+    t::Finding {
+        id: f.kind.id().to_string(),
+        rank: f.rank,
+        severity: name_of(&f.severity),
+        title: f.title.clone(),
+        gpu_time_s: gt.map(|g| rn(g.seconds, 3)),
+        gpu_time_share: gt.map(|g| rn(g.share, 4)),
+        gpu_time_basis: gt.map(|g| json_of(&g.basis)),
+        gpu_time_method: gt.map(|g| g.method.clone()),
+        evidence: f.evidence.clone(),
+        fix: f.fix.clone(),
+        docs: f.kind.docs().to_string(),
+        established: f.established(),
+        support: f.support.as_ref().map(json_of),
+    }
 }
 
 /// The diagnosis part of report.json: `findings` (ranked, most GPU time
 /// explained first) and `diagnosis` (what it rests on).
-pub fn add_diagnosis(report: &mut Value, d: &Diagnosis) {
-    if let Some(obj) = report.as_object_mut() {
-        obj.insert(
-            "findings".into(),
-            Value::Array(d.findings.iter().map(finding_json).collect()),
-        );
-        obj.insert(
-            "diagnosis".into(),
-            json!({
-                "gpu_measured": d.gpu_measured,
-                "stacks_measured": d.stacks_measured,
-                "notes": d.notes,
-                "main_thread": d.main_thread,
-            }),
-        );
-        obj.insert(
-            "ranks".into(),
-            serde_json::to_value(&d.ranks).unwrap_or(Value::Null),
-        );
-        let mut env = serde_json::to_value(&d.environment).unwrap_or(Value::Null);
-        // One entry per process in these: bounded like processes[].
-        cap_lists(
-            &mut env,
-            &["frameworks", "cuda_runtimes", "data_filesystems"],
-        );
-        obj.insert("environment".into(), env);
-    }
+pub fn add_diagnosis(report: &mut t::Report, d: &Diagnosis) {
+    report.findings = d.findings.iter().map(finding_json).collect();
+    report.diagnosis = t::DiagnosisInfo {
+        gpu_measured: d.gpu_measured,
+        stacks_measured: d.stacks_measured,
+        notes: d.notes.clone(),
+        main_thread: d.main_thread.as_ref().map(json_of),
+    };
+    report.ranks = json_of(&d.ranks);
+    let mut env = json_of(&d.environment);
+    // One entry per process in these: bounded like processes[].
+    cap_lists(
+        &mut env,
+        &["frameworks", "cuda_runtimes", "data_filesystems"],
+    );
+    report.environment = env;
 }

@@ -1,57 +1,66 @@
 //! The NVTX part of report.json and of the summary.
 
-use serde_json::{json, Value};
-
 use crate::analysis::nvtx::RangeGroup;
 use crate::analysis::Analysis;
 
-use super::common::r;
+use super::common::rn;
+use super::report_schema::{self as t, json_of};
 
 /// Range names listed in report.json at most (most total time first).
 pub const REPORT_MAX_GROUPS: usize = 200;
 
-fn group_json(g: &RangeGroup) -> Value {
-    json!({
-        "domain": g.domain,
-        "name": g.name,
-        "distinct_names": g.distinct_names,
-        "count": g.count,
-        "total_s": r(g.total_s, 6),
-        "mean_s": r(g.mean_s, 6),
-        "p50_s": g.p50_s.map(|v| r(v, 6)),
-        "p95_s": g.p95_s.map(|v| r(v, 6)),
-        "max_s": r(g.max_s, 6),
-        "quantiles_from": g.quantiles_from,
-        "gpu_busy_share": g.gpu_busy_share.map(|v| r(v, 4)),
-        "level": g.level,
-        "processes": g.processes,
-        "threads": g.threads,
-        "open": g.open,
-    })
+fn group_json(g: &RangeGroup) -> t::NvtxGroup {
+    t::NvtxGroup {
+        domain: g.domain.clone(),
+        name: g.name.clone(),
+        distinct_names: g.distinct_names as u64,
+        count: g.count,
+        total_s: rn(g.total_s, 6),
+        mean_s: rn(g.mean_s, 6),
+        p50_s: g.p50_s.map(|v| rn(v, 6)),
+        p95_s: g.p95_s.map(|v| rn(v, 6)),
+        max_s: rn(g.max_s, 6),
+        quantiles_from: g.quantiles_from,
+        gpu_busy_share: g.gpu_busy_share.map(|v| rn(v, 4)),
+        level: json_of(&g.level),
+        processes: g.processes as u64,
+        threads: g.threads as u64,
+        open: g.open,
+    }
 }
 
 /// `nvtx` in report.json.
-pub fn nvtx(a: &Analysis) -> Value {
+pub fn nvtx(a: &Analysis) -> t::Nvtx {
     let n = &a.nvtx;
     let threads: std::collections::BTreeSet<_> = n.ranges.iter().map(|r| (r.pid, r.tid)).collect();
-    json!({
-        "captured": n.captured(),
-        "detail": n.coverage.as_ref().map(|c| c.detail.clone()),
-        "processes": n.processes.len(),
-        "threads": threads.len(),
-        "ranges": n.ranges.len(),
-        "marks": n.marks.len(),
-        "domains": n.domains.iter().filter(|d| !d.is_empty()).collect::<Vec<_>>(),
-        "ranges_by_name": n.groups.iter().take(REPORT_MAX_GROUPS).map(group_json).collect::<Vec<_>>(),
-        "names_left_out": n.groups.len().saturating_sub(REPORT_MAX_GROUPS),
-        "recording": {
-            "lost_in_job": n.stats.lost_in_job,
-            "over_budget": n.stats.over_budget,
-            "unmatched": n.stats.unmatched,
-            "bad_rings": n.stats.bad_rings,
-            "not_kept_in_analysis": n.not_kept_in_analysis,
+    t::Nvtx {
+        captured: n.captured(),
+        detail: n.coverage.as_ref().map(|c| c.detail.clone()),
+        processes: n.processes.len() as u64,
+        threads: threads.len() as u64,
+        ranges: n.ranges.len() as u64,
+        marks: n.marks.len() as u64,
+        domains: n
+            .domains
+            .iter()
+            .filter(|d| !d.is_empty())
+            .cloned()
+            .collect(),
+        ranges_by_name: n
+            .groups
+            .iter()
+            .take(REPORT_MAX_GROUPS)
+            .map(group_json)
+            .collect(),
+        names_left_out: n.groups.len().saturating_sub(REPORT_MAX_GROUPS) as u64,
+        recording: t::NvtxRecording {
+            lost_in_job: n.stats.lost_in_job,
+            over_budget: n.stats.over_budget,
+            unmatched: n.stats.unmatched,
+            bad_rings: n.stats.bad_rings,
+            not_kept_in_analysis: n.not_kept_in_analysis,
         },
-    })
+    }
 }
 
 fn dur(s: f64) -> String {
@@ -121,46 +130,65 @@ pub fn summary_lines(a: &Analysis) -> Vec<String> {
 }
 
 /// `steps` in report.json.
-pub fn steps(a: &Analysis) -> Value {
+pub fn steps(a: &Analysis) -> t::Steps {
     let s = &a.steps;
     let dist = |d: &Option<crate::analysis::steps::Dist>| {
-        d.as_ref().map(|d| {
-            json!({
-                "mean_s": r(d.mean_s, 6), "p50_s": r(d.p50_s, 6), "p90_s": r(d.p90_s, 6),
-                "p95_s": r(d.p95_s, 6), "p99_s": r(d.p99_s, 6), "min_s": r(d.min_s, 6),
-                "max_s": r(d.max_s, 6),
-            })
+        d.as_ref().map(|d| t::StepDist {
+            mean_s: rn(d.mean_s, 6),
+            p50_s: rn(d.p50_s, 6),
+            p90_s: rn(d.p90_s, 6),
+            p95_s: rn(d.p95_s, 6),
+            p99_s: rn(d.p99_s, 6),
+            min_s: rn(d.min_s, 6),
+            max_s: rn(d.max_s, 6),
         })
     };
-    json!({
-        "method": s.method,
-        "how": s.how,
-        "name": s.name,
-        "pid": s.pid,
-        "tid": s.tid,
-        "count": s.count,
-        "steps_per_s": s.steps_per_s.map(|v| r(v, 4)),
-        "time": dist(&s.time),
-        "range_time": dist(&s.range_time),
-        "slow_threshold_s": s.slow_threshold_s.map(|v| r(v, 6)),
-        "slow_count": s.slow_count,
-        "slow_pattern": s.slow_pattern,
-        "slow_causes": s.slow_causes,
-        "slow": s.slow.iter().map(|x| json!({
-            "index": x.index,
-            "start_s": r(x.start_s, 3),
-            "duration_s": r(x.duration_s, 6),
-            "vs_median": r(x.vs_median, 2),
-            "causes": x.causes.iter().map(|c| json!({
-                "kind": c.kind, "text": c.text, "excess_s": c.excess_s.map(|v| r(v, 3)),
-            })).collect::<Vec<_>>(),
-        })).collect::<Vec<_>>(),
-        "waits": s.waits.iter().map(|w| json!({
-            "class": w.class, "p50_s": r(w.p50_s, 6), "p90_s": r(w.p90_s, 6), "share": r(w.share, 3),
-        })).collect::<Vec<_>>(),
-        "notes": s.notes,
-        "hint": hint(a),
-    })
+    t::Steps {
+        method: s.method.clone(),
+        how: s.how.clone(),
+        name: s.name.clone(),
+        pid: s.pid,
+        tid: s.tid,
+        count: s.count as u64,
+        steps_per_s: s.steps_per_s.map(|v| rn(v, 4)),
+        time: dist(&s.time),
+        range_time: dist(&s.range_time),
+        slow_threshold_s: s.slow_threshold_s.map(|v| rn(v, 6)),
+        slow_count: s.slow_count as u64,
+        slow_pattern: s.slow_pattern.clone(),
+        slow_causes: s.slow_causes.clone(),
+        slow: s
+            .slow
+            .iter()
+            .map(|x| t::SlowStep {
+                index: x.index as u64,
+                start_s: rn(x.start_s, 3),
+                duration_s: rn(x.duration_s, 6),
+                vs_median: rn(x.vs_median, 2),
+                causes: x
+                    .causes
+                    .iter()
+                    .map(|c| t::SlowCause {
+                        kind: json_of(&c.kind),
+                        text: c.text.clone(),
+                        excess_s: c.excess_s.map(|v| rn(v, 3)),
+                    })
+                    .collect(),
+            })
+            .collect(),
+        waits: s
+            .waits
+            .iter()
+            .map(|w| t::StepWaitShare {
+                class: json_of(&w.class),
+                p50_s: rn(w.p50_s, 6),
+                p90_s: rn(w.p90_s, 6),
+                share: rn(w.share, 3),
+            })
+            .collect(),
+        notes: s.notes.clone(),
+        hint: hint(a),
+    }
 }
 
 /// Without NVTX ranges in the job: how to add a step range (one line).

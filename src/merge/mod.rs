@@ -19,6 +19,7 @@
 //! version decides what can be read) and listed.
 
 pub mod align;
+pub mod report;
 
 use std::collections::BTreeSet;
 use std::fs::File;
@@ -31,7 +32,8 @@ use serde_json::{json, Value};
 use crate::analysis::{self, Role};
 use crate::diagnose::{self, ranks::RankFigures, Finding, FindingKind};
 use crate::event::{Header, MonoNs};
-use crate::export::common::r;
+use crate::export::common::{r, rn};
+use crate::export::report_schema::{json_of, name_of};
 use crate::export::trace::Fragment;
 use crate::outdir::OutDir;
 use crate::record::{self, RecordingReader};
@@ -383,8 +385,7 @@ fn merge_into(
     };
     let report = report_json(&m);
     written.push(put("report.json", &mut |w| {
-        serde_json::to_writer_pretty(&mut *w, &report)?;
-        w.write_all(b"\n")
+        w.write_all(&crate::export::report_schema::to_pretty_bytes(&report)?)
     })?);
     let md = summary_markdown(&m);
     written.push(put("summary.md", &mut |w| w.write_all(md.as_bytes()))?);
@@ -614,42 +615,42 @@ fn overall_uncertainty(places: &[align::Placement]) -> Option<u64> {
         .try_fold(0u64, |acc, u| u.map(|u| acc.max(u)))
 }
 
-fn node_json(n: &Node, p: &align::Placement, origin: i128) -> Value {
+fn node_json(n: &Node, p: &align::Placement, origin: i128) -> report::MergedNode {
     let h = &n.header;
     let drift = n.end_anchor.map(|e| {
         (e.realtime_ns as i128 - e.monotonic_ns as i128)
             - (h.anchor_realtime_ns as i128 - h.anchor_monotonic_ns as i128)
     });
-    json!({
-        "path": n.path.display().to_string(),
-        "label": n.label,
-        "host": h.host,
-        "rank": h.rank,
-        "rank_env": h.rank_env,
-        "gpuprof_version": h.gpuprof_version,
-        "recording_version": h.version,
-        "command": h.command,
-        "complete": n.complete,
-        "warnings": n.warnings,
-        "start_s": r((n.start.0 as i128 + p.offset_ns - origin) as f64 / 1e9, 6),
-        "duration_s": r(n.end.secs_since(n.start), 3),
-        "processes": n.processes,
-        "gpus": n.gpus,
-        "ranks": n.ranks.iter().map(|f| f.rank).collect::<Vec<_>>(),
-        "clock": {
-            "method": p.method,
-            "method_text": p.method.describe(),
-            "uncertainty_s": p.uncertainty_ns.map(|u| r(u as f64 / 1e9, 9)),
-            "matched_boundaries": p.matched,
-            "offset_ns": p.offset_ns.to_string(),
-            "boot_id": h.boot_id,
-            "sync": h.clock,
-            "anchor_error_ns": h.anchor_error_ns,
-            "wall_clock_drift_during_run_ns": drift.map(|d| d as i64),
+    report::MergedNode {
+        path: n.path.display().to_string(),
+        label: n.label.clone(),
+        host: h.host.clone(),
+        rank: h.rank.clone(),
+        rank_env: h.rank_env.clone(),
+        gpuprof_version: h.gpuprof_version.clone(),
+        recording_version: h.version,
+        command: h.command.clone(),
+        complete: n.complete,
+        warnings: n.warnings.clone(),
+        start_s: rn((n.start.0 as i128 + p.offset_ns - origin) as f64 / 1e9, 6),
+        duration_s: rn(n.end.secs_since(n.start), 3),
+        processes: n.processes as u64,
+        gpus: n.gpus as u64,
+        ranks: n.ranks.iter().map(|f| f.rank).collect(),
+        clock: report::NodeClock {
+            method: name_of(&p.method),
+            method_text: p.method.describe().to_string(),
+            uncertainty_s: p.uncertainty_ns.map(|u| rn(u as f64 / 1e9, 9)),
+            matched_boundaries: p.matched as u64,
+            offset_ns: p.offset_ns.to_string(),
+            boot_id: h.boot_id.clone(),
+            sync: h.clock.as_ref().map(json_of),
+            anchor_error_ns: h.anchor_error_ns,
+            wall_clock_drift_during_run_ns: drift.map(|d| d as i64),
         },
-        "collective_boundaries": n.exits.len(),
-        "findings": n.findings.len(),
-    })
+        collective_boundaries: n.exits.len() as u64,
+        findings: n.findings.len() as u64,
+    }
 }
 
 /// Counts the bytes written through it.
@@ -699,12 +700,11 @@ fn trace_metadata(nodes: &[(usize, Node)], places: &[align::Placement], origin: 
     })
 }
 
-fn finding_json(host: &Option<String>, f: &Finding) -> Value {
-    let mut v = crate::export::report::finding_json(f);
-    if let Some(o) = v.as_object_mut() {
-        o.insert("host".into(), json!(host));
+fn finding_json(host: &Option<String>, f: &Finding) -> report::MergedFinding {
+    report::MergedFinding {
+        host: host.clone(),
+        finding: crate::export::report::finding_json(f),
     }
-    v
 }
 
 /// Everything the merged report and summary are made of.
@@ -720,7 +720,7 @@ struct Merged<'a> {
     skipped: &'a [Skipped],
 }
 
-fn report_json(m: &Merged) -> Value {
+fn report_json(m: &Merged) -> report::MergedReport {
     let Merged {
         nodes,
         places,
@@ -736,23 +736,39 @@ fn report_json(m: &Merged) -> Value {
         .collect();
     let start_wall = chrono::DateTime::from_timestamp((origin / 1_000_000_000) as i64, 0)
         .map(|d| d.to_rfc3339());
-    json!({
-        "schema_version": crate::export::report::SCHEMA_VERSION,
-        "kind": "merge",
-        "gpuprof_version": env!("CARGO_PKG_VERSION"),
-        "start_time": start_wall,
-        "duration_s": r((end - origin) as f64 / 1e9, 3),
-        "clock": {
-            "uncertainty_s": overall_uncertainty(places).map(|u| r(u as f64 / 1e9, 9)),
-            "uncertainty": uncertainty_text(overall_uncertainty(places)),
-            "methods": places.iter().map(|p| p.method).collect::<BTreeSet<_>>(),
+    report::MergedReport {
+        schema_version: crate::export::report::SCHEMA_VERSION,
+        kind: "merge".into(),
+        gpuprof_version: env!("CARGO_PKG_VERSION").into(),
+        start_time: start_wall,
+        duration_s: rn((end - origin) as f64 / 1e9, 3),
+        clock: report::MergedClock {
+            uncertainty_s: overall_uncertainty(places).map(|u| rn(u as f64 / 1e9, 9)),
+            uncertainty: uncertainty_text(overall_uncertainty(places)),
+            methods: places
+                .iter()
+                .map(|p| p.method)
+                .collect::<BTreeSet<_>>()
+                .iter()
+                .map(name_of)
+                .collect(),
         },
-        "recorded_by_versions": versions,
-        "nodes": nodes.iter().zip(places).map(|((_, n), p)| node_json(n, p, origin)).collect::<Vec<_>>(),
-        "skipped": skipped.iter().map(|s| json!({"path": s.path.display().to_string(), "reason": s.reason})).collect::<Vec<_>>(),
-        "ranks": ranks,
-        "findings": findings.iter().map(|(h, f)| finding_json(h, f)).collect::<Vec<_>>(),
-    })
+        recorded_by_versions: versions.into_iter().map(String::from).collect(),
+        nodes: nodes
+            .iter()
+            .zip(places)
+            .map(|((_, n), p)| node_json(n, p, origin))
+            .collect(),
+        skipped: skipped
+            .iter()
+            .map(|s| report::SkippedInput {
+                path: s.path.display().to_string(),
+                reason: s.reason.clone(),
+            })
+            .collect(),
+        ranks: json_of(&ranks),
+        findings: findings.iter().map(|(h, f)| finding_json(h, f)).collect(),
+    }
 }
 
 fn summary_markdown(m: &Merged) -> String {

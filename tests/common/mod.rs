@@ -41,9 +41,77 @@ pub fn record(tmp: &Path, name: &str, extra: &[&str], job: &[&str]) -> (PathBuf,
     (out, o)
 }
 
+/// Read a JSON file; a `report.json` is checked on the way
+/// ([`check_report_json`]).
 pub fn read_json(p: &Path) -> Value {
     let s = std::fs::read_to_string(p).unwrap_or_else(|e| panic!("read {}: {e}", p.display()));
-    serde_json::from_str(&s).unwrap_or_else(|e| panic!("parse {}: {e}", p.display()))
+    let v: Value =
+        serde_json::from_str(&s).unwrap_or_else(|e| panic!("parse {}: {e}", p.display()));
+    if p.file_name().is_some_and(|n| n == "report.json") {
+        check_report_json(&v, p);
+    }
+    v
+}
+
+/// A compiled shipped schema (`docs/<file>`), compiled once per test binary.
+fn schema_validator(file: &str) -> &'static jsonschema::Validator {
+    static REPORT: OnceLock<jsonschema::Validator> = OnceLock::new();
+    static MERGED: OnceLock<jsonschema::Validator> = OnceLock::new();
+    let cell = if file == "report.schema.json" {
+        &REPORT
+    } else {
+        &MERGED
+    };
+    cell.get_or_init(|| {
+        let schema = repo().join("docs").join(file);
+        let text = std::fs::read_to_string(&schema).expect("shipped schema");
+        let schema: Value = serde_json::from_str(&text).expect("schema is JSON");
+        jsonschema::validator_for(&schema).expect("schema compiles")
+    })
+}
+
+/// A report.json (single-run or merged) is valid against its shipped
+/// schema (`docs/report.schema.json`, `docs/merged-report.schema.json`)
+/// and reads into gpuprof's report types and back unchanged.
+pub fn check_report_json(v: &Value, p: &Path) {
+    use gpuprof::export::report_schema::{self as schema, Report};
+    use gpuprof::merge::report::MergedReport;
+    let merged = v["kind"] == "merge";
+    let file = if merged {
+        "merged-report.schema.json"
+    } else {
+        "report.schema.json"
+    };
+    let errors: Vec<String> = schema_validator(file)
+        .iter_errors(v)
+        .take(10)
+        .map(|e| format!("{} at {}", e, e.instance_path))
+        .collect();
+    assert!(
+        errors.is_empty(),
+        "{} does not match docs/{file}:\n{}",
+        p.display(),
+        errors.join("\n")
+    );
+    let back = if merged {
+        serde_json::to_value(schema::from_value::<MergedReport>(v.clone(), p).unwrap())
+    } else {
+        serde_json::to_value(schema::from_value::<Report>(v.clone(), p).unwrap())
+    }
+    .unwrap();
+    assert!(
+        &back == v,
+        "{} changes when read into the report types and written back",
+        p.display()
+    );
+}
+
+/// The report.json of an output folder, read into gpuprof's types
+/// (after the checks of [`read_json`]).
+pub fn typed_report(dir: &Path) -> gpuprof::export::report_schema::Report {
+    let p = dir.join("report.json");
+    let v = read_json(&p);
+    gpuprof::export::report_schema::from_value(v, &p).unwrap()
 }
 
 /// The report.json of an output folder; the folder's trace and flamegraphs
