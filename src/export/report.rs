@@ -450,7 +450,7 @@ fn waits(a: &Analysis) -> Option<t::Waits> {
         })
         .collect();
     Some(t::Waits {
-        method: "wall-clock sampler: each tick reads a thread's /proc syscall file; a blocked thread's stack is copied and unwound (or its native frames reused when every stack word the last unwinding read is unchanged), its Python frames read with py-spy, and the read dropped if the thread ran meanwhile; shares are counts of looks (estimates, ± about sqrt(n)/N)".into(),
+        method: "wall-clock sampler: each tick reads a thread's /proc syscall file; a blocked thread's stack is copied and unwound (or its native frames reused when every stack word the last unwinding read is unchanged), its Python frames read with the layout the in-process agent publishes where the agent runs (else with py-spy), and the read dropped if the thread ran meanwhile; each look stands for the time to the thread's next look (at most twice the median gap): shares are estimates, ± about sqrt(n)/N for n of N looks".into(),
         threads,
     })
 }
