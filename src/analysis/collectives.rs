@@ -324,6 +324,14 @@ mod tests {
 
     const MS: u64 = 1_000_000;
 
+    /// Looks 10 ms apart with these marks.
+    fn every_10_ms(m: &[Option<u32>]) -> Vec<(MonoNs, Option<u32>)> {
+        m.iter()
+            .enumerate()
+            .map(|(i, x)| (MonoNs(i as u64 * 10 * MS), *x))
+            .collect()
+    }
+
     /// The steady state runs from the first to the last exit from the
     /// collective left most often; a one-off collective (set-up) before it
     /// and the shutdown after it are left out.
@@ -340,11 +348,7 @@ mod tests {
             &[None; 6][..],
         ]
         .concat();
-        let marks: Vec<(MonoNs, Option<u32>)> = m
-            .iter()
-            .enumerate()
-            .map(|(i, x)| (MonoNs(i as u64 * 10 * MS), *x))
-            .collect();
+        let marks = every_10_ms(&m);
         assert_eq!(steady_state(&marks), Some((8, 23)));
         assert_eq!(
             steady_state(&marks[..14]),
@@ -367,11 +371,7 @@ mod tests {
             &[None; 10][..],
         ]
         .concat();
-        let marks: Vec<(MonoNs, Option<u32>)> = m
-            .iter()
-            .enumerate()
-            .map(|(i, x)| (MonoNs(i as u64 * 10 * MS), *x))
-            .collect();
+        let marks = every_10_ms(&m);
         assert_eq!(steady_state(&marks), Some((29, 60)));
         // Fewer than MIN_SAMPLES looks inside it: no steady state.
         let short: Vec<(MonoNs, Option<u32>)> =

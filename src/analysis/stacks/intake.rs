@@ -619,27 +619,21 @@ impl StackData {
                 continue;
             }
             let mark = *by_stack.entry(s.stack).or_insert_with(|| {
-                let mut id = Some(s.stack);
                 // Leaf first: the innermost matching frame.
-                for _ in 0..4096 {
-                    let Some(&(parent, frame)) = id.and_then(|i| self.py_nodes.get(&i)) else {
-                        break;
-                    };
-                    if let Some(Frame::Python { name, file, .. }) = self.py_frames.get(&frame) {
-                        if pick(name, file) {
-                            let n = match names.iter().position(|x| x == name) {
-                                Some(i) => i,
-                                None => {
-                                    names.push(name.clone());
-                                    names.len() - 1
-                                }
-                            };
-                            return Some(n as u32);
-                        }
+                let name = leaf_first(&self.py_nodes, s.stack).find_map(|frame| {
+                    match self.py_frames.get(&frame) {
+                        Some(Frame::Python { name, file, .. }) if pick(name, file) => Some(name),
+                        _ => None,
                     }
-                    id = parent;
-                }
-                None
+                })?;
+                let n = match names.iter().position(|x| x == name) {
+                    Some(i) => i,
+                    None => {
+                        names.push(name.clone());
+                        names.len() - 1
+                    }
+                };
+                Some(n as u32)
             });
             out.entry((s.pid, s.tid)).or_default().push((s.t, mark));
         }
@@ -672,13 +666,8 @@ impl StackData {
 
     /// The frames of a native-space stack, leaf first.
     pub fn wall_frames(&self, stack: u32) -> Vec<WallFrame<'_>> {
-        let mut out = Vec::new();
-        let mut id = Some(stack);
-        while let Some(&(parent, frame)) = id.and_then(|i| self.native_nodes.get(&i)) {
-            if out.len() >= 4096 {
-                break;
-            }
-            out.push(match self.native_frames.get(&frame) {
+        leaf_first(&self.native_nodes, stack)
+            .map(|frame| match self.native_frames.get(&frame) {
                 Some(Frame::Native { file, .. }) => WallFrame::Native {
                     name: self.symbols.get(&frame).map(|s| s.as_str()),
                     file: self.files.get(file).map_or("", |f| f.as_str()),
@@ -686,10 +675,8 @@ impl StackData {
                 Some(Frame::Python { name, file, .. }) => WallFrame::Python { name, file },
                 Some(Frame::Marker(m)) => WallFrame::Marker(m),
                 None => WallFrame::Marker("[unknown frame]"),
-            });
-            id = parent;
-        }
-        out
+            })
+            .collect()
     }
 
     /// Whether `pid` exec'd a new program in (from, to].
@@ -872,4 +859,23 @@ pub fn merge_perf_processes(
         p.exited = pp.exited;
         processes.insert(pp.pid, p);
     }
+}
+
+/// Deepest a stack is walked: a guard against a cycle in a damaged
+/// recording's nodes, far beyond any real stack.
+const MAX_DEPTH: usize = 4096;
+
+/// The frames of a recorded stack (a node of `nodes`: id → (parent,
+/// frame)), leaf first.
+pub(super) fn leaf_first(
+    nodes: &HashMap<u32, (Option<u32>, u32)>,
+    stack: u32,
+) -> impl Iterator<Item = u32> + '_ {
+    let mut id = Some(stack);
+    std::iter::from_fn(move || {
+        let &(parent, frame) = nodes.get(&id?)?;
+        id = parent;
+        Some(frame)
+    })
+    .take(MAX_DEPTH)
 }

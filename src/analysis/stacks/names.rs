@@ -197,18 +197,7 @@ impl<'a> Resolver<'a> {
         if let Some(v) = self.native_cache.get(&stack) {
             return v.clone();
         }
-        let mut frames = Vec::new();
-        let mut cur = Some(stack);
-        while let Some(id) = cur {
-            let Some(&(parent, frame)) = self.d.native_nodes.get(&id) else {
-                break;
-            };
-            frames.push(frame);
-            cur = parent;
-            if frames.len() > 4096 {
-                break;
-            }
-        }
+        let mut frames: Vec<u32> = super::intake::leaf_first(&self.d.native_nodes, stack).collect();
         frames.reverse();
         let v: Vec<(u32, Kind)> = frames
             .into_iter()
@@ -237,18 +226,7 @@ impl<'a> Resolver<'a> {
         if let Some(v) = self.py_cache.get(&stack) {
             return v.clone();
         }
-        let mut frames = Vec::new();
-        let mut cur = Some(stack);
-        while let Some(id) = cur {
-            let Some(&(parent, frame)) = self.d.py_nodes.get(&id) else {
-                break;
-            };
-            frames.push(frame);
-            cur = parent;
-            if frames.len() > 4096 {
-                break;
-            }
-        }
+        let mut frames: Vec<u32> = super::intake::leaf_first(&self.d.py_nodes, stack).collect();
         frames.reverse();
         let v: Vec<(u32, bool)> = frames.into_iter().map(|f| self.py_frame_name(f)).collect();
         self.py_cache.insert(stack, v.clone());
