@@ -58,7 +58,7 @@ use crate::event::{MonoNs, Pid, Tid};
 /// many ticks (fewer when there are many: see [`MAX_OTHER_LOOKS`]).
 pub const OTHERS_EVERY: usize = 10;
 /// At most this many other threads are looked at in one tick: 16 processes
-/// of 4 threads each were 6 reads a tick, the wall sampler's largest cost.
+/// of ~4 threads each were ~60 looks every 10th tick (6 a tick on average).
 const MAX_OTHER_LOOKS: usize = 2;
 /// How long a descriptor's kind (regular file or not) is taken as known:
 /// a loop reads the same pipe or file step after step, and the `readlink`
