@@ -557,9 +557,14 @@ fn an_idle_python_child_is_not_read_by_py_spy() {
     // its start-up costs on a loaded machine (a 3.11 start-up took more
     // than the 10 ms period under load): its agent samples once per second
     // of CPU, which a start-up never uses. The second child keeps the
-    // default period; it sleeps 3 s, then computes.
+    // default period; it sleeps 3 s, then computes. The job's own process
+    // computes 50 ms first: its CPU after the agent's start was otherwise
+    // about one sampling period, so on a fast machine it too stayed silent
+    // in one CI run of five (2 silent processes, not 1).
     let job = r#"
 import os, subprocess, sys, time
+end = time.thread_time() + 0.05
+while time.thread_time() < end: pass
 slow = dict(os.environ, GPUPROF_PYSTACKS_PERIOD_NS="1000000000")
 idle = subprocess.Popen([sys.executable, "-S", "-I", "-c", "import time; time.sleep(4)"], env=slow)
 late = subprocess.Popen([sys.executable, "-S", "-I", "-c",
