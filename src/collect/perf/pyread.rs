@@ -645,7 +645,12 @@ impl PyReader {
             if visited > MAX_WALK {
                 return Err(ReadError::Inconsistent);
             }
-            if !(f >= lo && f + fr_read as u64 <= hi) {
+            // `f` comes from the process's memory, read while it runs: an
+            // address near the top of the space is a torn read, not a frame.
+            let Some(f_end) = f.checked_add(fr_read as u64) else {
+                return Err(ReadError::Inconsistent);
+            };
+            if !(f >= lo && f_end <= hi) {
                 // 3.11+: the older frames usually lie just below, within
                 // the page: read from the page's start (or a window) up to
                 // this frame's end.
