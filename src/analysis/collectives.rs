@@ -112,23 +112,31 @@ pub fn analyze(d: &StackData, window: (MonoNs, MonoNs)) -> Collectives {
     let (wall_names, wall, wall_dist) = super::waits::collective_marks(d, window);
     let offset = names.len() as u32;
     names.extend(wall_names);
-    let mut steady = Vec::new();
-    for (key, marks) in wall {
-        // Main threads only: the loop thread is looked at every tick, the
-        // others less often than py-spy reads them.
-        if key.0 .0 == key.1 .0 && marks.len() >= threads.get(&key).map_or(0, |v| v.len()) {
-            let mut marks: Vec<(MonoNs, Option<u32>)> = marks
+    // Main threads only: the loop thread is looked at every tick, the
+    // others less often than py-spy reads them.
+    let looked: Marks = wall
+        .into_iter()
+        .filter(|(key, marks)| {
+            key.0 .0 == key.1 .0 && marks.len() >= threads.get(key).map_or(0, |v| v.len())
+        })
+        .map(|(key, marks)| {
+            let marks = marks
                 .into_iter()
                 .map(|(t, m)| (t, m.map(|i| i + offset)))
                 .collect();
-            if let Some((lo, hi)) = steady_state(&marks) {
-                marks = marks[lo..hi].to_vec();
-                steady.push(key);
-            }
-            threads.insert(key, marks);
-            if let Some(dm) = wall_dist.get(&key) {
-                dist.insert(key, dm.clone());
-            }
+            (key, marks)
+        })
+        .collect();
+    let spans = steady_states(&looked);
+    let mut steady = Vec::new();
+    for (key, mut marks) in looked {
+        if let Some(&(lo, hi)) = spans.get(&key) {
+            marks = marks[lo..hi].to_vec();
+            steady.push(key);
+        }
+        threads.insert(key, marks);
+        if let Some(dm) = wall_dist.get(&key) {
+            dist.insert(key, dm.clone());
         }
     }
     let mut out = waits(&names, threads, &dist);
@@ -138,6 +146,45 @@ pub fn analyze(d: &StackData, window: (MonoNs, MonoNs)) -> Collectives {
         }
     }
     out
+}
+
+/// Each thread's steady state (indices into its looks). The loop's steady
+/// state is the job's, not a rank's: every rank leaves the per-step
+/// collective together, so it is read from the thread seen inside its
+/// recurring collective most often (the rank that waits most) and the
+/// same stretch of time is taken for every other thread with at least
+/// [`MIN_SAMPLES`] looks in it. A straggler is seldom seen inside a
+/// collective in its loop, and its own "steady state" was then a dozen
+/// looks of a set-up collective (`c10d::Work::wait` while the other rank
+/// built its model): 100% in collectives, and the waiting rank was named
+/// the straggler's equal. A thread with too few looks in the job's
+/// stretch keeps its own.
+fn steady_states(threads: &Marks) -> BTreeMap<(Pid, Tid), (usize, usize)> {
+    let own: BTreeMap<(Pid, Tid), (usize, usize)> = threads
+        .iter()
+        .filter_map(|(key, m)| steady_state(m).map(|span| (*key, span)))
+        .collect();
+    let job = own
+        .iter()
+        .max_by_key(|(key, (lo, hi))| {
+            let m = &threads[*key];
+            (
+                m[*lo..*hi].iter().filter(|x| x.1.is_some()).count(),
+                hi - lo,
+            )
+        })
+        .map(|(key, &(lo, hi))| (threads[key][lo].0, threads[key][hi - 1].0));
+    threads
+        .iter()
+        .filter_map(|(key, m)| {
+            let shared = job.and_then(|(from, to)| {
+                let lo = m.partition_point(|x| x.0 < from);
+                let hi = m.partition_point(|x| x.0 <= to);
+                (hi - lo >= MIN_SAMPLES).then_some((lo, hi))
+            });
+            shared.or_else(|| own.get(key).copied()).map(|s| (*key, s))
+        })
+        .collect()
 }
 
 /// The training loop's steady state in a thread's looks: from its first
@@ -377,6 +424,47 @@ mod tests {
         let short: Vec<(MonoNs, Option<u32>)> =
             marks[..38].iter().chain(&marks[60..]).copied().collect();
         assert_eq!(steady_state(&short), None);
+    }
+
+    /// The straggler's own looks give a dozen looks of a set-up wait as
+    /// its "steady state"; the waiting rank's recurring all-reduce gives
+    /// the job's, and the straggler is counted over that same stretch.
+    #[test]
+    fn the_straggler_is_counted_over_the_waiting_ranks_steady_state() {
+        // Rank 0: set-up, then 10 steps of 1 look outside and 9 inside
+        // the all-reduce (mark 0), then shutdown.
+        let mut r0 = vec![None; 20];
+        for _ in 0..10 {
+            r0.push(None);
+            r0.extend([Some(0); 9]);
+        }
+        r0.push(None);
+        r0.extend([None; 10]);
+        // Rank 1: waits 13 looks in a set-up collective (mark 1) while
+        // rank 0 builds its model, then is seen in its loop, once inside
+        // the all-reduce.
+        let mut r1 = vec![None; 5];
+        r1.extend([Some(1); 13]);
+        r1.extend([None; 2]);
+        r1.extend([None; 50]);
+        r1.push(Some(0));
+        r1.extend([None; 60]);
+        let mut threads: Marks = BTreeMap::new();
+        threads.insert((Pid(10), Tid(10)), every_10_ms(&r0));
+        threads.insert((Pid(11), Tid(11)), every_10_ms(&r1));
+        assert_eq!(steady_state(&threads[&(Pid(11), Tid(11))]), Some((5, 18)));
+        let spans = steady_states(&threads);
+        let job = spans[&(Pid(10), Tid(10))];
+        assert_eq!(job, steady_state(&threads[&(Pid(10), Tid(10))]).unwrap());
+        assert_eq!(spans[&(Pid(11), Tid(11))], job, "the same looks in time");
+        // A thread that was not looked at during the job's loop keeps its
+        // own steady state.
+        let late: Vec<(MonoNs, Option<u32>)> = every_10_ms(&r1)
+            .into_iter()
+            .map(|(t, m)| (MonoNs(t.0 + 10_000 * MS), m))
+            .collect();
+        threads.insert((Pid(12), Tid(12)), late);
+        assert_eq!(steady_states(&threads)[&(Pid(12), Tid(12))], (5, 18));
     }
 
     #[test]
