@@ -826,16 +826,21 @@ impl GpuBuilder {
                 busy_pct,
                 sm_active_pct,
             } => {
-                if *from < self.start || t <= from {
+                // A window that straddles the window's start counts from
+                // there: dropped, the time between the start and its end
+                // was missing from the idle total (a whole 100 ms window
+                // when the first poll came just before the start).
+                let from = (*from).max(self.start);
+                if *t <= from {
                     return;
                 }
                 let threshold = self.threshold_pct;
                 let acc = self.devs.entry(*gpu).or_default();
                 if let Some(sm) = sm_active_pct {
-                    acc.sm_active.push(*from, *t, *sm);
+                    acc.sm_active.push(from, *t, *sm);
                 }
                 let w = UtilWindow {
-                    start: *from,
+                    start: from,
                     end: *t,
                     pct: busy_pct.clamp(0.0, 100.0),
                 };
@@ -1083,12 +1088,13 @@ impl DevAcc {
         for (ts, pct) in self.pending.drain(..) {
             let end =
                 MonoNs((anchor.0 as i128 + ts as i128 * 1000 - anchor.1 as i128).max(0) as u64);
+            // Clipped to the window's start, like GPM windows.
             let w = UtilWindow {
-                start: MonoNs(end.0.saturating_sub(u.period_ns)),
+                start: MonoNs(end.0.saturating_sub(u.period_ns)).max(start),
                 end,
                 pct: pct.min(100) as f64,
             };
-            if w.start >= start {
+            if w.end > w.start {
                 u.push(w);
             }
         }

@@ -460,3 +460,44 @@ fn attribution_and_throttle_seconds() {
     assert!(a.attribution_unavailable);
     assert!(a.notes[0].contains("PID namespace"));
 }
+
+/// The first GPM poll can land just before the window starts: the window
+/// that straddles the start counts from it. It was dropped, and a fully
+/// idle 100 ms was missing from the idle total (the job's own log said
+/// 1.970 s idle, gpuprof 1.870 s).
+#[test]
+fn a_gpm_window_across_the_start_counts_from_it() {
+    let h = header();
+    let ms = |x: u64| MonoNs(x * 1_000_000);
+    let mut b = GpuBuilder::new(&h);
+    // Probe at 1.000 s, first poll at 1.050 s; the window starts at
+    // 1.051 s; then 100 ms windows, idle, until 3.05 s.
+    b.push(&Event::GpuActivity {
+        t: ms(1050),
+        gpu: 0,
+        from: ms(1000),
+        busy_pct: 0.0,
+        sm_active_pct: None,
+    });
+    b.push(&Event::WindowStart { t: ms(1051) });
+    let mut at = 1050;
+    while at < 3050 {
+        b.push(&Event::GpuActivity {
+            t: ms(at + 100),
+            gpu: 0,
+            from: ms(at),
+            busy_pct: 0.0,
+            sm_active_pct: None,
+        });
+        at += 100;
+    }
+    let job: BTreeSet<Pid> = [Pid(41)].into();
+    let a = b.finish(&GpuInputs {
+        job_pids: &job,
+        end: ms(3050),
+    });
+    let d = &a.devices[0];
+    assert_eq!(d.util_source, UtilSource::Gpm);
+    let split = d.idle_split(ms(1051), ms(3050));
+    assert!((split.total_s - 1.999).abs() < 1e-6, "{split:?}");
+}
