@@ -187,26 +187,38 @@ fn steady_states(threads: &Marks) -> BTreeMap<(Pid, Tid), (usize, usize)> {
         .collect()
 }
 
-/// The training loop's steady state in a thread's looks: from its first
-/// exit from the collective it left most often (the per-step all-reduce)
-/// to its last one (indices into `marks`). Start-up (imports, the first
+/// The training loop's steady state in a thread's looks (indices into
+/// `marks`): the stretch of its recurring collective ([`recurring`]), else
+/// of the one it dwelt in ([`dwelling`]). Start-up (imports, the first
 /// batch, DDP's set-up broadcast) and shutdown are left out, on every rank
-/// alike. None when it left no collective at least [`MIN_STEADY_EXITS`]
-/// times or too few looks lie between.
+/// alike.
+///
+/// A stretch followed by more than twice as many looks as it spans is not
+/// the loop but a wait during set-up: a straggler arrives first at the
+/// rendezvous or DDP's set-up broadcast and waits there for the others
+/// (12–22 looks in `c10d::Work::wait` or `SocketImpl::waitForInput`), then
+/// is seldom seen in a collective in its loop. Taken as its steady state,
+/// that wait read as 100% in collectives and no straggler was named.
 fn steady_state(marks: &[(MonoNs, Option<u32>)]) -> Option<(usize, usize)> {
+    let (lo, hi) = recurring(marks).or_else(|| dwelling(marks))?;
+    (marks.len() - hi <= 2 * (hi - lo)).then_some((lo, hi))
+}
+
+/// From the thread's first exit from the collective it left most often
+/// (the per-step all-reduce) to its last one. None when it left no
+/// collective at least [`MIN_STEADY_EXITS`] times or too few looks lie
+/// between.
+fn recurring(marks: &[(MonoNs, Option<u32>)]) -> Option<(usize, usize)> {
     let mut exits: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
     for (i, p) in marks.windows(2).enumerate() {
         if let (Some(m), None) = (p[0].1, p[1].1) {
             exits.entry(m).or_default().push(i + 1);
         }
     }
-    let Some((m, at)) = exits
+    let (m, at) = exits
         .into_iter()
         .max_by_key(|(m, v)| (v.len(), std::cmp::Reverse(*m)))
-        .filter(|(_, at)| at.len() >= MIN_STEADY_EXITS)
-    else {
-        return dwelling(marks);
-    };
+        .filter(|(_, at)| at.len() >= MIN_STEADY_EXITS)?;
     // To its last look inside that collective (the loop's last step) when
     // that comes later than the last exit seen: a rank that waits in it
     // almost all the time is seldom looked at outside it, the more so on
@@ -426,9 +438,10 @@ mod tests {
         assert_eq!(steady_state(&short), None);
     }
 
-    /// The straggler's own looks give a dozen looks of a set-up wait as
-    /// its "steady state"; the waiting rank's recurring all-reduce gives
-    /// the job's, and the straggler is counted over that same stretch.
+    /// A straggler's own looks hold a dozen looks of a set-up wait and
+    /// then a loop seldom seen in a collective: no steady state of its own.
+    /// The waiting rank's recurring all-reduce gives the job's, and the
+    /// straggler is counted over that same stretch.
     #[test]
     fn the_straggler_is_counted_over_the_waiting_ranks_steady_state() {
         // Rank 0: set-up, then 10 steps of 1 look outside and 9 inside
@@ -445,26 +458,29 @@ mod tests {
         // the all-reduce.
         let mut r1 = vec![None; 5];
         r1.extend([Some(1); 13]);
-        r1.extend([None; 2]);
-        r1.extend([None; 50]);
+        r1.extend([None; 52]);
         r1.push(Some(0));
         r1.extend([None; 60]);
+        let (k0, k1, k2) = ((Pid(10), Tid(10)), (Pid(11), Tid(11)), (Pid(12), Tid(12)));
         let mut threads: Marks = BTreeMap::new();
-        threads.insert((Pid(10), Tid(10)), every_10_ms(&r0));
-        threads.insert((Pid(11), Tid(11)), every_10_ms(&r1));
-        assert_eq!(steady_state(&threads[&(Pid(11), Tid(11))]), Some((5, 18)));
+        threads.insert(k0, every_10_ms(&r0));
+        threads.insert(k1, every_10_ms(&r1));
+        // Alone, the set-up wait (looks 5..18) is followed by 113 looks:
+        // not the loop.
+        assert_eq!(steady_state(&threads[&k1]), None);
+        let own = steady_state(&threads[&k0]).unwrap();
+        assert_eq!(own, (30, 120));
         let spans = steady_states(&threads);
-        let job = spans[&(Pid(10), Tid(10))];
-        assert_eq!(job, steady_state(&threads[&(Pid(10), Tid(10))]).unwrap());
-        assert_eq!(spans[&(Pid(11), Tid(11))], job, "the same looks in time");
+        assert_eq!(spans[&k0], own);
+        assert_eq!(spans[&k1], own, "the same looks in time");
         // A thread that was not looked at during the job's loop keeps its
         // own steady state.
-        let late: Vec<(MonoNs, Option<u32>)> = every_10_ms(&r1)
+        let late: Vec<(MonoNs, Option<u32>)> = every_10_ms(&r0)
             .into_iter()
             .map(|(t, m)| (MonoNs(t.0 + 10_000 * MS), m))
             .collect();
-        threads.insert((Pid(12), Tid(12)), late);
-        assert_eq!(steady_states(&threads)[&(Pid(12), Tid(12))], (5, 18));
+        threads.insert(k2, late);
+        assert_eq!(steady_states(&threads)[&k2], own);
     }
 
     #[test]
