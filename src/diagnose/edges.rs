@@ -41,9 +41,10 @@ enum Phase {
 /// Start-up and shutdown bins of a timeline.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Edges {
-    /// First bin after start-up: the main and input threads imported (or
-    /// had not begun Python code) in most of their samples of every
-    /// sampled bin before it, and imported in at least one.
+    /// First bin after start-up: in every sampled bin before it, the main
+    /// and input threads imported (or had not begun Python code) in most
+    /// of their samples, or the input workers imported in most of theirs;
+    /// and they imported in at least one.
     pub startup_end: Option<usize>,
     /// First bin of shutdown: in every sampled bin from it on, the main
     /// and input threads ran no Python code in most of their samples.
@@ -102,18 +103,22 @@ fn phase_of_frames<'a>(frames: impl Iterator<Item = &'a FrameInfo>) -> Option<Ph
 /// Sample weight per bin and phase: [import, no Python, running].
 type Weights = Vec<[f64; 3]>;
 
-fn weights(a: &Analysis, tl: &Timeline) -> Weights {
+/// The weights of the main and input threads together, and of the input
+/// workers' threads alone.
+fn weights(a: &Analysis, tl: &Timeline) -> (Weights, Weights) {
     let threads: BTreeSet<(Pid, Tid)> = tl
         .mains
         .iter()
         .chain(&tl.workers)
         .map(|t| (t.pid, t.tid))
         .collect();
+    let workers: BTreeSet<(Pid, Tid)> = tl.workers.iter().map(|t| (t.pid, t.tid)).collect();
     let st = &a.stacks;
     // One look at each distinct stack, however many samples share it.
     let mut phases: HashMap<u32, Option<Phase>> = HashMap::new();
     let mut phase = |id: u32| *phases.entry(id).or_insert_with(|| phase_of(st, id));
     let mut w = vec![[0.0; 3]; tl.n];
+    let mut ww = vec![[0.0; 3]; tl.n];
     // Samples are sorted by (pid, tid, t): one run per thread.
     for run in st.samples.chunk_by(|x, y| (x.pid, x.tid) == (y.pid, y.tid)) {
         if !threads.contains(&(run[0].pid, run[0].tid)) {
@@ -127,13 +132,17 @@ fn weights(a: &Analysis, tl: &Timeline) -> Weights {
         {
             continue;
         }
+        let worker = workers.contains(&(run[0].pid, run[0].tid));
         for s in run {
             if let (Some(i), Some(p)) = (tl.bin_of(s.t), phase(s.stack)) {
                 w[i][p as usize] += s.weight as f64;
+                if worker {
+                    ww[i][p as usize] += s.weight as f64;
+                }
             }
         }
     }
-    w
+    (w, ww)
 }
 
 /// The start-up and shutdown of the timeline's main and input threads.
@@ -141,7 +150,7 @@ pub fn find(a: &Analysis, tl: &Timeline) -> Edges {
     if tl.mains.is_empty() || a.stacks.samples.is_empty() {
         return Edges::default();
     }
-    let w = weights(a, tl);
+    let (w, workers) = weights(a, tl);
     let sampled = |b: &[f64; 3]| b.iter().sum::<f64>() > 0.0;
     // Shutdown first: the interpreter running no Python code at the end is
     // shutdown even when the run was all start-up before it.
@@ -159,7 +168,13 @@ pub fn find(a: &Analysis, tl: &Timeline) -> Edges {
         .take(shutdown_from.unwrap_or(w.len()))
         .filter(|(_, b)| sampled(b))
     {
-        if b[0] + b[1] <= b[2] {
+        // Start-up lasts while the threads mostly import, or while the
+        // input workers still do: the first worker ready makes batches and
+        // the loop runs on them while a slower one (on a busy machine, a
+        // spawned worker importing PyTorch takes seconds longer) is still
+        // importing, and the loop's wait for that one is its start-up.
+        let wk = &workers[i];
+        if b[0] + b[1] <= b[2] && wk[0] <= wk[2] {
             break;
         }
         imported |= b[0] > 0.0;
