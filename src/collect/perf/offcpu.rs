@@ -43,6 +43,7 @@
 
 use std::collections::HashMap;
 use std::fs::File;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -60,10 +61,6 @@ pub const OTHERS_EVERY: usize = 10;
 /// At most this many other threads are looked at in one tick: 16 processes
 /// of ~4 threads each were ~60 looks every 10th tick (6 a tick on average).
 const MAX_OTHER_LOOKS: usize = 2;
-/// How long a descriptor's kind (regular file or not) is taken as known:
-/// a loop reads the same pipe or file step after step, and the `readlink`
-/// of `/proc/PID/fd/N` was a sixth of the wall sampler's own CPU.
-const FD_KIND_FOR: Duration = Duration::from_secs(1);
 /// The job's threads are listed again this often.
 const LIST_EVERY: Duration = Duration::from_secs(1);
 /// A thread's Python frames, outermost first: (name, file, entry).
@@ -498,8 +495,11 @@ fn fd_syscall(nr: i64) -> bool {
 }
 
 /// Whether the call works on a regular file: its descriptor names a path
-/// (not a pipe, socket or device), or it opens one.
-fn on_regular_file(pid: Pid, s: &SyscallLine) -> bool {
+/// (not a pipe, socket or device), or it opens one. `fd_dir`: the
+/// process's `/proc/PID/fd`, kept open (a lookup relative to it costs a
+/// fifth less than the whole path); opened, or opened again when it fails
+/// (the process it named is gone and its PID reused), here.
+fn on_regular_file(pid: Pid, s: &SyscallLine, fd_dir: &mut Option<File>) -> bool {
     #[cfg(target_arch = "x86_64")]
     if s.nr == libc::SYS_open {
         return true;
@@ -510,13 +510,34 @@ fn on_regular_file(pid: Pid, s: &SyscallLine) -> bool {
     if !fd_syscall(s.nr) || s.args[0] > i32::MAX as u64 {
         return false;
     }
-    match std::fs::read_link(format!("/proc/{}/fd/{}", pid.0, s.args[0])) {
-        Ok(p) => {
-            let p = p.to_string_lossy();
-            p.starts_with('/') && !p.starts_with("/dev/")
+    // The descriptor is resolved at every look, never remembered by its
+    // number: a loop closes a socket and opens its checkpoint file within
+    // a step, and the file gets the socket's number.
+    let name = std::ffi::CString::new(s.args[0].to_string()).expect("digits");
+    let mut buf = [0u8; 512];
+    for fresh in [false, true] {
+        if fresh || fd_dir.is_none() {
+            *fd_dir = File::open(format!("/proc/{}/fd", pid.0)).ok();
         }
-        Err(_) => false,
+        let Some(dir) = fd_dir.as_ref() else {
+            return false;
+        };
+        // SAFETY: `name` is a NUL-terminated string and `buf` a writable
+        // buffer of the length given.
+        let n = unsafe {
+            libc::readlinkat(
+                dir.as_raw_fd(),
+                name.as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+            )
+        };
+        if n > 0 {
+            let p = &buf[..n as usize];
+            return p.starts_with(b"/") && !p.starts_with(b"/dev/");
+        }
     }
+    false
 }
 
 enum Spy {
@@ -577,9 +598,8 @@ pub struct WallSampler {
     /// the next in line.
     others_credit: usize,
     others_next: usize,
-    /// Per thread, its last blocking descriptor, whether it is a regular
-    /// file, and when that was read.
-    fd_kinds: HashMap<Tid, (u64, bool, Instant)>,
+    /// Per process, its `/proc/PID/fd`, kept open.
+    fd_dirs: HashMap<Pid, Option<File>>,
 }
 
 /// `--hang-after`: when each loop thread has been blocked since when
@@ -626,7 +646,7 @@ impl WallSampler {
             hang: None,
             others_credit: 0,
             others_next: 0,
-            fd_kinds: HashMap::new(),
+            fd_dirs: HashMap::new(),
         }
     }
 
@@ -850,7 +870,7 @@ impl WallSampler {
         let tids: std::collections::HashSet<Tid> =
             threads.iter().flat_map(|t| t.1.iter().copied()).collect();
         self.last.retain(|t, _| tids.contains(t));
-        self.fd_kinds.retain(|t, _| tids.contains(t));
+        self.fd_dirs.retain(|p, _| alive.contains(p));
         self.files.retain(|t, _| tids.contains(t));
         self.known.retain(|t, _| tids.contains(t));
         for (pid, ts) in &threads {
@@ -918,24 +938,6 @@ impl WallSampler {
 
     /// Look at some threads of one process: first read of each, stack
     /// copies, one Python read for the process, second read of each.
-    /// [`on_regular_file`], its answer for a descriptor kept per thread
-    /// for [`FD_KIND_FOR`] (a descriptor number reused for another kind of
-    /// file within that time is named by the old kind until then).
-    fn on_regular_file(&mut self, pid: Pid, tid: Tid, line: &SyscallLine) -> bool {
-        if !fd_syscall(line.nr) {
-            return on_regular_file(pid, line);
-        }
-        let fd = line.args[0];
-        if let Some(&(f, regular, at)) = self.fd_kinds.get(&tid) {
-            if f == fd && at.elapsed() < FD_KIND_FOR {
-                return regular;
-            }
-        }
-        let regular = on_regular_file(pid, line);
-        self.fd_kinds.insert(tid, (fd, regular, Instant::now()));
-        regular
-    }
-
     fn look_at(&mut self, pid: Pid, tids: &[Tid], out: &mut Vec<WallRecord>) {
         let mut looks: Vec<Look> = Vec::new();
         for &tid in tids {
@@ -981,7 +983,8 @@ impl WallSampler {
                     }
                 },
             };
-            let marker = syscall_marker(line.nr, self.on_regular_file(pid, tid, &line));
+            let fd_dir = self.fd_dirs.entry(pid).or_default();
+            let marker = syscall_marker(line.nr, on_regular_file(pid, &line, fd_dir));
             looks.push(Look {
                 tid,
                 t,
@@ -1381,6 +1384,68 @@ mod tests {
     /// line names the call and the pipe's descriptor, and its stack can be
     /// copied.
     #[test]
+    fn a_reused_descriptor_number_is_named_by_what_it_is_now() {
+        // A loop closes a socket or pipe and opens its checkpoint file,
+        // which gets the same number: the file is a regular file.
+        let pid = Pid(std::process::id() as i32);
+        let mut fds = [0; 2];
+        // SAFETY: fds is a valid array of two ints.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        let line = |fd: i32, nr: i64| SyscallLine {
+            nr,
+            args: [fd as u64, 0, 0, 0, 0, 0],
+            sp: 1,
+            pc: 1,
+        };
+        let mut fd_dir = None;
+        assert!(!on_regular_file(
+            pid,
+            &line(fds[0], libc::SYS_read),
+            &mut fd_dir
+        ));
+        let dir = std::env::temp_dir().join(format!("gpuprof-fdreuse-{}", pid.0));
+        std::fs::write(&dir, b"x").unwrap();
+        let path = std::ffi::CString::new(dir.to_str().unwrap()).unwrap();
+        let file = loop {
+            // SAFETY: closing a descriptor this test owns; opening a path.
+            unsafe { libc::close(fds[0]) };
+            // SAFETY: `path` is NUL-terminated.
+            let f = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY) };
+            assert!(f >= 0);
+            if f == fds[0] {
+                break f;
+            }
+            // Another thread of the test binary took the number first.
+            fds[0] = f;
+        };
+        assert!(on_regular_file(
+            pid,
+            &line(file, libc::SYS_fsync),
+            &mut fd_dir
+        ));
+        assert!(on_regular_file(
+            pid,
+            &line(file, libc::SYS_read),
+            &mut fd_dir
+        ));
+        // And back: the number now names the pipe again (dup2 replaces it
+        // at once, so no other thread of the test binary can take it).
+        // SAFETY: both descriptors are this test's.
+        assert_eq!(unsafe { libc::dup2(fds[1], file) }, file);
+        assert!(!on_regular_file(
+            pid,
+            &line(file, libc::SYS_write),
+            &mut fd_dir
+        ));
+        // SAFETY: closing descriptors this test owns.
+        unsafe {
+            libc::close(file);
+            libc::close(fds[1]);
+        }
+        let _ = std::fs::remove_file(&dir);
+    }
+
+    #[test]
     fn a_blocked_thread_is_read_without_stopping_it() {
         let mut fds = [0; 2];
         // SAFETY: fds is a valid array of two ints.
@@ -1410,7 +1475,10 @@ mod tests {
         }
         let line = line.expect("the thread blocks in read");
         assert_eq!(line.args[0], r as u64);
-        assert!(!on_regular_file(pid, &line), "a pipe is no regular file");
+        assert!(
+            !on_regular_file(pid, &line, &mut None),
+            "a pipe is no regular file"
+        );
         let runtime = files.runtime_ns().expect("schedstat");
         assert_eq!(files.runtime_ns(), Some(runtime), "it has not run");
         let stack = copy_memory(pid, line.sp, 4096).expect("stack readable");
