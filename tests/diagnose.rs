@@ -191,7 +191,7 @@ const ONE_WORKER_HEAVY: &[&str] = &[
 #[test]
 fn healthy_pipeline_raises_no_alarm() {
     let _g = serial();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::test_dir();
     let out = dir.path().join("healthy");
     let report = record(&out, HEALTHY);
     well_formed(&report);
@@ -209,7 +209,7 @@ fn healthy_pipeline_raises_no_alarm() {
 #[test]
 fn short_healthy_job_stays_quiet_run_after_run() {
     let _g = serial();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::test_dir();
     for i in 0..3 {
         let out = dir.path().join(format!("short{i}"));
         let report = record(
@@ -244,7 +244,7 @@ fn short_healthy_job_stays_quiet_run_after_run() {
 #[test]
 fn preprocessing_in_the_main_process() {
     let _g = serial();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::test_dir();
     let out = dir.path().join("main");
     let report = record(
         &out,
@@ -321,7 +321,7 @@ fn slow_imports_are_start_up_not_batches() {
     if let Some(why) = common::perf_refused() {
         skip!("start-up is read from stack samples: {why}");
     }
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::test_dir();
 
     // Imports only: nothing to diagnose but the start-up.
     let (report, imported) = record_slow_imports(&dir.path().join("imports"), "2.0", "0");
@@ -366,7 +366,7 @@ fn importing_torch_is_start_up_and_shutdown() {
     let Some(py) = common::torch_python() else {
         skip!("no Python with PyTorch (GPUPROF_TEST_TORCH_PYTHON)");
     };
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::test_dir();
     let code = "import torch, torch.nn as nn; print(nn.Linear(8, 8)(torch.zeros(1, 8)).shape)";
     let cmd = [py.as_os_str(), OsStr::new("-c"), OsStr::new(code)];
     let (_, report) = record_cmd(&dir.path().join("torch"), &cmd);
@@ -395,17 +395,28 @@ fn spawned_workers_importing_is_start_up() {
     let Some(py) = common::torch_python() else {
         skip!("no Python with PyTorch (GPUPROF_TEST_TORCH_PYTHON)");
     };
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::test_dir();
     let script = test_script("spawn_loader.py");
     let (o, report) = record_cmd(&dir.path().join("spawn"), &[&py, &script]);
     well_formed(&report);
     let stdout = String::from_utf8_lossy(&o.stdout);
+    let secs = |l: &str| l.split(' ').next().and_then(|x| x.parse::<f64>().ok());
     let first_batch: f64 = stdout
         .lines()
-        .find_map(|l| l.strip_prefix("first batch after "))
-        .and_then(|x| x.split(' ').next())
-        .and_then(|x| x.parse().ok())
+        .find_map(|l| l.strip_prefix("first batch after ").and_then(secs))
         .unwrap_or_else(|| panic!("the job prints its first batch: {stdout}"));
+    let ready: Vec<f64> = stdout
+        .lines()
+        .filter_map(|l| l.split_once(" ready after ").and_then(|(_, x)| secs(x)))
+        .collect();
+    assert_eq!(
+        ready.len(),
+        2,
+        "each worker prints when it is ready: {stdout}"
+    );
+    // The loop waits for the last worker's batches: the start lasts until
+    // both are ready (on a busy machine, seconds apart).
+    let last_ready = ready.iter().copied().fold(first_batch, f64::max);
     for (id, sev) in findings(&report) {
         assert!(
             sev == "info"
@@ -415,11 +426,11 @@ fn spawned_workers_importing_is_start_up() {
         );
     }
     let startup = startup_note_s(&report);
-    // Up to the first batch, the workers' imports included (the recording
-    // starts a little before the interpreter runs the file).
+    // Up to the first batch and both workers ready, their imports included
+    // (the recording starts a little before the interpreter runs the file).
     assert!(
-        startup >= 0.85 * first_batch && startup <= first_batch + 1.5,
-        "start-up {startup} s, first batch after {first_batch} s: {}",
+        startup >= 0.85 * first_batch && startup <= last_ready + 1.5,
+        "start-up {startup} s, first batch after {first_batch} s, workers ready after {ready:?} s: {}",
         report["diagnosis"]
     );
 }
@@ -427,7 +438,7 @@ fn spawned_workers_importing_is_start_up() {
 #[test]
 fn one_saturated_worker_is_input_bound_and_compare_shows_the_fix() {
     let _g = serial();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::test_dir();
     let before = dir.path().join("one-worker");
     let report = record(&before, ONE_WORKER_HEAVY);
     well_formed(&report);
@@ -511,7 +522,7 @@ fn more_busy_workers_than_cores_is_oversubscription() {
         skip!("{cores} cores would need {} busy workers", 3 * cores);
     }
     let _g = serial();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::test_dir();
     let out = dir.path().join("oversubscribed");
     let workers = (3 * cores).to_string();
     let steps = (60 * cores).to_string();
@@ -542,7 +553,7 @@ fn more_busy_workers_than_cores_is_oversubscription() {
 
 #[test]
 fn compare_rejects_what_is_not_a_report() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::test_dir();
     let o = Command::new(gpuprof())
         .arg("compare")
         .arg(dir.path())
@@ -606,7 +617,7 @@ fn compare_rejects_what_is_not_a_report() {
 
 #[test]
 fn doctor_without_a_driver_reports_it_and_checks_the_rest() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::test_dir();
     let data = dir.path().join("data.bin");
     std::fs::write(&data, vec![7u8; 1 << 20]).unwrap();
     let o = Command::new(gpuprof())
@@ -663,7 +674,7 @@ fn every_finding_has_a_docs_section() {
 #[test]
 fn throttled_reads_are_io_bound() {
     let _g = serial();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::test_dir();
     let disk = match SlowDisk::new(
         dir.path(),
         DiskOptions {
@@ -738,7 +749,7 @@ fn throttled_reads_are_io_bound() {
 #[test]
 fn libraries_and_data_files_of_the_job_are_recorded() {
     let _g = serial();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::test_dir();
     let c = dir.path().join("empty.c");
     std::fs::write(&c, "int stand_in(void) { return 0; }\n").unwrap();
     let mut libs = Vec::new();
@@ -810,7 +821,7 @@ fn a_cpu_hog_outside_the_job_is_named_with_its_share() {
         .spawn()
         .expect("taskset runs");
     let hog_pid = hog.id().to_string();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::test_dir();
     let out = dir.path().join("hogged");
     let script = test_script("hogged_job.py");
     let (o, r) = record_cmd(

@@ -105,7 +105,7 @@ const HEALTHY: &[&str] = &[
 #[test]
 fn thermal_throttling_with_its_seconds() {
     let _g = serial();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::test_dir();
     let job = train_sim(HEALTHY);
     let r = run(
         &dir.path().join("thermal"),
@@ -134,7 +134,7 @@ fn thermal_throttling_with_its_seconds() {
 #[test]
 fn memory_nearly_full() {
     let _g = serial();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::test_dir();
     let job = train_sim(HEALTHY);
     let r = run(&dir.path().join("mem"), "memory-full", &[], &strs(&job));
     let f = finding(&r, "gpu-memory-pressure").unwrap_or_else(|| panic!("{:?}", ids(&r)));
@@ -148,7 +148,7 @@ fn memory_nearly_full() {
 #[test]
 fn job_that_never_touches_the_gpu() {
     let _g = serial();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::test_dir();
     // h100.json puts processes whose command line contains train_sim.py on
     // the GPU; this job is not one of them.
     let r = run(
@@ -166,7 +166,7 @@ fn job_that_never_touches_the_gpu() {
 #[test]
 fn cuda_runtime_newer_than_the_driver() {
     let _g = serial();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::test_dir();
     // A stand-in CUDA runtime: an empty shared object with the real name.
     let c = dir.path().join("empty.c");
     std::fs::write(&c, "int cudart_stand_in(void) { return 0; }\n").unwrap();
@@ -235,7 +235,7 @@ const HEAVY_AUGMENTATION: &[&str] = &["--augment-ms", "40", "--gpu-ms", "10", "-
 #[test]
 fn measured_input_bound_then_fixed() {
     let _g = serial();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::test_dir();
     let traced = |name: &str, workers: &str, rest: &[&str]| {
         let log = dir.path().join(format!("{name}.log"));
         let out = dir.path().join(name);
@@ -361,7 +361,7 @@ fn doctor_reports_the_scenarios_pcie_and_throttling() {
     );
 
     // The thermal scenario, throttled from the first instant.
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::test_dir();
     let mut scen: Value = serde_json::from_str(
         &std::fs::read_to_string(sample("gpu/thermal-throttle.json")).unwrap(),
     )
@@ -405,7 +405,7 @@ fn evidence(f: &Value) -> String {
 #[test]
 fn training_loop_work_keeps_the_gpu_waiting() {
     let _g = serial();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::test_dir();
     let (r, _) = activity_job(
         dir.path(),
         "loop",
@@ -455,7 +455,7 @@ fn training_loop_work_keeps_the_gpu_waiting() {
 #[test]
 fn idle_nobody_explains_is_reported_as_unexplained() {
     let _g = serial();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::test_dir();
     let (r, _) = activity_job(
         dir.path(),
         "wait",
@@ -505,7 +505,7 @@ fn cgroup_cpu_quota_is_the_cause_not_the_worker_count() {
         Ok(c) => c,
         Err(why) => skip!("cgroup CPU quota: {why}"),
     };
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::test_dir();
     let (r, _) = activity_job(
         dir.path(),
         "quota",
@@ -554,7 +554,7 @@ fn cgroup_cpu_quota_is_the_cause_not_the_worker_count() {
 #[test]
 fn workers_restarted_every_epoch() {
     let _g = serial();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::test_dir();
     let args = [
         "--workers",
         "2",
@@ -598,7 +598,7 @@ fn workers_restarted_every_epoch() {
 #[test]
 fn checkpoint_writes_stall_the_loop() {
     let _g = serial();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::test_dir();
     let disk = match SlowDisk::new(
         dir.path(),
         DiskOptions {
@@ -665,7 +665,7 @@ fn swapping_in_a_memory_limit_is_host_memory_pressure() {
     if !Path::new("/proc/pressure/memory").exists() {
         skip!("no PSI on this kernel");
     }
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::test_dir();
     let swap = match SwapFile::on(&dir.path().join("swap"), 256) {
         Ok(s) => s,
         Err(why) => skip!("swap for the memory-pressure scenario: {why}"),
@@ -723,7 +723,7 @@ fn swapping_in_a_memory_limit_is_host_memory_pressure() {
 #[test]
 fn power_capped_gpu() {
     let _g = serial();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::test_dir();
     let r = run(
         &dir.path().join("power"),
         "power-cap",
@@ -760,7 +760,7 @@ fn healthy_gpu_bound_job_stays_quiet_on_a_busy_machine() {
             })
         })
         .collect();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::test_dir();
     let mut alarms = Vec::new();
     for i in 0..10 {
         let (r, _) = activity_job(

@@ -128,7 +128,7 @@ macro_rules! need_torch {
 fn a_model_without_a_loader_is_not_batch_preparation() {
     let _g = serial();
     let py = need_torch!();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::test_dir();
     let r = record(&py, &dir.path().join("lstm"), &["lstm", "60"]);
     names_are_readable(&r);
     assert!(
@@ -160,7 +160,7 @@ fn a_model_without_a_loader_is_not_batch_preparation() {
 fn decoding_in_the_main_process_is_batch_preparation() {
     let _g = serial();
     let py = need_torch!();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::test_dir();
     let r = record(&py, &dir.path().join("decode"), &["decode", "60"]);
     names_are_readable(&r);
     let f = finding(&r, "main-process-preprocessing").unwrap_or_else(|| {
@@ -193,7 +193,7 @@ fn decoding_in_the_main_process_is_batch_preparation() {
 fn the_main_threads_account_does_not_depend_on_the_workers() {
     let _g = serial();
     let py = need_torch!();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = common::test_dir();
     let r0 = record(&py, &dir.path().join("w0"), &["conv", "50", "0"]);
     let r2 = record(&py, &dir.path().join("w2"), &["conv", "50", "2"]);
     let (m0, d0, n0) = account(&r0);

@@ -24,7 +24,7 @@ use crate::analysis::stacks::{FrameInfo, Stacks};
 use crate::analysis::Analysis;
 use crate::event::{Pid, Tid};
 
-use super::timeline::{LoopFrom, Timeline};
+use super::timeline::{Cause, LoopFrom, Timeline};
 
 /// What a main or input thread was doing in one sample.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,16 +39,19 @@ enum Phase {
 }
 
 /// Start-up and shutdown bins of a timeline.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Edges {
     /// First bin after start-up: in every sampled bin before it, the main
-    /// and input threads imported (or had not begun Python code) in most
-    /// of their samples, or the input workers imported in most of theirs;
-    /// and they imported in at least one.
+    /// threads imported (or had not begun Python code) in most of their
+    /// samples, and they imported in at least one; or, when later, the end
+    /// of the slowest input worker's imports.
     pub startup_end: Option<usize>,
     /// First bin of shutdown: in every sampled bin from it on, the main
     /// and input threads ran no Python code in most of their samples.
     pub shutdown_from: Option<usize>,
+    /// Bins before the shutdown in which every input worker alive had begun
+    /// its own exit (its interpreter finalizing, after its last batch).
+    pub workers_exiting: BTreeSet<usize>,
 }
 
 /// Is this the file of the import machinery (`<frozen
@@ -100,28 +103,31 @@ fn phase_of_frames<'a>(frames: impl Iterator<Item = &'a FrameInfo>) -> Option<Ph
     }
 }
 
-/// Sample weight per bin and phase: [import, no Python, running].
-type Weights = Vec<[f64; 3]>;
+/// Sample weight per phase: [import, no Python, running].
+type W = [f64; 3];
 
-/// The weights of the main and input threads together, and of the input
-/// workers' threads alone.
-fn weights(a: &Analysis, tl: &Timeline) -> (Weights, Weights) {
-    let threads: BTreeSet<(Pid, Tid)> = tl
-        .mains
-        .iter()
-        .chain(&tl.workers)
-        .map(|t| (t.pid, t.tid))
-        .collect();
+/// One input thread's sample weights, in the bins it was sampled in
+/// (ascending): sparse, so that a day-long recording of many workers
+/// costs what its samples cost, not threads × bins.
+struct ThreadWeights {
+    worker: bool,
+    bins: Vec<(usize, W)>,
+}
+
+/// The weights of the main and input threads that ran Python code.
+fn weights(a: &Analysis, tl: &Timeline) -> Vec<ThreadWeights> {
+    let mains: BTreeSet<(Pid, Tid)> = tl.mains.iter().map(|t| (t.pid, t.tid)).collect();
     let workers: BTreeSet<(Pid, Tid)> = tl.workers.iter().map(|t| (t.pid, t.tid)).collect();
     let st = &a.stacks;
     // One look at each distinct stack, however many samples share it.
     let mut phases: HashMap<u32, Option<Phase>> = HashMap::new();
     let mut phase = |id: u32| *phases.entry(id).or_insert_with(|| phase_of(st, id));
-    let mut w = vec![[0.0; 3]; tl.n];
-    let mut ww = vec![[0.0; 3]; tl.n];
+    let mut out = Vec::new();
     // Samples are sorted by (pid, tid, t): one run per thread.
     for run in st.samples.chunk_by(|x, y| (x.pid, x.tid) == (y.pid, y.tid)) {
-        if !threads.contains(&(run[0].pid, run[0].tid)) {
+        let id = (run[0].pid, run[0].tid);
+        let worker = workers.contains(&id);
+        if !worker && !mains.contains(&id) {
             continue;
         }
         // A thread that never ran Python code (a shell's, a launcher's in
@@ -132,17 +138,68 @@ fn weights(a: &Analysis, tl: &Timeline) -> (Weights, Weights) {
         {
             continue;
         }
-        let worker = workers.contains(&(run[0].pid, run[0].tid));
+        let mut bins: Vec<(usize, W)> = Vec::new();
         for s in run {
             if let (Some(i), Some(p)) = (tl.bin_of(s.t), phase(s.stack)) {
-                w[i][p as usize] += s.weight as f64;
-                if worker {
-                    ww[i][p as usize] += s.weight as f64;
+                match bins.last_mut() {
+                    Some((j, w)) if *j == i => w[p as usize] += s.weight as f64,
+                    _ => {
+                        let mut w = [0.0; 3];
+                        w[p as usize] = s.weight as f64;
+                        bins.push((i, w));
+                    }
                 }
             }
         }
+        out.push(ThreadWeights { worker, bins });
     }
-    (w, ww)
+    out
+}
+
+/// The end of an input worker's own start (the bin after it), before
+/// `limit`: the end of the prefix of its samples in which importing (and,
+/// before its first Python code, the interpreter starting) outweighs
+/// running Python code the most. Summed rather than bin by bin: on a busy
+/// machine a worker gets a few samples a bin or none, and one bin whose
+/// only sample is the program's own code between two imports does not end
+/// an import that goes on after it. None when it imported nothing.
+fn worker_start_end(bins: &[(usize, W)], limit: usize) -> Option<usize> {
+    let first_python = bins
+        .iter()
+        .find(|(_, b)| b[Phase::Import as usize] + b[Phase::Running as usize] > 0.0)
+        .map(|(i, _)| *i);
+    let (mut score, mut best, mut end) = (0.0, 0.0, None);
+    let (mut imported, mut imported_by_best) = (0.0, 0.0);
+    for (i, b) in bins.iter().take_while(|(i, _)| *i < limit) {
+        let starting = first_python.map_or(true, |f| *i <= f);
+        let no_python = if starting {
+            b[Phase::NoPython as usize]
+        } else {
+            0.0
+        };
+        score += b[Phase::Import as usize] + no_python - b[Phase::Running as usize];
+        imported += b[Phase::Import as usize];
+        if score > best {
+            (best, end, imported_by_best) = (score, Some(i + 1), imported);
+        }
+    }
+    end.filter(|_| imported_by_best > 0.0)
+}
+
+/// The first bin of an input worker's own exit: the start of the suffix of
+/// its samples in which the interpreter running no Python code (finalizing
+/// modules, collecting garbage) outweighs Python code the most. None when
+/// its samples end in Python code.
+fn worker_exit_from(bins: &[(usize, W)]) -> Option<usize> {
+    let (mut score, mut best, mut from) = (0.0, 0.0, None);
+    for (i, b) in bins.iter().rev() {
+        score +=
+            b[Phase::NoPython as usize] - b[Phase::Import as usize] - b[Phase::Running as usize];
+        if score > best {
+            (best, from) = (score, Some(*i));
+        }
+    }
+    from
 }
 
 /// The start-up and shutdown of the timeline's main and input threads.
@@ -150,40 +207,90 @@ pub fn find(a: &Analysis, tl: &Timeline) -> Edges {
     if tl.mains.is_empty() || a.stacks.samples.is_empty() {
         return Edges::default();
     }
-    let (w, workers) = weights(a, tl);
-    let sampled = |b: &[f64; 3]| b.iter().sum::<f64>() > 0.0;
+    let threads = weights(a, tl);
+    // All the main and input threads together, and the main threads alone.
+    let (mut all, mut mains) = (vec![[0.0; 3]; tl.n], vec![[0.0; 3]; tl.n]);
+    for t in &threads {
+        for (i, b) in &t.bins {
+            for p in 0..3 {
+                all[*i][p] += b[p];
+                if !t.worker {
+                    mains[*i][p] += b[p];
+                }
+            }
+        }
+    }
+    let sampled = |b: &W| b.iter().sum::<f64>() > 0.0;
     // Shutdown first: the interpreter running no Python code at the end is
     // shutdown even when the run was all start-up before it.
     let mut shutdown_from = None;
-    for (i, b) in w.iter().enumerate().rev().filter(|(_, b)| sampled(b)) {
+    for (i, b) in all.iter().enumerate().rev().filter(|(_, b)| sampled(b)) {
         if b[1] <= b[0] + b[2] {
             break;
         }
         shutdown_from = Some(i);
     }
-    let (mut last_startup, mut imported) = (None, false);
-    for (i, b) in w
+    let limit = shutdown_from.unwrap_or(tl.n);
+    // The main threads' start-up lasts while they mostly import (or have
+    // not begun Python code).
+    let (mut main_end, mut imported) = (None, false);
+    for (i, b) in mains
         .iter()
         .enumerate()
-        .take(shutdown_from.unwrap_or(w.len()))
+        .take(limit)
         .filter(|(_, b)| sampled(b))
     {
-        // Start-up lasts while the threads mostly import, or while the
-        // input workers still do: the first worker ready makes batches and
-        // the loop runs on them while a slower one (on a busy machine, a
-        // spawned worker importing PyTorch takes seconds longer) is still
-        // importing, and the loop's wait for that one is its start-up.
-        let wk = &workers[i];
-        if b[0] + b[1] <= b[2] && wk[0] <= wk[2] {
+        if b[0] + b[1] <= b[2] {
             break;
         }
         imported |= b[0] > 0.0;
-        last_startup = Some(i);
+        main_end = Some(i + 1);
     }
-    let startup_end = last_startup.filter(|_| imported).map(|i| i + 1);
+    // And while an input worker still starts: the first worker ready makes
+    // batches and the loop runs on them while a slower one (on a busy
+    // machine, a spawned worker importing PyTorch takes seconds longer) is
+    // still importing, and the loop's wait for that one is its start-up.
+    let workers_end = threads
+        .iter()
+        .filter(|t| t.worker)
+        .filter_map(|t| {
+            let exit = worker_exit_from(&t.bins).unwrap_or(usize::MAX);
+            worker_start_end(&t.bins, limit.min(exit))
+        })
+        .max();
+    let startup_end = main_end.filter(|_| imported).max(workers_end);
+    // Bins in which every input worker alive was exiting: they were not
+    // making batches.
+    let mut workers_exiting = BTreeSet::new();
+    let spans: Vec<(usize, usize, Option<usize>)> = threads
+        .iter()
+        .filter(|t| t.worker && !t.bins.is_empty())
+        .map(|t| {
+            (
+                t.bins[0].0,
+                t.bins[t.bins.len() - 1].0,
+                worker_exit_from(&t.bins),
+            )
+        })
+        .collect();
+    for (_, last, exit) in &spans {
+        for i in exit
+            .iter()
+            .flat_map(|&e| e..=(*last).min(limit.saturating_sub(1)))
+        {
+            let all_exiting = spans
+                .iter()
+                .filter(|(f, l, _)| (*f..=*l).contains(&i))
+                .all(|(_, _, e)| e.is_some_and(|e| e <= i));
+            if all_exiting {
+                workers_exiting.insert(i);
+            }
+        }
+    }
     Edges {
         startup_end,
         shutdown_from,
+        workers_exiting,
     }
 }
 
@@ -191,7 +298,8 @@ pub fn find(a: &Analysis, tl: &Timeline) -> Edges {
 /// steps were found and the recording saw the job start (else what
 /// comes before the first step is not start-up), else the end of the
 /// imports of the main and input threads. Bins of those imports and of
-/// the shutdown (found with or without steps) get no cause.
+/// the shutdown (found with or without steps) get no cause; nor does a
+/// bin in which the workers were saturated only by their own exit.
 pub fn set_edges(a: &Analysis, tl: &mut Timeline) {
     let edges = find(a, tl);
     let first_step = a
@@ -214,6 +322,11 @@ pub fn set_edges(a: &Analysis, tl: &mut Timeline) {
         tl.shutdown_from = b.max(tl.loop_from).min(tl.n);
         for c in &mut tl.cause[tl.shutdown_from..] {
             *c = None;
+        }
+    }
+    for &i in &edges.workers_exiting {
+        if tl.cause[i] == Some(Cause::PipelineSaturated) {
+            tl.cause[i] = None;
         }
     }
 }
@@ -241,6 +354,52 @@ mod tests {
             eval,
             line: None,
         }
+    }
+
+    #[test]
+    fn a_workers_start_outlasts_bins_without_its_imports() {
+        // [import, no Python, running] per sampled bin. A busy machine: the
+        // interpreter starts, imports, a bin without samples (11), one
+        // whose only sample is the program's code between two imports (12),
+        // more imports, then batches.
+        let bins = [
+            (10, [0.0, 2.0, 0.0]),
+            (11, [3.0, 0.0, 0.0]),
+            (12, [0.0, 0.0, 1.0]),
+            (14, [2.0, 0.0, 0.0]),
+            (15, [3.0, 0.0, 1.0]),
+            (16, [0.0, 0.0, 2.0]),
+            (17, [0.0, 0.0, 3.0]),
+        ];
+        assert_eq!(worker_start_end(&bins, usize::MAX), Some(16));
+        assert_eq!(worker_start_end(&bins, 13), Some(12));
+        // A worker that imports nothing (forked) has no start of its own,
+        // nor does one whose interpreter only ever starts.
+        let forked = [(3, [0.0, 0.0, 2.0]), (4, [0.0, 0.0, 1.0])];
+        assert_eq!(worker_start_end(&forked, usize::MAX), None);
+        assert_eq!(worker_start_end(&[(1, [0.0, 3.0, 0.0])], usize::MAX), None);
+        // Its interpreter exiting at the end is no start, however long.
+        let exits = [
+            (1, [2.0, 0.0, 0.0]),
+            (2, [0.0, 0.0, 1.0]),
+            (9, [0.0, 9.0, 0.0]),
+        ];
+        assert_eq!(worker_start_end(&exits, usize::MAX), Some(2));
+    }
+
+    #[test]
+    fn a_workers_exit_is_its_trailing_interpreter_time() {
+        let bins = [
+            (1, [4.0, 0.0, 0.0]),
+            (5, [0.0, 0.0, 2.0]),
+            (6, [0.0, 1.0, 1.0]),
+            (7, [0.0, 3.0, 0.0]),
+            // An object's `__del__` running Python code while it exits.
+            (8, [0.0, 2.0, 1.0]),
+            (9, [0.0, 3.0, 0.0]),
+        ];
+        assert_eq!(worker_exit_from(&bins), Some(7));
+        assert_eq!(worker_exit_from(&bins[..2]), None);
     }
 
     #[test]

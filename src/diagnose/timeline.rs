@@ -393,17 +393,27 @@ impl Sums {
     ) -> InputThread {
         let (from, to) = p.lifetime(end);
         spread(&mut self.alive, start, bin_ns, from, to, 1.0);
+        // Clipped to the process's life, so that the shares divided by the
+        // threads alive stay shares: a state read last before the exit
+        // holds until the next reading, after it.
+        let life = |t0: MonoNs, t1: MonoNs| (t0.max(from), t1.min(to));
         for run in &t.state_runs {
+            let (t0, t1) = life(run.from, run.to);
             // A merged run (long recordings) holds both states in part.
             if run.r_ns > 0 {
-                spread(&mut self.r, start, bin_ns, run.from, run.to, run.share('R'));
+                spread(&mut self.r, start, bin_ns, t0, t1, run.share('R'));
             }
             if run.d_ns > 0 {
-                spread(&mut self.d, start, bin_ns, run.from, run.to, run.share('D'));
+                spread(&mut self.d, start, bin_ns, t0, t1, run.share('D'));
             }
         }
         for pt in t.cpu.points() {
-            spread(&mut self.cpu, start, bin_ns, pt.t0, pt.t1, pt.v);
+            // The CPU time of a reading was all used while alive.
+            let (t0, t1) = life(pt.t0, pt.t1);
+            if t1 > t0 {
+                let v = pt.v * (pt.t1.0 - pt.t0.0) as f64 / (t1.0 - t0.0) as f64;
+                spread(&mut self.cpu, start, bin_ns, t0, t1, v);
+            }
         }
         InputThread {
             pid: p.pid,

@@ -1260,3 +1260,33 @@ pub fn node_reader(script: &str, modules: &Path, file: &Path) -> Value {
     );
     serde_json::from_slice(&o.stdout).expect("the reader prints JSON")
 }
+
+/// A temporary folder for one test's recordings, removed when the test
+/// passes and kept when it fails (its path printed), so that a failure seen
+/// once on a busy machine can be read afterwards with `gpuprof report`.
+pub struct TestDir(Option<tempfile::TempDir>);
+
+#[allow(dead_code)]
+pub fn test_dir() -> TestDir {
+    TestDir(Some(tempfile::tempdir().expect("a temporary folder")))
+}
+
+#[allow(dead_code)]
+impl TestDir {
+    pub fn path(&self) -> &Path {
+        self.0.as_ref().expect("alive until dropped").path()
+    }
+}
+
+impl Drop for TestDir {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            if let Some(d) = self.0.take() {
+                eprintln!(
+                    "the test failed: its recordings are kept in {}",
+                    d.keep().display()
+                );
+            }
+        }
+    }
+}
