@@ -42,9 +42,10 @@ enum Phase {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Edges {
     /// First bin after start-up: in every sampled bin before it, the main
-    /// threads imported (or had not begun Python code) in most of their
-    /// samples, and they imported in at least one; or, when later, the end
-    /// of the slowest input worker's imports.
+    /// and input threads imported (or had not begun Python code) in most
+    /// of their samples, and they imported in at least one; or, when later, the end
+    /// of the imports of the slowest input worker of those that began
+    /// before any was ready.
     pub startup_end: Option<usize>,
     /// First bin of shutdown: in every sampled bin from it on, the main
     /// and input threads ran no Python code in most of their samples.
@@ -202,21 +203,44 @@ fn worker_exit_from(bins: &[(usize, W)]) -> Option<usize> {
     from
 }
 
+/// The end of the input workers' start: of the slowest of those that
+/// began before any worker was ready (a later generation — workers
+/// restarted every epoch, a validation loader's — does not make its own
+/// start the job's).
+fn workers_start_end<'a>(
+    workers: impl Iterator<Item = &'a [(usize, W)]>,
+    limit: usize,
+) -> Option<usize> {
+    let starts: Vec<(usize, Option<usize>)> = workers
+        .filter(|bins| !bins.is_empty())
+        .map(|bins| {
+            let exit = worker_exit_from(bins).unwrap_or(usize::MAX);
+            (bins[0].0, worker_start_end(bins, limit.min(exit)))
+        })
+        .collect();
+    let first_ready = starts
+        .iter()
+        .map(|(first, end)| end.unwrap_or(*first))
+        .min()?;
+    starts
+        .iter()
+        .filter(|(first, _)| *first < first_ready)
+        .filter_map(|(_, end)| *end)
+        .max()
+}
+
 /// The start-up and shutdown of the timeline's main and input threads.
 pub fn find(a: &Analysis, tl: &Timeline) -> Edges {
     if tl.mains.is_empty() || a.stacks.samples.is_empty() {
         return Edges::default();
     }
     let threads = weights(a, tl);
-    // All the main and input threads together, and the main threads alone.
-    let (mut all, mut mains) = (vec![[0.0; 3]; tl.n], vec![[0.0; 3]; tl.n]);
+    // All the main and input threads together.
+    let mut all = vec![[0.0; 3]; tl.n];
     for t in &threads {
         for (i, b) in &t.bins {
             for p in 0..3 {
                 all[*i][p] += b[p];
-                if !t.worker {
-                    mains[*i][p] += b[p];
-                }
             }
         }
     }
@@ -231,10 +255,10 @@ pub fn find(a: &Analysis, tl: &Timeline) -> Edges {
         shutdown_from = Some(i);
     }
     let limit = shutdown_from.unwrap_or(tl.n);
-    // The main threads' start-up lasts while they mostly import (or have
-    // not begun Python code).
-    let (mut main_end, mut imported) = (None, false);
-    for (i, b) in mains
+    // Start-up lasts while the threads mostly import (or have not begun
+    // Python code)...
+    let (mut threads_end, mut imported) = (None, false);
+    for (i, b) in all
         .iter()
         .enumerate()
         .take(limit)
@@ -244,21 +268,19 @@ pub fn find(a: &Analysis, tl: &Timeline) -> Edges {
             break;
         }
         imported |= b[0] > 0.0;
-        main_end = Some(i + 1);
+        threads_end = Some(i + 1);
     }
-    // And while an input worker still starts: the first worker ready makes
-    // batches and the loop runs on them while a slower one (on a busy
-    // machine, a spawned worker importing PyTorch takes seconds longer) is
-    // still importing, and the loop's wait for that one is its start-up.
-    let workers_end = threads
-        .iter()
-        .filter(|t| t.worker)
-        .filter_map(|t| {
-            let exit = worker_exit_from(&t.bins).unwrap_or(usize::MAX);
-            worker_start_end(&t.bins, limit.min(exit))
-        })
-        .max();
-    let startup_end = main_end.filter(|_| imported).max(workers_end);
+    // ...and while an input worker still starts: the first worker ready
+    // makes batches and the loop runs on them while a slower one (on a
+    // busy machine, a spawned worker importing PyTorch takes seconds
+    // longer) is still importing, and the loop's wait for that one is its
+    // start-up. Read per worker, from all its samples: bin by bin, on a
+    // busy machine, one stray sample ends it.
+    let workers_end = workers_start_end(
+        threads.iter().filter(|t| t.worker).map(|t| &t.bins[..]),
+        limit,
+    );
+    let startup_end = threads_end.filter(|_| imported).max(workers_end);
     // Bins in which every input worker alive was exiting: they were not
     // making batches.
     let mut workers_exiting = BTreeSet::new();
@@ -385,6 +407,34 @@ mod tests {
             (9, [0.0, 9.0, 0.0]),
         ];
         assert_eq!(worker_start_end(&exits, usize::MAX), Some(2));
+    }
+
+    #[test]
+    fn only_the_first_generation_of_workers_starts_the_job() {
+        let imports = |from: usize, to: usize| -> Vec<(usize, W)> {
+            let mut v: Vec<(usize, W)> = (from..to).map(|i| (i, [3.0, 0.0, 0.0])).collect();
+            v.extend((to..to + 5).map(|i| (i, [0.0, 0.0, 2.0])));
+            v
+        };
+        // Two spawned workers, one ready at bin 30, the other at 42.
+        let (a, b) = (imports(10, 30), imports(11, 42));
+        let gen1 = [&a[..], &b[..]];
+        assert_eq!(
+            workers_start_end(gen1.iter().copied(), usize::MAX),
+            Some(42)
+        );
+        // Restarted at bin 200: the next generation's imports are no start.
+        let c = imports(200, 230);
+        let both = [&a[..], &b[..], &c[..]];
+        assert_eq!(
+            workers_start_end(both.iter().copied(), usize::MAX),
+            Some(42)
+        );
+        // Forked workers, ready at once, and one importing later on.
+        let forked: Vec<(usize, W)> = (5..50).map(|i| (i, [0.0, 0.0, 1.0])).collect();
+        let late = imports(60, 70);
+        let fl = [&forked[..], &late[..]];
+        assert_eq!(workers_start_end(fl.iter().copied(), usize::MAX), None);
     }
 
     #[test]
