@@ -6,7 +6,9 @@ read the same blocked frames:
   name is not ASCII (a Latin-1 string);
 - functions compiled anew each step from one of two sources, whose code
   objects are freed and often reborn at the address of the other one;
-- with THREADS > 0, that many helper threads blocked in a condition wait.
+- with THREADS > 0, that many helper threads blocked in a condition wait,
+  started 0.4 s into the loop: after a reader first walked the
+  interpreter's thread list, so that it must notice threads started later.
 
     python blocked_frames.py [SECONDS] [THREADS]
 """
@@ -60,12 +62,14 @@ def main():
     stop = threading.Event()
     cond = threading.Condition()
     helpers = [threading.Thread(target=helper, args=(cond, stop)) for _ in range(threads)]
-    for t in helpers:
-        t.start()
     loader = Loader()
     start = time.monotonic()
-    i = 0
+    i, started = 0, False
     while time.monotonic() - start < seconds:
+        if not started and time.monotonic() - start >= 0.4:
+            for t in helpers:
+                t.start()
+            started = True
         step(i, loader)
         i += 1
     stop.set()

@@ -199,8 +199,17 @@ pub struct PyReader {
     gen: u32,
     /// When the thread list was last walked: a wanted thread not in it
     /// since is taken for one that runs no Python (a native helper) until
-    /// it is walked again, [`RELIST_AFTER`] later.
+    /// it is walked again, [`RELIST_AFTER`] later — or sooner, when the
+    /// list's head moved since (CPython puts a new thread's state at the
+    /// head), or the walk found a thread state not yet bound to its thread.
     listed: Option<Instant>,
+    /// The interpreter whose thread list was walked (0: not yet), and the
+    /// list's head then.
+    interp: u64,
+    head: u64,
+    /// The walk found a thread state whose thread had not started yet
+    /// (3.11+: its native id still 0).
+    unbound: bool,
     /// Looks served.
     pub reads: u64,
 }
@@ -291,6 +300,9 @@ impl PyReader {
                 codes: HashMap::new(),
                 gen: 0,
                 listed: None,
+                interp: 0,
+                head: 0,
+                unbound: false,
                 reads: 0,
             };
             if r.current() {
@@ -319,6 +331,12 @@ impl PyReader {
         if self.gil != 0 {
             remote.push(iov(self.gil, GIL_READ));
         }
+        // The thread list's head, to tell a thread started since the last
+        // walk (not known yet) from one that runs no Python.
+        let interp = self.interp;
+        if interp != 0 {
+            remote.push(iov(interp + lay.o(INTERP_TSTATE_HEAD) as u64, 8));
+        }
         let known: Vec<(Tid, Thread)> = tids
             .iter()
             .filter_map(|t| self.threads.get(t).map(|th| (*t, *th)))
@@ -346,9 +364,12 @@ impl PyReader {
             at += GIL_READ;
             (u32_in(g, GIL_LOCKED) != 0).then(|| u64_in(g, GIL_HOLDER))
         });
+        let head = (interp != 0).then(|| {
+            at += 8;
+            u64_in(&buf, at - 8)
+        });
         let mut blocks: HashMap<Tid, (u64, Vec<u8>)> = HashMap::new();
-        let mut stale =
-            known.len() < tids.len() && self.listed.map_or(true, |t| t.elapsed() >= RELIST_AFTER);
+        let mut stale = known.len() < tids.len() && self.relist_due(head);
         for (tid, th) in &known {
             let b = &buf[at..at + ts_read];
             at += ts_read;
@@ -362,6 +383,20 @@ impl PyReader {
             return self.read_listed(tids, Some((gen, gil.flatten())));
         }
         self.read_blocks(tids, blocks, gen, gil.flatten())
+    }
+
+    /// Whether a wanted thread that is not in the list walked last calls
+    /// for walking it again: the list changed (its head moved, or a thread
+    /// state found then was not yet bound to its thread), or it was walked
+    /// [`RELIST_AFTER`] ago. Otherwise the thread runs no Python.
+    fn relist_due(&self, head: Option<u64>) -> bool {
+        let Some(listed) = self.listed else {
+            return true;
+        };
+        let since = listed.elapsed();
+        head.is_some_and(|h| h != self.head)
+            || (self.unbound && since >= HOLDER_RELIST)
+            || since >= RELIST_AFTER
     }
 
     /// Whether a thread state read (`b`) is still `tid`'s.
@@ -430,6 +465,7 @@ impl PyReader {
             return Err(ReadError::Inconsistent);
         }
         let mut ts = u64_in(&b, 0);
+        (self.interp, self.head) = (interp, ts);
         if l.off[GIL_IN_INTERP] == 1 {
             self.gil = u64_in(&b, 8);
         }
@@ -444,6 +480,9 @@ impl PyReader {
         self.threads.clear();
         let mut out = HashMap::new();
         if l.off[TS_NATIVE_TID] >= 0 {
+            self.unbound = found
+                .iter()
+                .any(|(_, blk)| u64_in(blk, l.o(TS_NATIVE_TID)) == 0);
             for (ts, blk) in found {
                 let tid = Tid(u64_in(&blk, l.o(TS_NATIVE_TID)) as i32);
                 let pthread = u64_in(&blk, l.o(TS_THREAD_ID));
