@@ -127,25 +127,32 @@ pub fn analyze(d: &StackData, window: (MonoNs, MonoNs)) -> Collectives {
             (key, marks)
         })
         .collect();
-    let spans = steady_states(&looked);
-    let mut steady = Vec::new();
-    for (key, mut marks) in looked {
-        if let Some(&(lo, hi)) = spans.get(&key) {
-            marks = marks[lo..hi].to_vec();
-            steady.push(key);
-        }
+    let (looked, steady) = cut_to_steady_states(looked);
+    for (key, marks) in looked {
         threads.insert(key, marks);
         if let Some(dm) = wall_dist.get(&key) {
             dist.insert(key, dm.clone());
         }
     }
-    let mut out = waits(&names, threads, &dist);
-    for w in &mut out.threads {
-        if steady.contains(&(w.pid, w.tid)) {
-            w.counted_from = CountedFrom::RecurringCollective;
-        }
-    }
-    out
+    waits(&names, threads, &dist, &steady)
+}
+
+/// The looked-at threads' marks, each cut to its steady state where it has
+/// one ([`steady_states`]), and the threads that have one.
+fn cut_to_steady_states(looked: Marks) -> (Marks, Vec<(Pid, Tid)>) {
+    let spans = steady_states(&looked);
+    let mut steady = Vec::new();
+    let cut = looked
+        .into_iter()
+        .map(|(key, marks)| match spans.get(&key) {
+            Some(&(lo, hi)) => {
+                steady.push(key);
+                (key, marks[lo..hi].to_vec())
+            }
+            None => (key, marks),
+        })
+        .collect();
+    (cut, steady)
 }
 
 /// Each thread's steady state (indices into its looks). The loop's steady
@@ -259,8 +266,15 @@ pub const MIN_STEADY_EXITS: usize = 3;
 type Marks = BTreeMap<(Pid, Tid), Vec<(MonoNs, Option<u32>)>>;
 
 /// [`analyze`] on the threads' samples marked with their collective
-/// (`threads`) and with distributed code (`dist`).
-fn waits(names: &[String], threads: Marks, dist: &Marks) -> Collectives {
+/// (`threads`) and with distributed code (`dist`). The samples of a
+/// thread in `steady` are already cut to the loop's steady state, and all
+/// of them count: that stretch is the same for every rank, and another
+/// rank's first exit inside it is no start. A straggler's first exit seen
+/// came at the end of the loop, on a loaded machine where the waiting rank
+/// was never seen leaving its all-reduce (its CPU bursts between steps
+/// were ~2 ms), and the waiting rank was then counted over its last 42
+/// looks: 0.4 s lost of 2.7 s.
+fn waits(names: &[String], threads: Marks, dist: &Marks, steady: &[(Pid, Tid)]) -> Collectives {
     let mut out = Collectives::default();
     let mut per_thread = Vec::new();
     for ((pid, tid), samples) in threads {
@@ -272,7 +286,10 @@ fn waits(names: &[String], threads: Marks, dist: &Marks) -> Collectives {
             .get(&(pid, tid))
             .and_then(|v| v.iter().find(|s| s.1.is_some()))
             .map(|s| s.0);
-        let lo = from.map_or(0, |f| samples.partition_point(|s| s.0 < f));
+        let lo = match steady.contains(&(pid, tid)) {
+            true => 0,
+            false => from.map_or(0, |f| samples.partition_point(|s| s.0 < f)),
+        };
         per_thread.push((pid, tid, samples, lo, from.is_some()));
     }
     let mut exits: Vec<MonoNs> = per_thread
@@ -307,17 +324,21 @@ fn waits(names: &[String], threads: Marks, dist: &Marks) -> Collectives {
         //   From the start, the first collective's start-up skew counts;
         // - the thread's first sample in distributed code (set-up such as
         //   imports after `init_process_group` dilutes the share).
-        let (count_from, from) = [
-            (inside(&exits), CountedFrom::FirstCollectiveEnd),
-            (inside(&entries), CountedFrom::FirstCollectiveStart),
-        ]
-        .into_iter()
-        .find_map(|(t, f)| t.filter(|t| after(*t) >= MIN_SAMPLES).map(|t| (t, f)))
-        .unwrap_or(if distributed {
-            (MonoNs(0), CountedFrom::FirstDistributedSample)
+        let (count_from, from) = if steady.contains(&(pid, tid)) {
+            (MonoNs(0), CountedFrom::RecurringCollective)
         } else {
-            (MonoNs(0), CountedFrom::FirstSample)
-        });
+            [
+                (inside(&exits), CountedFrom::FirstCollectiveEnd),
+                (inside(&entries), CountedFrom::FirstCollectiveStart),
+            ]
+            .into_iter()
+            .find_map(|(t, f)| t.filter(|t| after(*t) >= MIN_SAMPLES).map(|t| (t, f)))
+            .unwrap_or(if distributed {
+                (MonoNs(0), CountedFrom::FirstDistributedSample)
+            } else {
+                (MonoNs(0), CountedFrom::FirstSample)
+            })
+        };
         let mut w = thread_waits(pid, tid, s, names, count_from);
         w.counted_from = from;
         out.threads.push(w);
@@ -483,6 +504,42 @@ mod tests {
         assert_eq!(steady_states(&threads)[&k2], own);
     }
 
+    /// On a loaded machine the waiting rank is never seen leaving its
+    /// all-reduce (a burst of ~2 ms of CPU between steps, looks 10 ms
+    /// apart), and the straggler is seen leaving a collective once, near
+    /// the end of the loop. Both are counted over the whole steady state:
+    /// the straggler's late exit is not where the waiting rank's count
+    /// starts (it was: 0.4 s lost of 2.7 s).
+    #[test]
+    fn a_late_exit_of_another_rank_does_not_shorten_the_steady_state() {
+        // Rank 0: imports, a set-up wait (mark 1), 300 looks inside the
+        // all-reduce (mark 0), shutdown.
+        let mut r0 = vec![None; 100];
+        r0.extend([Some(1); 9]);
+        r0.extend([Some(0); 300]);
+        r0.extend([None; 100]);
+        // Rank 1: imports, a set-up wait, its loop outside collectives but
+        // for one look inside the all-reduce 40 looks before the end.
+        let mut r1 = vec![None; 100];
+        r1.extend([Some(1); 6]);
+        r1.extend([None; 263]);
+        r1.push(Some(0));
+        r1.extend([None; 139]);
+        let (k0, k1) = ((Pid(10), Tid(10)), (Pid(11), Tid(11)));
+        let looked: Marks = [(k0, every_10_ms(&r0)), (k1, every_10_ms(&r1))].into();
+        let (cut, steady) = cut_to_steady_states(looked);
+        assert_eq!(cut[&k0].len(), 300);
+        assert_eq!(steady, vec![k0, k1]);
+        let names = ["all-reduce".to_string(), "set-up".to_string()];
+        let c = waits(&names, cut, &Marks::new(), &steady);
+        let (w0, w1) = (&c.threads[0], &c.threads[1]);
+        assert_eq!(w0.samples, 300, "rank 0 counted over its whole loop");
+        assert!(w0.wait_s > 2.9, "{}", w0.wait_s);
+        assert_eq!(w0.counted_from, CountedFrom::RecurringCollective);
+        assert_eq!(w1.counted_from, CountedFrom::RecurringCollective);
+        assert!(w1.share() < 0.01, "{}", w1.share());
+    }
+
     #[test]
     fn collective_frames_are_recognised_by_function_and_file() {
         let f = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py";
@@ -535,7 +592,7 @@ mod tests {
         let names = ["all_reduce".to_string()];
         let threads: Marks = [((Pid(10), Tid(10)), r0), ((Pid(11), Tid(11)), r1)].into();
         let dist: Marks = [((Pid(10), Tid(10)), d0), ((Pid(11), Tid(11)), d1)].into();
-        let c = waits(&names, threads, &dist);
+        let c = waits(&names, threads, &dist, &[]);
         let (w0, w1) = (&c.threads[0], &c.threads[1]);
         assert!((w0.share() - 0.5).abs() < 0.02, "{}", w0.share());
         assert!(w1.share() < 0.01, "start-up skew counted: {}", w1.share());
@@ -564,7 +621,7 @@ mod tests {
         ]
         .into();
         let threads: Marks = [((Pid(1), Tid(1)), launcher), ((Pid(2), Tid(2)), rank)].into();
-        let c = waits(&names, threads, &dist);
+        let c = waits(&names, threads, &dist, &[]);
         let r = &c.threads[1];
         assert_eq!(
             r.samples, 170,
@@ -598,7 +655,7 @@ mod tests {
         let names = ["all_reduce".to_string()];
         let threads: Marks = [((Pid(1), Tid(1)), a), ((Pid(2), Tid(2)), b)].into();
         let dist: Marks = [((Pid(1), Tid(1)), dist_a), ((Pid(2), Tid(2)), dist_b)].into();
-        let c = waits(&names, threads, &dist);
+        let c = waits(&names, threads, &dist, &[]);
         let w = &c.threads[1];
         assert_eq!((w.samples, w.wait_samples), (145, 35 + 55), "{w:?}");
     }
@@ -623,7 +680,7 @@ mod tests {
         };
         let dist: Marks = [((Pid(1), Tid(1)), dist(&r0)), ((Pid(2), Tid(2)), dist(&r1))].into();
         let threads: Marks = [((Pid(1), Tid(1)), r0), ((Pid(2), Tid(2)), r1)].into();
-        let c = waits(&["all_reduce".to_string()], threads, &dist);
+        let c = waits(&["all_reduce".to_string()], threads, &dist, &[]);
         let (w0, w1) = (&c.threads[0], &c.threads[1]);
         for w in [w0, w1] {
             assert_eq!(w.counted_from, CountedFrom::FirstCollectiveStart, "{w:?}");
@@ -646,6 +703,7 @@ mod tests {
             &names,
             [((Pid(2), Tid(2)), b.clone())].into(),
             &Marks::new(),
+            &[],
         );
         let w = &alone.threads[0];
         assert_eq!((w.samples, w.wait_samples), (60, 0));
@@ -656,6 +714,7 @@ mod tests {
             &names,
             [((Pid(1), Tid(1)), a), ((Pid(2), Tid(2)), b)].into(),
             &dist_a,
+            &[],
         );
         let w = &both.threads[1];
         assert_eq!(

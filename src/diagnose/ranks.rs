@@ -531,7 +531,7 @@ fn counted_from(s: &RankFigures, others: &[&RankFigures], hosts: usize) -> Strin
         (CountedFrom::FirstCollectiveStart, "from the first sample inside a collective, as no exit from one was sampled early enough: the first collective's start-up skew is included"),
         (CountedFrom::FirstDistributedSample, "from the rank's first sample in distributed code, as no collective was sampled early enough: set-up and start-up skew are included"),
         (CountedFrom::FirstSample, "from the rank's first sample, as it was never sampled in distributed code (none of its time was seen in a collective)"),
-        (CountedFrom::RecurringCollective, "over the training loop's steady state: from the first to the last exit from the collective the rank's main thread left most often"),
+        (CountedFrom::RecurringCollective, "over the training loop's steady state, the same stretch of time on every rank: that of the main thread seen most inside its per-step collective, from its first exit from it (or, never seen leaving it, its first look inside) to its last look inside"),
     ] {
         let rs: Vec<&RankFigures> = all
             .iter()
