@@ -546,11 +546,19 @@ fn from_stacks(a: &Analysis, only: Option<Pid>) -> Option<StackSteps> {
     let mut runs: HashMap<&str, Vec<Run>> = HashMap::new();
     let mut k = 0usize;
     let mut prev_t: Option<MonoNs> = None;
+    let wall = a.waits.thread(pid, tid);
     for s in &samples {
         // Samples come every period of CPU time: a wall gap of more than
         // two periods means the thread was off its CPU in between, and
-        // may have left the function and come back meanwhile.
-        let on_cpu = prev_t.is_some_and(|p| s.t.0.saturating_sub(p.0) <= 2 * period);
+        // may have left the function and come back meanwhile — unless the
+        // wall-clock sampler's looks say it stayed runnable: preempted on
+        // a busy machine, not waiting. Without that, two hogs on two cores
+        // left a PyTorch loop's backward passes (34-60 ms of CPU each) one
+        // sample per entry and its steps unfound.
+        let on_cpu = prev_t.is_some_and(|p| {
+            s.t.0.saturating_sub(p.0) <= 2 * period
+                || wall.is_some_and(|w| w.stayed_runnable(p, s.t))
+        });
         let mut seen = BTreeSet::new();
         for f in st.stack(s.stack).filter(|f| is_py(f)) {
             if !seen.insert(f) {

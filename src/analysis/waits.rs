@@ -248,6 +248,37 @@ pub struct ThreadWall {
     /// track of the trace.
     #[serde(skip)]
     pub runs: Vec<WaitRun>,
+    /// Its stretches of looks that did not find it on a CPU (blocked in
+    /// any class, or woke while read), over its whole life, in time order;
+    /// the first and last of its looks; their median spacing (ns). See
+    /// [`ThreadWall::stayed_runnable`].
+    #[serde(skip)]
+    pub not_running: Vec<(MonoNs, MonoNs)>,
+    #[serde(skip)]
+    pub looked: (MonoNs, MonoNs),
+    #[serde(skip)]
+    pub look_every_ns: u64,
+}
+
+impl ThreadWall {
+    /// Whether its looks say it stayed runnable (on a CPU, or waiting for
+    /// one: `/proc/PID/task/TID/syscall` reads `running` for both) from
+    /// `a` to `b`: looked at in between (the stretch lies inside its looks
+    /// and spans at least two of their spacings) and never found blocked
+    /// there. A thread sampled every period of its CPU time whose samples
+    /// come far apart on a busy machine was preempted, not blocked: it
+    /// did not leave what it was running to wait for something.
+    pub fn stayed_runnable(&self, a: MonoNs, b: MonoNs) -> bool {
+        if self.look_every_ns == 0
+            || a < self.looked.0
+            || b > self.looked.1
+            || b.0.saturating_sub(a.0) < 2 * self.look_every_ns
+        {
+            return false;
+        }
+        let i = self.not_running.partition_point(|r| r.1 <= a);
+        self.not_running.get(i).map_or(true, |r| r.0 >= b)
+    }
 }
 
 /// Consecutive looks that found a thread blocked in one class: from the
@@ -329,6 +360,11 @@ pub fn analyze(d: &StackData, window: (MonoNs, MonoNs)) -> Waits {
             w.window = (a.0, MonoNs(b.0 .0 + weight_of(slots.len() - 1)));
         }
         w.runs = wait_runs(all, median.min(cap), cap);
+        w.not_running = not_running(all, median.min(cap), cap);
+        if let (Some(a), Some(b)) = (all.first(), all.last()) {
+            w.looked = (a.0, b.0);
+        }
+        w.look_every_ns = median;
         let mut other: BTreeMap<String, u64> = BTreeMap::new();
         let mut holders: BTreeMap<String, f64> = BTreeMap::new();
         let mut paths: BTreeMap<u32, [String; 2]> = BTreeMap::new();
@@ -405,6 +441,24 @@ fn wait_runs(slots: &[(MonoNs, u64, Slot)], last: u64, cap: u64) -> Vec<WaitRun>
             }),
         }
         open = true;
+    }
+    out
+}
+
+/// The stretches of a thread's looks that did not find it on a CPU (see
+/// [`ThreadWall::not_running`]), each look standing for the time to the
+/// next (capped).
+fn not_running(slots: &[(MonoNs, u64, Slot)], last: u64, cap: u64) -> Vec<(MonoNs, MonoNs)> {
+    let mut out: Vec<(MonoNs, MonoNs)> = Vec::new();
+    for (i, (t, _, slot)) in slots.iter().enumerate() {
+        if matches!(slot, Slot::OnCpu) {
+            continue;
+        }
+        let end = MonoNs(t.0 + slots.get(i + 1).map_or(last, |n| (n.0 .0 - t.0).min(cap)));
+        match out.last_mut() {
+            Some(r) if r.1 >= *t => r.1 = end,
+            _ => out.push((*t, end)),
+        }
     }
     out
 }
@@ -641,6 +695,61 @@ mod tests {
             name: Some(name),
             file: "/lib/libx.so",
         }
+    }
+
+    /// Looks every 10 ms: on a CPU (runnable) for 50 ms, blocked for 20,
+    /// a read dropped (woke while read), on a CPU again. Only a stretch
+    /// with looks and none of them off a CPU stayed runnable.
+    #[test]
+    fn a_thread_stayed_runnable_only_where_every_look_found_it_so() {
+        const MS: u64 = 1_000_000;
+        let blocked = || Slot::Blocked(WaitClass::Other, String::new(), None);
+        let kinds = [
+            Slot::OnCpu,
+            Slot::OnCpu,
+            Slot::OnCpu,
+            Slot::OnCpu,
+            Slot::OnCpu,
+            blocked(),
+            blocked(),
+            Slot::OnCpu,
+            Slot::OnCpu,
+            Slot::Unknown,
+            Slot::OnCpu,
+            Slot::OnCpu,
+            Slot::OnCpu,
+        ];
+        let slots: Vec<(MonoNs, u64, Slot)> = kinds
+            .into_iter()
+            .enumerate()
+            .map(|(i, k)| (MonoNs(1_000 * MS + i as u64 * 10 * MS), 1, k))
+            .collect();
+        let w = ThreadWall {
+            not_running: not_running(&slots, 10 * MS, 20 * MS),
+            looked: (slots[0].0, slots[12].0),
+            look_every_ns: 10 * MS,
+            ..Default::default()
+        };
+        assert_eq!(
+            w.not_running,
+            vec![
+                (MonoNs(1_050 * MS), MonoNs(1_070 * MS)),
+                (MonoNs(1_090 * MS), MonoNs(1_100 * MS))
+            ]
+        );
+        let at = |ms: u64| MonoNs(ms * MS);
+        assert!(w.stayed_runnable(at(1_001), at(1_045)));
+        assert!(
+            !w.stayed_runnable(at(1_001), at(1_012)),
+            "too short to tell"
+        );
+        assert!(
+            !w.stayed_runnable(at(1_030), at(1_060)),
+            "blocked in between"
+        );
+        assert!(!w.stayed_runnable(at(1_072), at(1_095)), "woke while read");
+        assert!(w.stayed_runnable(at(1_100), at(1_120)));
+        assert!(!w.stayed_runnable(at(990), at(1_030)), "before its looks");
     }
 
     #[test]
