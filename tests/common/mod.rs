@@ -1187,12 +1187,19 @@ pub fn assert_idle_accounted(r: &Value) -> (f64, f64, f64) {
     let steady = g["idle"]["steady_s"].as_f64().expect("idle.steady_s");
     let share = g["idle"]["share_of_sampled_time"].as_f64().unwrap();
     let fs = r["findings"].as_array().unwrap();
-    let explained: f64 = fs
+    let terms: Vec<f64> = fs
         .iter()
         .filter(|f| f["gpu_time_basis"] == "measured")
         .filter(|f| !EXPLAINS_IDLE_NOT.contains(&f["id"].as_str().unwrap()))
         .filter_map(|f| f["gpu_time_s"].as_f64())
-        .sum();
+        .collect();
+    let explained: f64 = terms.iter().sum();
+    // report.json rounds each figure to the millisecond: the product
+    // decides on the unrounded ones, so at the 80% bar the rounded sum may
+    // fall either side (fresh33: 5.042 s of 6.303 s read 79.99%, where the
+    // product's own 5.042266 s of 6.302529 s is 80.004%). A finding is
+    // owed only when the figures are below the bar however they rounded.
+    let rounding = 0.0005 * (terms.len() as f64 + 0.8);
     let unexplained = fs
         .iter()
         .find(|f| f["id"] == "gpu-idle-unexplained")
@@ -1204,7 +1211,7 @@ pub fn assert_idle_accounted(r: &Value) -> (f64, f64, f64) {
         100.0 * explained / steady.max(1e-9),
         unexplained.map_or("none".to_string(), |u| format!("{u:.2} s"))
     );
-    if share >= 0.3 && explained < 0.8 * steady {
+    if share >= 0.3 && explained + rounding < 0.8 * steady {
         let u = unexplained.unwrap_or_else(|| {
             panic!(
                 "GPU idle {:.0}%: findings explain {explained:.2} s of {steady:.2} s and no gpu-idle-unexplained says how much is left: {}",
