@@ -286,23 +286,25 @@ fn waits(names: &[String], threads: Marks, dist: &Marks, steady: &[(Pid, Tid)]) 
             .get(&(pid, tid))
             .and_then(|v| v.iter().find(|s| s.1.is_some()))
             .map(|s| s.0);
-        let lo = match steady.contains(&(pid, tid)) {
-            true => 0,
-            false => from.map_or(0, |f| samples.partition_point(|s| s.0 < f)),
+        let is_steady = steady.contains(&(pid, tid));
+        let lo = if is_steady {
+            0
+        } else {
+            from.map_or(0, |f| samples.partition_point(|s| s.0 < f))
         };
-        per_thread.push((pid, tid, samples, lo, from.is_some()));
+        per_thread.push((pid, tid, samples, lo, from.is_some(), is_steady));
     }
     let mut exits: Vec<MonoNs> = per_thread
         .iter()
-        .filter_map(|(_, _, s, lo, _)| first_exit(&s[*lo..]))
+        .filter_map(|(_, _, s, lo, _, _)| first_exit(&s[*lo..]))
         .collect();
     exits.sort();
     let mut entries: Vec<MonoNs> = per_thread
         .iter()
-        .filter_map(|(_, _, s, lo, _)| s[*lo..].iter().find(|x| x.1.is_some()).map(|x| x.0))
+        .filter_map(|(_, _, s, lo, _, _)| s[*lo..].iter().find(|x| x.1.is_some()).map(|x| x.0))
         .collect();
     entries.sort();
-    for (pid, tid, samples, lo, distributed) in per_thread {
+    for (pid, tid, samples, lo, distributed, is_steady) in per_thread {
         let s = &samples[lo..];
         // Only moments inside the thread's life are its: a launcher's
         // rendezvous barrier, before the ranks existed, is not one of
@@ -324,7 +326,7 @@ fn waits(names: &[String], threads: Marks, dist: &Marks, steady: &[(Pid, Tid)]) 
         //   From the start, the first collective's start-up skew counts;
         // - the thread's first sample in distributed code (set-up such as
         //   imports after `init_process_group` dilutes the share).
-        let (count_from, from) = if steady.contains(&(pid, tid)) {
+        let (count_from, from) = if is_steady {
             (MonoNs(0), CountedFrom::RecurringCollective)
         } else {
             [

@@ -424,41 +424,48 @@ pub fn analyze(d: &StackData, window: (MonoNs, MonoNs)) -> Waits {
 /// The blocked stretches of a thread's looks (see [`WaitRun`]); a look
 /// on a CPU or dropped ends a stretch.
 fn wait_runs(slots: &[(MonoNs, u64, Slot)], last: u64, cap: u64) -> Vec<WaitRun> {
-    let mut out: Vec<WaitRun> = Vec::new();
+    stretches(slots, last, cap, |slot| match slot {
+        Slot::Blocked(class, ..) => Some(*class),
+        _ => None,
+    })
+    .into_iter()
+    .map(|(from, to, class)| WaitRun { from, to, class })
+    .collect()
+}
+
+/// The stretches of a thread's looks that did not find it on a CPU (see
+/// [`ThreadWall::not_running`]).
+fn not_running(slots: &[(MonoNs, u64, Slot)], last: u64, cap: u64) -> Vec<(MonoNs, MonoNs)> {
+    stretches(slots, last, cap, |slot| {
+        (!matches!(slot, Slot::OnCpu)).then_some(())
+    })
+    .into_iter()
+    .map(|(from, to, ())| (from, to))
+    .collect()
+}
+
+/// Runs of consecutive looks with the same `key` (looks keyed `None`
+/// end a run), each look standing for the time to the next (capped at
+/// `cap`; the last one for `last`).
+fn stretches<K: PartialEq + Copy>(
+    slots: &[(MonoNs, u64, Slot)],
+    last: u64,
+    cap: u64,
+    key: impl Fn(&Slot) -> Option<K>,
+) -> Vec<(MonoNs, MonoNs, K)> {
+    let mut out: Vec<(MonoNs, MonoNs, K)> = Vec::new();
     let mut open = false;
     for (i, (t, _, slot)) in slots.iter().enumerate() {
-        let Slot::Blocked(class, ..) = slot else {
+        let Some(k) = key(slot) else {
             open = false;
             continue;
         };
         let end = MonoNs(t.0 + slots.get(i + 1).map_or(last, |n| (n.0 .0 - t.0).min(cap)));
         match out.last_mut() {
-            Some(r) if open && r.class == *class && r.to >= *t => r.to = end,
-            _ => out.push(WaitRun {
-                from: *t,
-                to: end,
-                class: *class,
-            }),
+            Some(r) if open && r.2 == k && r.1 >= *t => r.1 = end,
+            _ => out.push((*t, end, k)),
         }
         open = true;
-    }
-    out
-}
-
-/// The stretches of a thread's looks that did not find it on a CPU (see
-/// [`ThreadWall::not_running`]), each look standing for the time to the
-/// next (capped).
-fn not_running(slots: &[(MonoNs, u64, Slot)], last: u64, cap: u64) -> Vec<(MonoNs, MonoNs)> {
-    let mut out: Vec<(MonoNs, MonoNs)> = Vec::new();
-    for (i, (t, _, slot)) in slots.iter().enumerate() {
-        if matches!(slot, Slot::OnCpu) {
-            continue;
-        }
-        let end = MonoNs(t.0 + slots.get(i + 1).map_or(last, |n| (n.0 .0 - t.0).min(cap)));
-        match out.last_mut() {
-            Some(r) if r.1 >= *t => r.1 = end,
-            _ => out.push((*t, end)),
-        }
     }
     out
 }
