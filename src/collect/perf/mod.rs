@@ -1252,7 +1252,7 @@ impl Reader {
             },
             W::Blocked(_) => (Pid(0), Tid(0), MonoNs(0), ""),
         };
-        let W::Blocked(b) = w else {
+        let W::Blocked(mut b) = w else {
             self.wall_marker(pid, tid, t, marker);
             return;
         };
@@ -1274,7 +1274,7 @@ impl Reader {
             None => {
                 let files = &mut self.files;
                 self.wall_reads.clear();
-                let Some(u) = unwind::unwind_noting(
+                let Some(mut u) = unwind::unwind_noting(
                     pm,
                     &mut self.cache,
                     &b.sample,
@@ -1285,6 +1285,32 @@ impl Reader {
                 ) else {
                     return;
                 };
+                // The copy was sized by how deep this thread's stacks were
+                // so far; this one is deeper: it is copied again whole
+                // (still as it was read) and unwound from that.
+                if let Some(w) = self.wall.as_mut().filter(|w| {
+                    b.sized_copy && u.wanted_past_copy.is_some_and(|end| end <= w.stack_size())
+                }) {
+                    let Some(whole) = w.recopy(pid, tid, b.place.1, &b.read_as) else {
+                        self.wall_marker(pid, tid, t, MARKER_RACED);
+                        return;
+                    };
+                    b.sample.stack = whole;
+                    let files = &mut self.files;
+                    self.wall_reads.clear();
+                    let Some(again) = unwind::unwind_noting(
+                        pm,
+                        &mut self.cache,
+                        &b.sample,
+                        self.unknown_file,
+                        self.sample_gen,
+                        &mut |path| files.id_of_text(path),
+                        Some(&mut self.wall_reads),
+                    ) else {
+                        return;
+                    };
+                    u = again;
+                }
                 for (i, _, e) in &u.jit {
                     self.jit_names
                         .entry(u.frames[*i])
@@ -1404,6 +1430,14 @@ impl Reader {
                 "; wall-clock sampler: {} looks at threads, {} on a CPU, {} blocked ({} read, of which {} reused the native frames of an unchanged stack; {} unchanged since their previous read), {} reads dropped (the thread woke while read), {} blocked samples without Python frames",
                 w.looks, w.running, w.blocked + w.repeated, w.blocked, w.reused, w.repeated, w.raced, w.py_missing
             ));
+            if w.copies > 0 {
+                s.detail.push_str(&format!(
+                    "; {} stack copies of {:.1} KiB on average (sized by how deep the thread's earlier stacks were unwound), {} of them taken again whole",
+                    w.copies,
+                    w.copied_bytes as f64 / w.copies as f64 / 1024.0,
+                    w.recopied
+                ));
+            }
             s.detail.push_str(&w.python_reads());
         }
         if let Some(a) = self.agent.take() {

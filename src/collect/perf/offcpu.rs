@@ -73,6 +73,10 @@ const ATTACH_ATTEMPTS: u32 = 5;
 /// Places (system call, stack pointer, program counter) remembered per
 /// thread: a loop blocks in a few (the next batch, the GPU, a collective).
 const KNOWN_PER_THREAD: usize = 4;
+/// A blocked stack is copied this far beyond the deepest word an unwinding
+/// of the thread's earlier stacks read (up to the stack size): deeper
+/// stacks are rare, and one is copied again whole ([`WallSampler::recopy`]).
+const REACH_SLACK: usize = 4096;
 
 /// What one look at a thread found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -131,6 +135,13 @@ pub struct Blocked {
     /// The native frames of an earlier read of the same place, whose stack
     /// words the unwinding read are unchanged: `sample.stack` is then empty.
     pub known: Option<Arc<NativeFrames>>,
+    /// The stack copy stopped where this thread's earlier stacks were
+    /// unwound to ([`WallSampler::copy_len`]), not at the stack size or
+    /// the end of the stack's mapping.
+    pub sized_copy: bool,
+    /// The thread's `syscall` line and CPU time when it was read: a copy
+    /// found too short is taken again only while they are unchanged.
+    pub read_as: (String, u64),
 }
 
 /// A blocked thread's native stack, as the reader unwound it.
@@ -168,6 +179,11 @@ pub struct WallStats {
     pub blocked: u64,
     pub repeated: u64,
     pub raced: u64,
+    /// Stack copies and their bytes, and the sized copies the unwinding
+    /// ran off, copied again whole.
+    pub copies: u64,
+    pub copied_bytes: u64,
+    pub recopied: u64,
     /// Blocked samples whose native frames were reused (the stack words
     /// their unwinding read were unchanged).
     pub reused: u64,
@@ -555,6 +571,7 @@ struct Look {
     before: String,
     runtime: u64,
     line: SyscallLine,
+    sized_copy: bool,
     stack: Vec<u8>,
     known: Option<Arc<NativeFrames>>,
     marker: &'static str,
@@ -575,6 +592,9 @@ pub struct WallSampler {
     files: HashMap<Tid, ThreadFiles>,
     /// Per thread, the places it was read blocked at, most recent last.
     known: HashMap<Tid, Vec<KnownStack>>,
+    /// Per thread, how deep into its blocked stacks (bytes from the stack
+    /// pointer) the unwinding has read: copies are sized by it.
+    reach: HashMap<Tid, usize>,
     /// Scratch for a second `syscall` read.
     after: String,
     spies: HashMap<Pid, Spy>,
@@ -627,6 +647,7 @@ impl WallSampler {
             last: HashMap::new(),
             files: HashMap::new(),
             known: HashMap::new(),
+            reach: HashMap::new(),
             after: String::new(),
             spies: HashMap::new(),
             ring_dir: None,
@@ -873,6 +894,7 @@ impl WallSampler {
         self.fd_dirs.retain(|p, _| alive.contains(p));
         self.files.retain(|t, _| tids.contains(t));
         self.known.retain(|t, _| tids.contains(t));
+        self.reach.retain(|t, _| tids.contains(t));
         for (pid, ts) in &threads {
             for tid in ts {
                 if !self.files.contains_key(tid) {
@@ -898,6 +920,10 @@ impl WallSampler {
     ) {
         offsets.sort_unstable();
         offsets.dedup();
+        if let Some(&deepest) = offsets.last() {
+            let r = self.reach.entry(tid).or_default();
+            *r = (*r).max(deepest as usize + 8);
+        }
         let mut words = Vec::with_capacity(offsets.len());
         for &o in offsets.iter() {
             let Some(b) = stack.get(o as usize..o as usize + 8) else {
@@ -923,6 +949,45 @@ impl WallSampler {
     /// be reused: the process's code mappings changed).
     pub fn forget(&mut self, tid: Tid) {
         self.known.remove(&tid);
+    }
+
+    /// How many bytes of `tid`'s stack a look copies: what its unwinding
+    /// reached so far and [`REACH_SLACK`] more, the whole stack size until
+    /// a first unwinding has read it.
+    fn copy_len(&self, tid: Tid) -> usize {
+        match self.reach.get(&tid) {
+            Some(&r) => (r + REACH_SLACK).next_multiple_of(4096).min(self.stack_size),
+            None => self.stack_size,
+        }
+    }
+
+    /// The stack size the unwinding may read (a copy shorter than this can
+    /// be taken again whole).
+    pub fn stack_size(&self) -> usize {
+        self.stack_size
+    }
+
+    /// The whole stack of a blocked thread whose sized copy the unwinding
+    /// ran off: copied again while the thread is still blocked as it was
+    /// read (`read_as`), else `None` (it ran since: the look is dropped).
+    /// Later copies of the thread are whole until an unwinding reads them.
+    pub fn recopy(
+        &mut self,
+        pid: Pid,
+        tid: Tid,
+        sp: u64,
+        read_as: &(String, u64),
+    ) -> Option<Vec<u8>> {
+        self.reach.remove(&tid);
+        self.stats.recopied += 1;
+        let stack = copy_memory(pid, sp, self.stack_size)?;
+        self.stats.copies += 1;
+        self.stats.copied_bytes += stack.len() as u64;
+        let files = self.files.get(&tid)?;
+        let same = files.syscall(&mut self.after)
+            && self.after == read_as.0
+            && files.runtime_ns() == Some(read_as.1);
+        same.then_some(stack)
     }
 
     /// The frames of an earlier read of the same place whose stack words
@@ -972,10 +1037,15 @@ impl WallSampler {
                 continue;
             }
             let known = self.known_frames(pid, tid, &line);
+            let len = self.copy_len(tid);
             let stack = match known {
                 Some(_) => Vec::new(),
-                None => match copy_memory(pid, line.sp, self.stack_size) {
-                    Some(s) => s,
+                None => match copy_memory(pid, line.sp, len) {
+                    Some(s) => {
+                        self.stats.copies += 1;
+                        self.stats.copied_bytes += s.len() as u64;
+                        s
+                    }
                     None => {
                         self.stats.raced += 1;
                         out.push(WallRecord::Raced { pid, tid, t });
@@ -991,6 +1061,7 @@ impl WallSampler {
                 before,
                 runtime,
                 line,
+                sized_copy: len < self.stack_size && stack.len() == len,
                 stack,
                 known,
                 marker,
@@ -1021,6 +1092,7 @@ impl WallSampler {
             if look.known.is_some() {
                 self.stats.reused += 1;
             }
+            let read_as = (look.before.clone(), look.runtime);
             self.last.insert(tid, (look.runtime, look.before));
             let frames = py.as_mut().and_then(|m| m.remove(&tid));
             if self.py_source == PySource::Check {
@@ -1044,6 +1116,8 @@ impl WallSampler {
                 gil_holder: holder.filter(|h| h.0 != tid).map(|h| h.1),
                 place: (look.line.nr, look.line.sp, look.line.pc),
                 known: look.known,
+                sized_copy: look.sized_copy,
+                read_as,
             })));
         }
     }
@@ -1495,5 +1569,62 @@ mod tests {
         // Gone: its open files fail to read.
         assert!(!files.syscall(&mut text));
         assert_eq!(files.runtime_ns(), None);
+    }
+
+    #[test]
+    fn stack_copies_are_sized_by_the_unwinding_reach_and_taken_again_whole() {
+        let mut fds = [0; 2];
+        // SAFETY: fds is a valid array of two ints.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        let (r, wfd) = (fds[0], fds[1]);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let h = std::thread::spawn(move || {
+            // SAFETY: gettid has no preconditions.
+            tx.send(unsafe { libc::gettid() }).unwrap();
+            let mut b = [0u8; 1];
+            // SAFETY: b is a valid one-byte buffer.
+            unsafe { libc::read(r, b.as_mut_ptr().cast(), 1) }
+        });
+        let tid = Tid(rx.recv().unwrap());
+        let pid = Pid(std::process::id() as i32);
+        let mut w = WallSampler::new(pid, 99, 32 * 1024);
+        w.list();
+        assert_eq!(w.copy_len(tid), 32 * 1024, "whole until an unwinding read it");
+        // An unwinding that read 200 bytes deep: a page beyond, rounded.
+        let mut offsets = vec![0, 8, 192];
+        w.learn(tid, (0, 0, 0), &[0u8; 256], &mut offsets, Arc::new(NativeFrames {
+            frames: Vec::new(),
+            complete: true,
+            maps: 0,
+        }));
+        assert_eq!(w.copy_len(tid), 8192);
+        let mut out = Vec::new();
+        let blocked = (0..500).find_map(|_| {
+            out.clear();
+            w.last.clear();
+            w.look_at(pid, &[tid], &mut out);
+            match out.pop() {
+                Some(WallRecord::Blocked(b)) if b.place.0 == libc::SYS_read => Some(b),
+                _ => {
+                    std::thread::sleep(Duration::from_millis(2));
+                    None
+                }
+            }
+        });
+        let b = blocked.expect("the thread is read blocked in read");
+        assert!(b.sample.stack.len() <= 8192 && b.sample.stack.len() >= 64);
+        assert_eq!(b.sized_copy, b.sample.stack.len() == 8192);
+        // Too short for a deeper stack: copied again whole while the thread
+        // has not moved, and whole from then on.
+        let whole = w.recopy(pid, tid, b.place.1, &b.read_as).expect("still blocked");
+        assert!(whole.len() >= b.sample.stack.len());
+        assert_eq!(whole[..64], b.sample.stack[..64]);
+        assert_eq!(w.copy_len(tid), 32 * 1024);
+        assert_eq!(w.stats.recopied, 1);
+        // Once it ran, a copy is refused: it would mix two moments.
+        // SAFETY: wfd is the pipe's write end.
+        unsafe { libc::write(wfd, b"x".as_ptr().cast(), 1) };
+        assert_eq!(h.join().unwrap(), 1);
+        assert_eq!(w.recopy(pid, tid, b.place.1, &b.read_as), None);
     }
 }

@@ -358,6 +358,10 @@ pub struct Unwound {
     /// Every frame was in a known mapping of a file: no perf map (which
     /// changes over time) was looked at.
     pub plain: bool,
+    /// The deepest end (offset from the stack pointer) of a stack word the
+    /// unwinding wanted beyond the end of the copy: a longer copy would
+    /// have let it go on.
+    pub wanted_past_copy: Option<usize>,
 }
 
 /// Shared unwind rule cache.
@@ -414,9 +418,15 @@ pub fn unwind_noting(
     #[cfg(target_arch = "aarch64")]
     let sp = regs[2];
     let stack = &s.stack;
+    let mut wanted_past_copy = None;
     let mut read_stack = |addr: u64| -> Result<u64, ()> {
         let off = addr.checked_sub(sp).ok_or(())? as usize;
-        let b = stack.get(off..off.checked_add(8).ok_or(())?).ok_or(())?;
+        let end = off.checked_add(8).ok_or(())?;
+        if end > stack.len() {
+            wanted_past_copy = Some(end);
+            return Err(());
+        }
+        let b = &stack[off..end];
         let v = u64::from_le_bytes(b.try_into().map_err(|_| ())?);
         if let Some(r) = reads.as_deref_mut() {
             r.push(off as u32);
@@ -465,6 +475,7 @@ pub fn unwind_noting(
         complete,
         jit,
         plain,
+        wanted_past_copy,
     })
 }
 
