@@ -39,7 +39,9 @@
 //! process (the training loop) is looked at every tick, at the stack
 //! frequency; other threads, and other processes' (DataLoader workers),
 //! take turns: each every [`OTHERS_EVERY`] ticks, at most
-//! [`MAX_OTHER_LOOKS`] of them a tick, without Python frames.
+//! [`MAX_OTHER_LOOKS`] of the loop processes' a tick, and the other
+//! processes' threads one look every [`WORKER_TICKS_PER_LOOK`] ticks
+//! between them, without Python frames.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -56,11 +58,17 @@ use super::sample::Sample;
 use crate::event::{MonoNs, Pid, Tid};
 
 /// Threads other than a loop's main thread are looked at once every this
-/// many ticks (fewer when there are many: see [`MAX_OTHER_LOOKS`]).
+/// many ticks (fewer when there are many: see [`MAX_OTHER_LOOKS`] and
+/// [`WORKER_TICKS_PER_LOOK`]).
 pub const OTHERS_EVERY: usize = 10;
-/// At most this many other threads are looked at in one tick: 16 processes
-/// of ~4 threads each were ~60 looks every 10th tick (6 a tick on average).
+/// At most this many of the loop processes' other threads are looked at in
+/// one tick (a framework's thread pool can be dozens of threads).
 const MAX_OTHER_LOOKS: usize = 2;
+/// The threads of the other processes (DataLoader workers, helpers) share
+/// one look every this many ticks: their waits feed only the trace and the
+/// flame graphs, while a loader of 15 workers gave them two looks a tick,
+/// two thirds of the sampler's reads (docs/performance.md).
+const WORKER_TICKS_PER_LOOK: usize = 4;
 /// The job's threads are listed again this often.
 const LIST_EVERY: Duration = Duration::from_secs(1);
 /// A thread's Python frames, outermost first: (name, file, entry).
@@ -614,10 +622,10 @@ pub struct WallSampler {
     config: Config,
     pub stats: WallStats,
     hang: Option<HangWatch>,
-    /// Other threads' turns: looks owed ([`OTHERS_EVERY`] per look) and
-    /// the next in line.
-    others_credit: usize,
-    others_next: usize,
+    /// Turns of the loop processes' other threads, and of the other
+    /// processes' threads.
+    helper_turns: Turns,
+    worker_turns: Turns,
     /// Per process, its `/proc/PID/fd`, kept open.
     fd_dirs: HashMap<Pid, Option<File>>,
 }
@@ -630,6 +638,45 @@ struct HangWatch {
     since: HashMap<Tid, (Instant, u64)>,
     reported: bool,
     count: u32,
+}
+
+/// Threads taking turns to be looked at: each once every [`OTHERS_EVERY`]
+/// ticks while that is within the pool's budget, `per` ticks for `max`
+/// looks; beyond it, in turn within the budget.
+#[derive(Default)]
+struct Turns {
+    /// Looks owed, in units of `OTHERS_EVERY * per` a look.
+    credit: usize,
+    next: usize,
+}
+
+impl Turns {
+    fn take(
+        &mut self,
+        tids: &[Tid],
+        per: usize,
+        max: usize,
+        turn: &mut std::collections::HashSet<Tid>,
+    ) {
+        if tids.is_empty() {
+            self.credit = 0;
+            return;
+        }
+        let cost = OTHERS_EVERY * per;
+        // Each thread earns `per` units a tick (one look every OTHERS_EVERY
+        // ticks), the pool at most `OTHERS_EVERY * max` (`max` looks every
+        // `per` ticks).
+        let gain = (tids.len() * per).min(OTHERS_EVERY * max);
+        self.credit = (self.credit + gain).min(cost * max);
+        let mut taken = 0;
+        while self.credit >= cost && taken < tids.len() {
+            self.credit -= cost;
+            self.next %= tids.len();
+            turn.insert(tids[self.next]);
+            self.next += 1;
+            taken += 1;
+        }
+    }
 }
 
 impl WallSampler {
@@ -665,8 +712,8 @@ impl WallSampler {
             },
             stats: WallStats::default(),
             hang: None,
-            others_credit: 0,
-            others_next: 0,
+            helper_turns: Turns::default(),
+            worker_turns: Turns::default(),
             fd_dirs: HashMap::new(),
         }
     }
@@ -792,35 +839,31 @@ impl WallSampler {
         }
     }
 
-    /// The other threads (not a loop's main thread) to look at this tick:
-    /// in turn, each once every [`OTHERS_EVERY`] ticks while they are few,
-    /// and never more than [`MAX_OTHER_LOOKS`] in one tick, so a job of
-    /// many workers costs a bounded few reads per tick (each is then seen
-    /// less often; the analysis weighs a look by the time to the next).
+    /// The other threads (not a loop's main thread) to look at this tick.
+    /// The loop processes' other threads take turns, each once every
+    /// [`OTHERS_EVERY`] ticks while they are few, never more than
+    /// [`MAX_OTHER_LOOKS`] in one tick; the other processes' threads take
+    /// turns the same way within one look every [`WORKER_TICKS_PER_LOOK`]
+    /// ticks. A job of many workers costs a bounded few reads per tick
+    /// (each thread is then seen less often; the analysis weighs a look by
+    /// the time to the next).
     fn others_turn(&mut self) -> std::collections::HashSet<Tid> {
-        let others: Vec<Tid> = self
-            .threads
-            .iter()
-            .flat_map(|(pid, tids)| {
-                let is_loop = self.loops.get(pid) == Some(&true);
-                tids.iter()
-                    .copied()
-                    .filter(move |t| !(is_loop && t.0 == pid.0))
-            })
-            .collect();
+        let (mut helpers, mut workers) = (Vec::new(), Vec::new());
+        for (pid, tids) in &self.threads {
+            let is_loop = self.loops.get(pid) == Some(&true);
+            for &t in tids {
+                if !is_loop {
+                    workers.push(t);
+                } else if t.0 != pid.0 {
+                    helpers.push(t);
+                }
+            }
+        }
         let mut turn = std::collections::HashSet::new();
-        if others.is_empty() {
-            self.others_credit = 0;
-            return turn;
-        }
-        self.others_credit =
-            (self.others_credit + others.len()).min(MAX_OTHER_LOOKS * OTHERS_EVERY);
-        while self.others_credit >= OTHERS_EVERY && turn.len() < others.len() {
-            self.others_credit -= OTHERS_EVERY;
-            self.others_next %= others.len();
-            turn.insert(others[self.others_next]);
-            self.others_next += 1;
-        }
+        self.helper_turns
+            .take(&helpers, 1, MAX_OTHER_LOOKS, &mut turn);
+        self.worker_turns
+            .take(&workers, WORKER_TICKS_PER_LOOK, 1, &mut turn);
         turn
     }
 
@@ -956,7 +999,9 @@ impl WallSampler {
     /// a first unwinding has read it.
     fn copy_len(&self, tid: Tid) -> usize {
         match self.reach.get(&tid) {
-            Some(&r) => (r + REACH_SLACK).next_multiple_of(4096).min(self.stack_size),
+            Some(&r) => (r + REACH_SLACK)
+                .next_multiple_of(4096)
+                .min(self.stack_size),
             None => self.stack_size,
         }
     }
@@ -1374,34 +1419,41 @@ mod tests {
     use super::*;
 
     /// A loop process (its main thread looked at every tick, never in
-    /// the others' turns) and `n` other threads over 300 ticks: with few,
-    /// each other thread is looked at every OTHERS_EVERY ticks, as before
-    /// the turns; with many, no tick looks at more than MAX_OTHER_LOOKS
-    /// and every thread still gets its turns, evenly.
+    /// the others' turns) with `h` other threads, and a worker process of
+    /// `n` threads, over 400 ticks: with few, each other thread is looked
+    /// at every OTHERS_EVERY ticks, as before the turns; with many, no tick
+    /// looks at more than MAX_OTHER_LOOKS of the loop's and the workers'
+    /// share one look every WORKER_TICKS_PER_LOOK ticks; every thread
+    /// still gets its turns, evenly.
     #[test]
     fn other_threads_take_turns() {
-        for n in [1usize, 5, 20, 60] {
+        for (h, n) in [(1usize, 1usize), (5, 2), (20, 3), (60, 60), (0, 30)] {
             let mut w = WallSampler::new(Pid(1), 99, 4096);
             w.loops.insert(Pid(1), true);
-            w.threads = vec![(Pid(1), vec![Tid(1), Tid(2)])];
+            w.loops.insert(Pid(9), false);
+            let mut loop_tids = vec![Tid(1)];
+            loop_tids.extend((2..2 + h as i32).map(Tid));
+            w.threads = vec![(Pid(1), loop_tids)];
             w.threads
-                .push((Pid(9), (100..99 + n as i32).map(Tid).collect()));
+                .push((Pid(9), (100..100 + n as i32).map(Tid).collect()));
             let mut seen: HashMap<Tid, usize> = HashMap::new();
-            for _ in 0..300 {
+            let ticks = 400;
+            for _ in 0..ticks {
                 let turn = w.others_turn();
-                assert!(turn.len() <= MAX_OTHER_LOOKS, "{n}: {turn:?}");
+                let helpers = turn.iter().filter(|t| t.0 < 100).count();
+                assert!(helpers <= MAX_OTHER_LOOKS, "{h}/{n}: {turn:?}");
+                assert!(turn.len() - helpers <= 1, "{h}/{n}: {turn:?}");
                 assert!(!turn.contains(&Tid(1)));
                 for t in turn {
                     *seen.entry(t).or_default() += 1;
                 }
             }
-            let per = (300 * n / OTHERS_EVERY).min(300 * MAX_OTHER_LOOKS) / n;
-            assert_eq!(seen.len(), n, "{n}: {seen:?}");
+            let helper_each = (ticks * h / OTHERS_EVERY).min(ticks * MAX_OTHER_LOOKS) / h.max(1);
+            let worker_each = (ticks * n / OTHERS_EVERY).min(ticks / WORKER_TICKS_PER_LOOK) / n;
+            assert_eq!(seen.len(), h + n, "{h}/{n}: {seen:?}");
             for (t, k) in &seen {
-                assert!(
-                    k.abs_diff(per) <= 1,
-                    "{n} threads: {t:?} seen {k}, not ~{per}"
-                );
+                let per = if t.0 < 100 { helper_each } else { worker_each };
+                assert!(k.abs_diff(per) <= 1, "{h}/{n}: {t:?} seen {k}, not ~{per}");
             }
         }
     }
@@ -1589,14 +1641,24 @@ mod tests {
         let pid = Pid(std::process::id() as i32);
         let mut w = WallSampler::new(pid, 99, 32 * 1024);
         w.list();
-        assert_eq!(w.copy_len(tid), 32 * 1024, "whole until an unwinding read it");
+        assert_eq!(
+            w.copy_len(tid),
+            32 * 1024,
+            "whole until an unwinding read it"
+        );
         // An unwinding that read 200 bytes deep: a page beyond, rounded.
         let mut offsets = vec![0, 8, 192];
-        w.learn(tid, (0, 0, 0), &[0u8; 256], &mut offsets, Arc::new(NativeFrames {
-            frames: Vec::new(),
-            complete: true,
-            maps: 0,
-        }));
+        w.learn(
+            tid,
+            (0, 0, 0),
+            &[0u8; 256],
+            &mut offsets,
+            Arc::new(NativeFrames {
+                frames: Vec::new(),
+                complete: true,
+                maps: 0,
+            }),
+        );
         assert_eq!(w.copy_len(tid), 8192);
         let mut out = Vec::new();
         let blocked = (0..500).find_map(|_| {
@@ -1616,7 +1678,9 @@ mod tests {
         assert_eq!(b.sized_copy, b.sample.stack.len() == 8192);
         // Too short for a deeper stack: copied again whole while the thread
         // has not moved, and whole from then on.
-        let whole = w.recopy(pid, tid, b.place.1, &b.read_as).expect("still blocked");
+        let whole = w
+            .recopy(pid, tid, b.place.1, &b.read_as)
+            .expect("still blocked");
         assert!(whole.len() >= b.sample.stack.len());
         assert_eq!(whole[..64], b.sample.stack[..64]);
         assert_eq!(w.copy_len(tid), 32 * 1024);
