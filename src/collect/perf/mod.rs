@@ -22,6 +22,7 @@ mod pyread;
 mod ring;
 mod sample;
 mod symbolize;
+mod syscall;
 mod unwind;
 pub mod verdicts;
 
