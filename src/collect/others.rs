@@ -315,17 +315,22 @@ impl Cpus {
         self.0[c / 64] |= 1 << (c % 64);
     }
 
-    /// A task's allowed CPUs; every CPU when they cannot be read.
-    fn of_task(pid: i32, tid: i32) -> Cpus {
-        std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status"))
-            .ok()
-            .and_then(|s| {
-                let l = s
-                    .lines()
-                    .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))?;
-                Cpus::parse_list(l.trim())
-            })
-            .unwrap_or_else(Cpus::all)
+    /// A task's allowed CPUs; every CPU when they cannot be read. With
+    /// `sched_getaffinity`, not `Cpus_allowed_list` in its `status` file:
+    /// that file formats some fifty fields, and this ran for each of the
+    /// job's threads every second.
+    fn of_task(_pid: i32, tid: i32) -> Cpus {
+        use nix::sched::{sched_getaffinity, CpuSet};
+        match sched_getaffinity(nix::unistd::Pid::from_raw(tid)) {
+            Ok(set) => {
+                let mut c = Cpus::default();
+                for i in (0..CpuSet::count()).filter(|&i| set.is_set(i).unwrap_or(false)) {
+                    c.insert(i);
+                }
+                c
+            }
+            Err(_) => Cpus::all(),
+        }
     }
 
     fn all() -> Cpus {
@@ -335,27 +340,6 @@ impl Cpus {
             c.insert(i);
         }
         c
-    }
-
-    /// `0-3,8,10-11`.
-    fn parse_list(s: &str) -> Option<Cpus> {
-        let mut c = Cpus::default();
-        for part in s.split(',').filter(|p| !p.is_empty()) {
-            let (a, b) = match part.split_once('-') {
-                Some((a, b)) => (a.parse::<usize>().ok()?, b.parse::<usize>().ok()?),
-                None => {
-                    let a = part.parse::<usize>().ok()?;
-                    (a, a)
-                }
-            };
-            if b < a || b > 1 << 16 {
-                return None;
-            }
-            for i in a..=b {
-                c.insert(i);
-            }
-        }
-        Some(c)
     }
 }
 
@@ -417,10 +401,38 @@ mod tests {
         assert_eq!(u.get(&0).map(String::as_str), Some("root"));
         assert_eq!(u.get(&65534).map(String::as_str), Some("nobody"));
         assert_eq!(u.len(), 2);
-        let c = Cpus::parse_list("0-2,5,64").unwrap();
-        assert!(c.has(0) && c.has(2) && c.has(5) && c.has(64));
-        assert!(!c.has(3) && !c.has(63) && !c.has(65));
-        assert_eq!(Cpus::parse_list("3-1"), None);
+    }
+
+    /// A thread pinned to one CPU (as `taskset` pins a job) has that CPU
+    /// alone; its process's other threads keep theirs.
+    #[test]
+    fn a_threads_allowed_cpus_are_its_affinity() {
+        use nix::sched::{sched_getaffinity, sched_setaffinity, CpuSet};
+        let me = nix::unistd::Pid::from_raw(0);
+        let mine = sched_getaffinity(me).unwrap();
+        let Some(one) = (0..CpuSet::count()).find(|&i| mine.is_set(i).unwrap_or(false)) else {
+            panic!("no CPU allowed");
+        };
+        let pid = std::process::id() as i32;
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::spawn(move || {
+            let mut set = CpuSet::new();
+            set.set(one).unwrap();
+            sched_setaffinity(me, &set).unwrap();
+            tx.send(nix::unistd::gettid().as_raw()).unwrap();
+            let _ = done_rx.recv();
+        });
+        let tid = rx.recv().unwrap();
+        let c = Cpus::of_task(pid, tid);
+        done_tx.send(()).unwrap();
+        t.join().unwrap();
+        let allowed: Vec<usize> = (0..CpuSet::count()).filter(|&i| c.has(i as i32)).collect();
+        assert_eq!(allowed, vec![one]);
+        let here = Cpus::of_task(pid, nix::unistd::gettid().as_raw());
+        for i in 0..CpuSet::count() {
+            assert_eq!(here.has(i as i32), mine.is_set(i).unwrap(), "CPU {i}");
+        }
     }
 
     /// A busy child of this test process (not of the "job") is listed with
