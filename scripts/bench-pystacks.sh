@@ -20,9 +20,12 @@
 # DataLoader job with Pillow transforms (JOBS=torch:
 # scripts/torch_pillow_job.py, run with TORCH_PY, by default the CI's
 # virtual environment); JOBS=loader-work adds the loader with fixed work
-# per batch. The default is all four. Reports the median of
+# per batch, JOBS=loader16 the loader of 16 Python processes (15 workers,
+# STEPS16 steps, 3000 by default: ~13 s) on which gpuprof's own CPU is
+# judged. The default is the first four. Reports the median of
 # the job's own elapsed time (as the job measures it) as a ratio to bare,
-# and gpuprof's own CPU (report.json profiler.cpu_pct_of_one_core); and
+# and gpuprof's own CPU (report.json profiler.cpu_pct_of_one_core, per
+# run and by component, with the median's 90% bootstrap interval); and
 # the same ratio for the fastest run of each (the least disturbed by a
 # noisy host); and the median of the paired ratios (each run against the
 # bare run of the same round, run next to it) with a 90% bootstrap
@@ -69,6 +72,8 @@ LOADER=("$PY" "$ROOT/samples/train_sim.py" --workers 4 --augment-ms 8 --gpu-ms 2
 # from other threads shows in the loader job's time; a decoder's fixed work
 # takes longer by all of it. ~8 ms per batch at ~0.02 ms per iteration.
 LOADER_WORK=("$PY" "$ROOT/samples/train_sim.py" --workers 4 --augment-iters "${AUGMENT_ITERS:-360}" --gpu-ms 2 --steps "${STEPS:-150}")
+# 16 Python processes (issue 38's own-CPU job): the loop and 15 workers.
+LOADER16=("$PY" "$ROOT/samples/train_sim.py" --workers 15 --augment-ms 8 --gpu-ms 2 --steps "${STEPS16:-3000}")
 LOADER_FREE=("$PY" "$ROOT/samples/train_sim.py" --workers 1 --augment-ms 8 --gpu-ms 10 --steps "${STEPS:-150}")
 CALLS=("$PY" "$ROOT/scripts/fib_job.py" 27 "${FIB_ROUNDS:-12}")
 TORCH_PY=${TORCH_PY:-$HOME/.cache/gpuprof-ci/torch-venv/bin/python}
@@ -78,6 +83,7 @@ job_cmd() {
     case $1 in
     loader) cmd=("${LOADER[@]}") ;;
     loader-work) cmd=("${LOADER_WORK[@]}") ;;
+    loader16) cmd=("${LOADER16[@]}") ;;
     loader-free) cmd=("${LOADER_FREE[@]}") ;;
     torch) cmd=("${TORCH[@]}") ;;
     *) cmd=("${CALLS[@]}") ;;
@@ -101,9 +107,7 @@ run() {
     perf-dwarf) perf record -q -F 99 --call-graph dwarf -o "$WORK/perf.$job.$i.data" -- "${cmd[@]}" > "$out" 2>&1 \
         || echo "$cfg run $i on $job: perf exited with status $?" >&2
         rm -f "$WORK/perf.$job.$i.data" ;;
-    gpuprof-base)
-        "$GPUPROF_BASE" -q -o "$WORK/base.$job.$i" -- "${cmd[@]}" > "$out" 2>&1
-        rm -rf "$WORK/base.$job.$i" ;;
+    gpuprof-base) "$GPUPROF_BASE" -q -o "$WORK/base.$job.$i" -- "${cmd[@]}" > "$out" 2>&1 ;;
     # A competitor that crashes (py-spy --native segfaults on some
     # kernels) is reported, not fatal: the job's own time is still read
     # when it got to print it.
@@ -115,8 +119,13 @@ run() {
     grep -oE '(steps|fib) in [0-9.]+ s' "$out" | tail -1 | awk '{print $3}' >> "$WORK/$job.$cfg" || true
     grep -oE '(steps|fib) in [0-9.]+ s' "$out" | tail -1 | awk -v i="$i" '{print i, $3}' >> "$WORK/$job.$cfg.paired" || true
     grep -oE 'cpu [0-9.]+ s' "$out" | tail -1 | awk '{print $2}' >> "$WORK/$job.$cfg.cpu" || true
-    if [ "$cfg" = gpuprof ] || [ "$cfg" = gpuprof-pyspy ]; then
-        local d; d="$WORK/$([ "$cfg" = gpuprof ] && echo g || echo p).$job.$i"
+    local d=
+    case $cfg in
+    gpuprof) d="$WORK/g.$job.$i" ;;
+    gpuprof-pyspy) d="$WORK/p.$job.$i" ;;
+    gpuprof-base) d="$WORK/base.$job.$i" ;;
+    esac
+    if [ -n "$d" ]; then
         "$PY" - "$d" >> "$WORK/$job.$cfg.stats" <<'PY'
 import gzip, json, sys
 d = sys.argv[1]
@@ -127,8 +136,15 @@ for l in gzip.open(d + "/recording/events.jsonl.gz", "rt"):
     if e["k"] == "stack_stats":
         py["python" if e.get("kind") == "python" else "native"] += e["busy_ns"] / 1e9
 p = r["stacks"]["python"]
+# Own CPU by component, in short: the /proc sampler, the perf reader (less
+# the wall-clock sampler), the wall-clock sampler, the writer, py-spy's
+# sampler, the main thread, the symbolizer.
+short = {"/proc sampler": "proc", "perf reader": "perf", "recording writer": "writer",
+         "python sampler (py-spy)": "pyspy", "symbolizer": "sym"}
+comp = r["profiler"].get("cpu_s_by_component", {})
+parts = " ".join(f"{short.get(k, k.split()[0])}={v:.3f}" for k, v in sorted(comp.items()) if v >= 0.001)
 print(r["profiler"]["cpu_pct_of_one_core"], round(r["profiler"]["cpu_s"], 3), round(py["native"], 3),
-      round(py["python"], 3), p["same_instant"] + p["same_instant_partial"], p["unattributed"])
+      round(py["python"], 3), p["same_instant"] + p["same_instant_partial"], p["unattributed"], parts)
 PY
         rm -rf "$d"
     fi
@@ -217,9 +233,19 @@ for job in "${jobs[@]}"; do
     if [ -s "$WORK/$job.gpuprof.paired" ] && [ -s "$WORK/$job.gpuprof-base.paired" ]; then
         echo "  gpuprof / gpuprof-base, paired: $(paired "$WORK/$job.gpuprof-base.paired" "$WORK/$job.gpuprof.paired")"
     fi
-    for c in gpuprof gpuprof-pyspy; do
+    for c in gpuprof gpuprof-pyspy gpuprof-base; do
         [ -s "$WORK/$job.$c.stats" ] || continue
-        echo "  $c per run: cpu_pct_of_one_core cpu_s perf_reader_s pyspy_sampler_s same_instant unattributed"
+        echo "  $c per run: cpu_pct_of_one_core cpu_s native_stack_s python_stack_s same_instant unattributed cpu_s_by_component"
         sed 's/^/    /' "$WORK/$job.$c.stats"
+        # gpuprof's own CPU over the runs: median, 90% bootstrap interval.
+        awk '{print $1}' "$WORK/$job.$c.stats" > "$WORK/own.$c"
+        echo "  $c own CPU, % of one core: $("$PY" - "$WORK/own.$c" <<'PY'
+import random, statistics, sys
+v = [float(l) for l in open(sys.argv[1]) if l.strip()]
+rng = random.Random(1)
+m = sorted(statistics.median(rng.choices(v, k=len(v))) for _ in range(2000))
+print(f"median {statistics.median(v):.2f} [{m[100]:.2f}, {m[1899]:.2f}], min {min(v):.2f}, max {max(v):.2f}")
+PY
+)"
     done
 done
