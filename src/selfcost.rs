@@ -13,6 +13,7 @@
 //! below `session` and `live`, which read the whole process's usage.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 /// (component, thread id) → CPU ns of that thread so far.
@@ -54,17 +55,26 @@ impl Drop for Charge {
     }
 }
 
-/// (component, part) → CPU ns of the part so far: work done on a
+/// (component, part, CPU ns of the part so far): work done on a
 /// component's thread that is shown on its own (the wall-clock sampler on
-/// the perf reader's thread).
-static PARTS: Mutex<BTreeMap<(&'static str, &'static str), u64>> = Mutex::new(BTreeMap::new());
+/// the perf reader's thread). One counter per part, for the life of the
+/// process.
+type Part = (&'static str, &'static str, &'static AtomicU64);
+static PARTS: Mutex<Vec<Part>> = Mutex::new(Vec::new());
 
-/// `part` of `component`'s threads has used `ns` of CPU so far (timed by
-/// its caller with `CLOCK_THREAD_CPUTIME_ID`): [`by_component`] shows it
-/// on its own and takes it out of `component`'s figure.
-pub fn set_part(component: &'static str, part: &'static str, ns: u64) {
+/// The counter of `part` of `component`'s threads: its owner stores the
+/// CPU it has used so far (timed with `CLOCK_THREAD_CPUTIME_ID`) in it, an
+/// atomic store at each update (the wall-clock sampler updates it at
+/// every tick); [`by_component`] shows it on its own and takes it out of
+/// `component`'s figure.
+pub fn part(component: &'static str, part: &'static str) -> &'static AtomicU64 {
     let mut p = PARTS.lock().unwrap_or_else(|e| e.into_inner());
-    p.insert((component, part), ns);
+    if let Some((_, _, n)) = p.iter().find(|(c, q, _)| *c == component && *q == part) {
+        return n;
+    }
+    let n: &'static AtomicU64 = Box::leak(Box::new(AtomicU64::new(0)));
+    p.push((component, part, n));
+    n
 }
 
 /// CPU ns per component, every thread of it summed, parts on their own.
@@ -75,11 +85,11 @@ pub fn by_component() -> BTreeMap<String, u64> {
         *out.entry((*c).to_string()).or_default() += ns;
     }
     let parts = PARTS.lock().unwrap_or_else(|e| e.into_inner());
-    for ((c, part), ns) in parts.iter() {
+    for (c, part, ns) in parts.iter() {
         // Only where the component's own figure is in: else the part is
         // all there is of it.
         if let Some(whole) = out.get_mut(*c) {
-            let ns = (*ns).min(*whole);
+            let ns = ns.load(Ordering::Relaxed).min(*whole);
             *whole -= ns;
             *out.entry((*part).to_string()).or_default() += ns;
         }

@@ -309,7 +309,8 @@ pub struct WallSampler {
     /// Per thread, how deep into its blocked stacks (bytes from the stack
     /// pointer) the unwinding has read: copies are sized by it.
     reach: HashMap<Tid, usize>,
-    /// Scratch for a second `syscall` read.
+    /// Scratch for the first and the second `syscall` read.
+    before: String,
     after: String,
     spies: HashMap<Pid, Spy>,
     /// The agent's ring folder, where its processes publish their frame
@@ -327,11 +328,16 @@ pub struct WallSampler {
     loops: HashMap<Pid, bool>,
     config: Config,
     pub stats: WallStats,
+    /// Where its CPU time is shown in `report.json`.
+    cost: &'static std::sync::atomic::AtomicU64,
     hang: Option<HangWatch>,
     /// Turns of the loop processes' other threads, and of the other
     /// processes' threads.
     helper_turns: Turns,
     worker_turns: Turns,
+    /// The loop processes' other threads, and the other processes'.
+    helpers: Vec<Tid>,
+    workers: Vec<Tid>,
     /// Per process, its `/proc/PID/fd`, kept open.
     fd_dirs: HashMap<Pid, Option<File>>,
 }
@@ -357,13 +363,7 @@ struct Turns {
 }
 
 impl Turns {
-    fn take(
-        &mut self,
-        tids: &[Tid],
-        per: usize,
-        max: usize,
-        turn: &mut std::collections::HashSet<Tid>,
-    ) {
+    fn take(&mut self, tids: &[Tid], per: usize, max: usize, turn: &mut Vec<Tid>) {
         if tids.is_empty() {
             self.credit = 0;
             return;
@@ -378,7 +378,7 @@ impl Turns {
         while self.credit >= cost && taken < tids.len() {
             self.credit -= cost;
             self.next %= tids.len();
-            turn.insert(tids[self.next]);
+            turn.push(tids[self.next]);
             self.next += 1;
             taken += 1;
         }
@@ -401,6 +401,7 @@ impl WallSampler {
             files: HashMap::new(),
             known: HashMap::new(),
             reach: HashMap::new(),
+            before: String::new(),
             after: String::new(),
             spies: HashMap::new(),
             ring_dir: None,
@@ -417,9 +418,12 @@ impl WallSampler {
                 ..Config::default()
             },
             stats: WallStats::default(),
+            cost: crate::selfcost::part("perf reader", SELFCOST_PART),
             hang: None,
             helper_turns: Turns::default(),
             worker_turns: Turns::default(),
+            helpers: Vec::new(),
+            workers: Vec::new(),
             fd_dirs: HashMap::new(),
         }
     }
@@ -516,7 +520,8 @@ impl WallSampler {
         self.tick_now(now, out);
         if let (Some(a), Some(b)) = (cpu0, crate::selfcost::thread_cpu_ns()) {
             self.stats.cpu_ns += b.saturating_sub(a);
-            crate::selfcost::set_part("perf reader", SELFCOST_PART, self.stats.cpu_ns);
+            self.cost
+                .store(self.stats.cpu_ns, std::sync::atomic::Ordering::Relaxed);
         }
     }
 
@@ -553,24 +558,30 @@ impl WallSampler {
     /// ticks. A job of many workers costs a bounded few reads per tick
     /// (each thread is then seen less often; the analysis weighs a look by
     /// the time to the next).
-    fn others_turn(&mut self) -> std::collections::HashSet<Tid> {
-        let (mut helpers, mut workers) = (Vec::new(), Vec::new());
+    fn others_turn(&mut self) -> Vec<Tid> {
+        let mut turn = Vec::new();
+        self.helper_turns
+            .take(&self.helpers, 1, MAX_OTHER_LOOKS, &mut turn);
+        self.worker_turns
+            .take(&self.workers, WORKER_TICKS_PER_LOOK, 1, &mut turn);
+        turn
+    }
+
+    /// The other threads by pool, from the thread list (at each listing,
+    /// and once a process is known to run a training loop or not).
+    fn sort_others(&mut self) {
+        self.helpers.clear();
+        self.workers.clear();
         for (pid, tids) in &self.threads {
             let is_loop = self.loops.get(pid) == Some(&true);
             for &t in tids {
                 if !is_loop {
-                    workers.push(t);
+                    self.workers.push(t);
                 } else if t.0 != pid.0 {
-                    helpers.push(t);
+                    self.helpers.push(t);
                 }
             }
         }
-        let mut turn = std::collections::HashSet::new();
-        self.helper_turns
-            .take(&helpers, 1, MAX_OTHER_LOOKS, &mut turn);
-        self.worker_turns
-            .take(&workers, WORKER_TICKS_PER_LOOK, 1, &mut turn);
-        turn
     }
 
     fn list(&mut self) {
@@ -654,6 +665,7 @@ impl WallSampler {
             }
         }
         self.threads = threads;
+        self.sort_others();
     }
 
     /// Remember what the unwinding of a blocked read of `tid` used: the
@@ -762,12 +774,16 @@ impl WallSampler {
             let Some(files) = self.files.get(&tid) else {
                 continue; // gone, or not opened yet
             };
-            let mut before = String::new();
+            // Kept for the thread's record when it is blocked; a running
+            // thread's (most looks at workers) goes back to the scratch.
+            let mut before = std::mem::take(&mut self.before);
             if !files.syscall(&mut before) {
+                self.before = before;
                 self.files.remove(&tid);
                 continue; // gone
             }
             let Some(line) = parse_syscall(&before) else {
+                self.before = before;
                 self.note(pid, tid, None);
                 self.stats.running += 1;
                 out.push(WallRecord::Running { pid, tid, t });
@@ -783,6 +799,7 @@ impl WallSampler {
                 .get(&tid)
                 .is_some_and(|l| l.0 == runtime && l.1 == before)
             {
+                self.before = before;
                 self.stats.repeated += 1;
                 out.push(WallRecord::Repeat { pid, tid, t });
                 continue;
@@ -1142,6 +1159,7 @@ mod tests {
             w.threads = vec![(Pid(1), loop_tids)];
             w.threads
                 .push((Pid(9), (100..100 + n as i32).map(Tid).collect()));
+            w.sort_others();
             let mut seen: HashMap<Tid, usize> = HashMap::new();
             let ticks = 400;
             for _ in 0..ticks {
