@@ -1042,3 +1042,66 @@ fn pytorch_pool_threads_sit_under_the_python_op_that_started_them() {
     assert!((shares - 100.0).abs() < 0.05, "{shares}: {sub}");
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// Wall-clock stack copies are sized by how deep the thread's earlier
+/// stacks were unwound (plus a page): a thread that blocks for a second
+/// near the top of its stack, then for a second ~21 KiB below it
+/// (`tests/scripts/deep_block.c`), must have its deep stacks unwound whole
+/// — the copy taken again at full size when the unwinding runs off the
+/// sized one — down to `main`, never cut at the sized copy's end.
+#[test]
+fn a_stack_deeper_than_the_threads_earlier_ones_is_unwound_whole() {
+    need_perf!();
+    let build = tmp("deep-block-build");
+    std::fs::create_dir_all(&build).unwrap();
+    let bin = build.join("deep_block");
+    let built = Command::new("gcc")
+        .args(["-O2", "-o"])
+        .arg(&bin)
+        .arg(scripts().join("deep_block.c"))
+        .status()
+        .is_ok_and(|s| s.success());
+    if !built {
+        skip!("gcc could not build tests/scripts/deep_block.c");
+    }
+    let (out, code) = record("deep-block", &[], &[bin.to_str().unwrap()]);
+    assert_eq!(code, 0);
+    let stacks = folded(&out.join("stacks-loop-wall-native.folded"));
+    let deep: Vec<&(String, u64)> = stacks
+        .iter()
+        .filter(|(s, _)| s.contains("deep_frame"))
+        .collect();
+    // Folded wall stacks count µs.
+    let deep_us: u64 = deep.iter().map(|(_, n)| n).sum();
+    assert!(
+        deep_us > 500_000,
+        "the deep phase's second was not seen blocked: {stacks:?}"
+    );
+    for (s, _) in &deep {
+        assert!(
+            s.contains(";main;deep_phase;deep_frame") && s.matches("deep_frame").count() == 21,
+            "a deep stack cut short: {s}"
+        );
+    }
+    let r = report(&out);
+    let detail = r["coverage"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|c| c["detail"].as_str())
+        .find(|d| d.contains("stack copies of"))
+        .unwrap_or_else(|| panic!("no stack copy counts: {}", r["coverage"]))
+        .to_string();
+    let again: u64 = detail
+        .split(" of them taken again whole")
+        .next()
+        .and_then(|s| s.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{detail}"));
+    assert!(
+        again >= 1,
+        "the deep stack was never copied again whole: {detail}"
+    );
+    let _ = std::fs::remove_dir_all(&out);
+    let _ = std::fs::remove_dir_all(&build);
+}
