@@ -409,7 +409,8 @@ fn loader_workers_with_feeder_threads_have_python_frames() {
 /// processes are left to the agent (each py-spy read of a busy job is CPU
 /// taken from it), except a rank's main process, whose blocked threads
 /// py-spy still reads for the waits in collectives (its forked workers,
-/// with the same rank variables, are left to the agent).
+/// with the same rank variables, are left to the agent). No process the
+/// agent spoke for is said to have run without it.
 #[test]
 fn py_spy_reads_only_what_the_agent_does_not_sample() {
     need_perf!();
@@ -443,6 +444,10 @@ fn py_spy_reads_only_what_the_agent_does_not_sample() {
         let (out, code) = record(&format!("pyspy-left-{rank}"), &[], &args);
         assert_eq!(code, 0);
         let (detail, stacks) = coverage(&out);
+        assert!(
+            !detail.contains("without the in-process agent"),
+            "processes the agent sampled said to run without it: {detail}"
+        );
         let r = report(&out);
         let sampled = r["stacks"]["python"]["processes"]
             .as_array()

@@ -228,6 +228,7 @@ impl Sampler {
         // left in `rejected`, it kept the process list read every 25 ms
         // for the rest of the run (80 ms of CPU in a 6 s run).
         self.rejected.remove(&pid);
+        self.ever_waited.remove(&pid);
         if self.left_to_agent.insert(pid, exe).is_none() {
             self.left_total += 1;
         }
@@ -255,7 +256,13 @@ impl Sampler {
             // Its environment cannot be read yet (mid-exec): ask again.
             None => return Plan::Wait,
         }
-        match verdicts.get(pid) {
+        let said = verdicts.get(pid);
+        if said.is_some() {
+            // Spoken for: not one that ran without the agent (its word is
+            // forgotten when it exits, before the closing count).
+            self.ever_waited.remove(&pid);
+        }
+        match said {
             Some(true) => Plan::LeaveToAgent,
             Some(false) => Plan::Read,
             None => {
