@@ -66,9 +66,20 @@ fn record(name: &str, args: &[&str], job: &[&str]) -> (PathBuf, i32) {
 
 /// [`record`], with what the job printed.
 fn record_stdout(name: &str, args: &[&str], job: &[&str]) -> (PathBuf, i32, String) {
+    record_env(name, &[], args, job)
+}
+
+/// [`record_stdout`], gpuprof run with `env` added to its environment.
+fn record_env(
+    name: &str,
+    env: &[(&str, &str)],
+    args: &[&str],
+    job: &[&str],
+) -> (PathBuf, i32, String) {
     let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let out = tmp(name);
     let st = Command::new("sh")
+        .envs(env.iter().copied())
         .arg("-c")
         .arg("ulimit -c 0; exec \"$@\"")
         .arg("sh")
@@ -102,6 +113,19 @@ fn python_stacks_detail(r: &Value) -> String {
         .iter()
         .find(|c| c["source"] == "python-stacks")
         .expect("python-stacks coverage")["detail"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// The native-stacks coverage detail (the wall-clock sampler's counts).
+fn native_stacks_detail(r: &Value) -> String {
+    r["coverage"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["source"] == "native-stacks")
+        .expect("native-stacks coverage")["detail"]
         .as_str()
         .unwrap()
         .to_string()
@@ -407,10 +431,13 @@ fn loader_workers_with_feeder_threads_have_python_frames() {
 
 /// py-spy reads what the agent does not sample, and no more: a loader job's
 /// processes are left to the agent (each py-spy read of a busy job is CPU
-/// taken from it), except a rank's main process, whose blocked threads
-/// py-spy still reads for the waits in collectives (its forked workers,
-/// with the same rank variables, are left to the agent). No process the
-/// agent spoke for is said to have run without it.
+/// taken from it), a rank's main process too while the wall-clock sampler
+/// reads its blocked loop thread with the agent's layout (its waits in
+/// collectives come from those looks); with the sampler reading Python
+/// frames through py-spy instead (`GPUPROF_WALL_PY=spy`), py-spy reads
+/// the rank's main process for them (its forked workers, with the same
+/// rank variables, are left to the agent). No process the agent spoke for
+/// is said to have run without it.
 #[test]
 fn py_spy_reads_only_what_the_agent_does_not_sample() {
     need_perf!();
@@ -418,7 +445,7 @@ fn py_spy_reads_only_what_the_agent_does_not_sample() {
         skip!("CPython 3.11 is not installed (pyenv)");
     };
     let script = scripts().join("loader_job.py");
-    let job = |rank: bool| -> Vec<String> {
+    let job = |rank: bool, seconds: &str| -> Vec<String> {
         let mut j: Vec<String> = vec!["env".into()];
         if rank {
             j.extend(["RANK=0".into(), "WORLD_SIZE=1".into()]);
@@ -426,7 +453,7 @@ fn py_spy_reads_only_what_the_agent_does_not_sample() {
         j.extend([
             py.to_str().unwrap().to_string(),
             script.to_str().unwrap().to_string(),
-            "2".into(),
+            seconds.into(),
             "2".into(),
         ]);
         j
@@ -438,10 +465,18 @@ fn py_spy_reads_only_what_the_agent_does_not_sample() {
             r["stacks"]["python_stacks"].as_u64().unwrap(),
         )
     };
-    for rank in [false, true] {
-        let j = job(rank);
+    for (rank, wall_spy) in [(false, false), (true, false), (true, true)] {
+        // py-spy waits up to 3 s for the wall-clock sampler to read the
+        // rank's loop thread with the agent's layout, which it never does
+        // with GPUPROF_WALL_PY=spy: that job runs past it.
+        let j = job(rank, if wall_spy { "4.5" } else { "2" });
         let args: Vec<&str> = j.iter().map(|s| s.as_str()).collect();
-        let (out, code) = record(&format!("pyspy-left-{rank}"), &[], &args);
+        let env: &[(&str, &str)] = if wall_spy {
+            &[("GPUPROF_WALL_PY", "spy")]
+        } else {
+            &[]
+        };
+        let (out, code, _) = record_env(&format!("pyspy-left-{rank}-{wall_spy}"), env, &[], &args);
         assert_eq!(code, 0);
         let (detail, stacks) = coverage(&out);
         assert!(
@@ -460,12 +495,29 @@ fn py_spy_reads_only_what_the_agent_does_not_sample() {
             "main and two workers sampled by the agent: {}",
             r["stacks"]["python"]
         );
-        if rank {
+        if wall_spy {
             assert!(
                 detail.contains("read 1 Python process(es) and left 2 to the in-process agent"),
                 "{detail}"
             );
             assert!(stacks > 0, "the rank's main process is read: {detail}");
+        } else if rank {
+            assert!(
+                detail.contains("read 0 Python process(es) and left 3 to the in-process agent"),
+                "{detail}"
+            );
+            assert_eq!(stacks, 0, "{detail}");
+            let looks = native_stacks_detail(&r);
+            let reads: u64 = looks
+                .split(" reads with the agent's frame layout")
+                .next()
+                .and_then(|s| s.rsplit(' ').next())
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0);
+            assert!(
+                reads > 0,
+                "the rank's loop thread was not read with the agent's layout: {looks}"
+            );
         } else {
             assert!(
                 detail.contains("read 0 Python process(es) and left 3 to the in-process agent"),

@@ -10,11 +10,12 @@
 //!
 //! When the in-process agent samples a process (same-instant Python frames,
 //! see `docs/stacks.md`), py-spy does not read it, unless it is the main
-//! process of a rank: py-spy's stacks include blocked threads, and the time
-//! a rank waits in collectives is measured from them
-//! (`analysis::collectives`). Nothing else uses py-spy's stacks of a process
-//! the agent samples, and on a job that keeps every core busy each read is
-//! taken from the job.
+//! process of a rank whose loop thread the wall-clock sampler cannot read
+//! with the agent's layout: the time a rank waits in collectives is
+//! measured from stacks of its blocked threads (`analysis::collectives`),
+//! the wall-clock sampler's where it reads them, else py-spy's. Nothing
+//! else uses py-spy's stacks of a process the agent samples, and on a job
+//! that keeps every core busy each read is taken from the job.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -33,6 +34,12 @@ use crate::record::Sink;
 use crate::vocab::coverage;
 use crate::vocab::ranks::RankIds;
 
+/// How long a rank's main process that has the agent loaded waits for the
+/// wall-clock sampler to read its loop thread with the agent's layout
+/// before py-spy reads it: the sampler lists the job's threads once a
+/// second and finds the layout at the first listing after the agent's
+/// first sample.
+const WALL_READER_LIMIT: Duration = Duration::from_secs(3);
 /// Share of one core the Python sampler may use.
 pub const CPU_BUDGET: f64 = 0.01;
 /// How soon after perf reports a fork or exec the process list is read
@@ -157,7 +164,9 @@ struct Sampler {
     /// often for.
     idle_silent: HashSet<Pid>,
     /// Whether a process (running the executable) is the main process of
-    /// a rank, which py-spy reads even when the agent samples it.
+    /// a rank, which py-spy reads even when the agent samples it, unless
+    /// the wall-clock sampler reads its loop thread with the agent's
+    /// layout.
     rank_mains: HashMap<Pid, (String, bool)>,
 }
 
@@ -248,7 +257,32 @@ impl Sampler {
         match known.or_else(|| is_rank_main(pid)) {
             Some(true) => {
                 self.rank_mains.insert(pid, (exe.to_string(), true));
-                return Plan::Read;
+                // Its waits in collectives come from the wall-clock
+                // sampler's looks at its loop thread once that reads the
+                // thread's Python frames with the agent's layout; until
+                // then, or where it cannot, py-spy reads the process.
+                if !verdicts.walled(pid) {
+                    return match self.waiting.get(&pid).filter(|w| w.exe == exe) {
+                        Some(w) if w.since.elapsed() >= WALL_READER_LIMIT => Plan::Read,
+                        Some(_) => Plan::Wait,
+                        None if verdicts.get(pid) == Some(false)
+                            || !verdicts.loaded_in(pid) && !verdicts.preloaded_in(pid) =>
+                        {
+                            Plan::Read
+                        }
+                        None => {
+                            self.waiting.insert(
+                                pid,
+                                Waiting {
+                                    exe: exe.to_string(),
+                                    since: Instant::now(),
+                                    cpu_ns: process_cpu_ns(pid),
+                                },
+                            );
+                            Plan::Wait
+                        }
+                    };
+                }
             }
             Some(false) => {
                 self.rank_mains.insert(pid, (exe.to_string(), false));
@@ -481,7 +515,10 @@ impl Sampler {
                 .spies
                 .keys()
                 .copied()
-                .filter(|p| v.get(*p) == Some(true) && self.rank_mains.get(p).is_some_and(|r| !r.1))
+                .filter(|p| {
+                    v.get(*p) == Some(true)
+                        && self.rank_mains.get(p).is_some_and(|r| !r.1 || v.walled(*p))
+                })
                 .collect();
             for pid in taken {
                 self.spies.remove(&pid);
@@ -556,7 +593,7 @@ impl Sampler {
             // the agent since.
             let idle = self.idle_silent.len();
             format!(
-                " and left {} to the in-process agent, which samples them (py-spy reads the Python processes the agent does not sample, and the ranks' main processes for their waits in collectives){}",
+                " and left {} to the in-process agent, which samples them (py-spy reads the Python processes the agent does not sample, and the ranks' main processes whose loop thread the wall-clock sampler cannot read with the agent's layout, for their waits in collectives){}",
                 self.left_total,
                 if idle > 0 {
                     format!("; {idle} more with the agent loaded stayed silent while using under {AGENT_SILENT_CPU_PERIODS} sampling periods of CPU (idle: py-spy did not read them)")

@@ -364,7 +364,8 @@ impl StackCollectors {
             },
         }));
         // With the agent reading its processes, py-spy reads only those it
-        // does not sample, and the ranks' main processes.
+        // does not sample, and the ranks' main processes whose loop thread
+        // the wall-clock sampler cannot read with the agent's layout.
         let verdicts = link.filter(|_| agent_running).map(|l| l.verdicts);
         match PySampler::start(
             opts.frequency,

@@ -484,7 +484,7 @@ impl Reader {
             wall.watch_hangs(after, dir.clone());
         }
         if let Some(a) = &agent {
-            wall.read_agent_layouts(a.ring_dir.clone());
+            wall.read_agent_layouts(a.ring_dir.clone(), a.verdicts.clone());
         }
         let wall = Some(wall);
         let mut r = Reader {

@@ -316,6 +316,7 @@ pub struct WallSampler {
     /// The agent's ring folder, where its processes publish their frame
     /// layout; `None` without the agent.
     ring_dir: Option<std::path::PathBuf>,
+    verdicts: Option<Arc<super::AgentVerdicts>>,
     /// Readers of Python frames with the agent's layout, by process.
     readers: HashMap<Pid, PyReader>,
     /// `GPUPROF_WALL_PY=check`: py-spy's frames of this look.
@@ -405,6 +406,7 @@ impl WallSampler {
             after: String::new(),
             spies: HashMap::new(),
             ring_dir: None,
+            verdicts: None,
             readers: HashMap::new(),
             reader_sought: HashMap::new(),
             spy_check: None,
@@ -430,8 +432,28 @@ impl WallSampler {
 
     /// Read Python frames with the layout the agent publishes in its rings
     /// in `dir` (py-spy then reads only what that cannot).
-    pub fn read_agent_layouts(&mut self, dir: std::path::PathBuf) {
+    /// `verdicts` learn which processes' loop threads are read so (the
+    /// py-spy sampler leaves those ranks' main processes to the agent).
+    pub fn read_agent_layouts(
+        &mut self,
+        dir: std::path::PathBuf,
+        verdicts: Arc<super::AgentVerdicts>,
+    ) {
         self.ring_dir = Some(dir);
+        self.verdicts = Some(verdicts);
+    }
+
+    /// `pid`'s reader of Python frames with the agent's layout: found, or
+    /// gone (`None`).
+    fn set_reader(&mut self, pid: Pid, reader: Option<PyReader>) {
+        let walled = reader.is_some() && self.py_source != PySource::Spy;
+        match reader {
+            Some(r) => self.readers.insert(pid, r),
+            None => self.readers.remove(&pid),
+        };
+        if let Some(v) = &self.verdicts {
+            v.set_walled(pid, walled);
+        }
     }
 
     /// Write a hang report into `dir` when every loop thread has stayed
@@ -645,7 +667,15 @@ impl WallSampler {
         }
         let alive: std::collections::HashSet<Pid> = threads.iter().map(|t| t.0).collect();
         self.spies.retain(|p, _| alive.contains(p));
-        self.readers.retain(|p, _| alive.contains(p));
+        let gone: Vec<Pid> = self
+            .readers
+            .keys()
+            .filter(|p| !alive.contains(p))
+            .copied()
+            .collect();
+        for pid in gone {
+            self.set_reader(pid, None);
+        }
         self.reader_sought.retain(|p, _| alive.contains(p));
         self.loops.retain(|p, _| alive.contains(p));
         let tids: std::collections::HashSet<Tid> =
@@ -925,9 +955,7 @@ impl WallSampler {
                         }
                         return Some((read.frames, holder));
                     }
-                    Err(ReadError::Gone) => {
-                        self.readers.remove(&pid);
-                    }
+                    Err(ReadError::Gone) => self.set_reader(pid, None),
                     Err(ReadError::Inconsistent) => self.stats.py_agent_failed += 1,
                 }
                 // py-spy reads this one: attached now if it was left for
@@ -978,7 +1006,7 @@ impl WallSampler {
         }
         self.reader_sought.insert(pid, now);
         if let Some(r) = PyReader::find(dir, pid) {
-            self.readers.insert(pid, r);
+            self.set_reader(pid, Some(r));
         }
     }
 

@@ -13,6 +13,9 @@ use crate::event::Pid;
 #[derive(Debug)]
 pub struct AgentVerdicts {
     said: std::sync::Mutex<HashMap<Pid, bool>>,
+    /// Loop processes whose blocked loop thread the wall-clock sampler
+    /// reads, Python frames included, with the agent's layout.
+    walled: std::sync::Mutex<std::collections::HashSet<Pid>>,
     /// The agent's file, as the job's processes map it.
     file: PathBuf,
 }
@@ -21,6 +24,7 @@ impl AgentVerdicts {
     pub fn new(file: PathBuf) -> AgentVerdicts {
         AgentVerdicts {
             said: Default::default(),
+            walled: Default::default(),
             file,
         }
     }
@@ -73,5 +77,27 @@ impl AgentVerdicts {
     /// not; None: it has said nothing (yet).
     pub fn get(&self, pid: Pid) -> Option<bool> {
         self.map().get(&pid).copied()
+    }
+
+    /// The wall-clock sampler reads (or no longer reads) `pid`'s loop
+    /// thread, Python frames included, with the agent's layout: a rank's
+    /// waits in collectives then come from its looks, and py-spy leaves the
+    /// rank's main process to the agent (`collect::python`).
+    pub fn set_walled(&self, pid: Pid, walled: bool) {
+        let mut w = self.walled.lock().unwrap_or_else(|e| e.into_inner());
+        if walled {
+            w.insert(pid);
+        } else {
+            w.remove(&pid);
+        }
+    }
+
+    /// Whether the wall-clock sampler reads `pid`'s loop thread with the
+    /// agent's layout.
+    pub fn walled(&self, pid: Pid) -> bool {
+        self.walled
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&pid)
     }
 }
