@@ -22,7 +22,8 @@
 # virtual environment); JOBS=loader-work adds the loader with fixed work
 # per batch, JOBS=loader16 the loader of 16 Python processes (15 workers,
 # STEPS16 steps, 3000 by default: ~13 s) on which gpuprof's own CPU is
-# judged. The default is the first four. Reports the median of
+# judged, JOBS=ranks8 the same 16 processes as 8 ranks of one worker each
+# (STEPS8 steps per rank, 300 by default; the job time is the last rank's). The default is the first four. Reports the median of
 # the job's own elapsed time (as the job measures it) as a ratio to bare,
 # and gpuprof's own CPU (report.json profiler.cpu_pct_of_one_core, per
 # run and by component, with the median's 90% bootstrap interval); and
@@ -74,6 +75,10 @@ LOADER=("$PY" "$ROOT/samples/train_sim.py" --workers 4 --augment-ms 8 --gpu-ms 2
 LOADER_WORK=("$PY" "$ROOT/samples/train_sim.py" --workers 4 --augment-iters "${AUGMENT_ITERS:-360}" --gpu-ms 2 --steps "${STEPS:-150}")
 # 16 Python processes (issue 38's own-CPU job): the loop and 15 workers.
 LOADER16=("$PY" "$ROOT/samples/train_sim.py" --workers 15 --augment-ms 8 --gpu-ms 2 --steps "${STEPS16:-3000}")
+# 8 ranks of one loader worker each (16 Python processes), each rank's main
+# process a training loop, as under torchrun.
+RANKS8=(bash -c 'for r in 0 1 2 3 4 5 6 7; do RANK=$r LOCAL_RANK=$r WORLD_SIZE=8 "$0" "$1" --workers 1 --augment-ms 8 --gpu-ms 2 --steps "$2" & done; wait' \
+    "$PY" "$ROOT/samples/train_sim.py" "${STEPS8:-300}")
 LOADER_FREE=("$PY" "$ROOT/samples/train_sim.py" --workers 1 --augment-ms 8 --gpu-ms 10 --steps "${STEPS:-150}")
 CALLS=("$PY" "$ROOT/scripts/fib_job.py" 27 "${FIB_ROUNDS:-12}")
 TORCH_PY=${TORCH_PY:-$HOME/.cache/gpuprof-ci/torch-venv/bin/python}
@@ -84,6 +89,7 @@ job_cmd() {
     loader) cmd=("${LOADER[@]}") ;;
     loader-work) cmd=("${LOADER_WORK[@]}") ;;
     loader16) cmd=("${LOADER16[@]}") ;;
+    ranks8) cmd=("${RANKS8[@]}") ;;
     loader-free) cmd=("${LOADER_FREE[@]}") ;;
     torch) cmd=("${TORCH[@]}") ;;
     *) cmd=("${CALLS[@]}") ;;
