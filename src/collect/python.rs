@@ -270,17 +270,7 @@ impl Sampler {
                         {
                             Plan::Read
                         }
-                        None => {
-                            self.waiting.insert(
-                                pid,
-                                Waiting {
-                                    exe: exe.to_string(),
-                                    since: Instant::now(),
-                                    cpu_ns: process_cpu_ns(pid),
-                                },
-                            );
-                            Plan::Wait
-                        }
+                        None => self.wait(pid, exe),
                     };
                 }
             }
@@ -322,17 +312,22 @@ impl Sampler {
                     return Plan::Read;
                 }
                 self.ever_waited.insert(pid, exe.to_string());
-                self.waiting.insert(
-                    pid,
-                    Waiting {
-                        exe: exe.to_string(),
-                        since: Instant::now(),
-                        cpu_ns: process_cpu_ns(pid),
-                    },
-                );
-                Plan::Wait
+                self.wait(pid, exe)
             }
         }
+    }
+
+    /// `pid` (running `exe`) waits from now, with its CPU time now.
+    fn wait(&mut self, pid: Pid, exe: &str) -> Plan {
+        self.waiting.insert(
+            pid,
+            Waiting {
+                exe: exe.to_string(),
+                since: Instant::now(),
+                cpu_ns: process_cpu_ns(pid),
+            },
+        );
+        Plan::Wait
     }
 
     fn run(&mut self, stop: &AtomicBool) {

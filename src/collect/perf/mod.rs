@@ -1273,33 +1273,11 @@ impl Reader {
                 return;
             }
             None => {
-                let files = &mut self.files;
-                self.wall_reads.clear();
-                let Some(mut u) = unwind::unwind_noting(
-                    pm,
-                    &mut self.cache,
-                    &b.sample,
-                    self.unknown_file,
-                    self.sample_gen,
-                    &mut |path| files.id_of_text(path),
-                    Some(&mut self.wall_reads),
-                ) else {
-                    return;
-                };
-                // The copy was sized by how deep this thread's stacks were
-                // so far; this one is deeper: it is copied again whole
-                // (still as it was read) and unwound from that.
-                if let Some(w) = self.wall.as_mut().filter(|w| {
-                    b.sized_copy && u.wanted_past_copy.is_some_and(|end| end <= w.stack_size())
-                }) {
-                    let Some(whole) = w.recopy(pid, tid, b.place.1, &b.read_as) else {
-                        self.wall_marker(pid, tid, t, MARKER_RACED);
-                        return;
-                    };
-                    b.sample.stack = whole;
+                let mut recopied = false;
+                let u = loop {
                     let files = &mut self.files;
                     self.wall_reads.clear();
-                    let Some(again) = unwind::unwind_noting(
+                    let Some(u) = unwind::unwind_noting(
                         pm,
                         &mut self.cache,
                         &b.sample,
@@ -1310,8 +1288,23 @@ impl Reader {
                     ) else {
                         return;
                     };
-                    u = again;
-                }
+                    // The copy was sized by how deep this thread's stacks
+                    // were so far; this one is deeper: it is copied again
+                    // whole (still as it was read) and unwound from that.
+                    let Some(w) = self.wall.as_mut().filter(|w| {
+                        !recopied
+                            && b.sized_copy
+                            && u.wanted_past_copy.is_some_and(|end| end <= w.stack_size())
+                    }) else {
+                        break u;
+                    };
+                    let Some(whole) = w.recopy(pid, tid, b.place.1, &b.read_as) else {
+                        self.wall_marker(pid, tid, t, MARKER_RACED);
+                        return;
+                    };
+                    b.sample.stack = whole;
+                    recopied = true;
+                };
                 for (i, _, e) in &u.jit {
                     self.jit_names
                         .entry(u.frames[*i])
