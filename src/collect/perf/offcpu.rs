@@ -1232,8 +1232,9 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_blocked_thread_is_read_without_stopping_it() {
+    /// A thread of this process that blocks reading a pipe: its id, the
+    /// pipe's read and write ends, and the thread (it returns what it read).
+    fn reader_blocked_on_a_pipe() -> (Tid, i32, i32, std::thread::JoinHandle<isize>) {
         let mut fds = [0; 2];
         // SAFETY: fds is a valid array of two ints.
         assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
@@ -1246,7 +1247,12 @@ mod tests {
             // SAFETY: b is a valid one-byte buffer.
             unsafe { libc::read(r, b.as_mut_ptr().cast(), 1) }
         });
-        let tid = Tid(rx.recv().unwrap());
+        (Tid(rx.recv().unwrap()), r, w, h)
+    }
+
+    #[test]
+    fn a_blocked_thread_is_read_without_stopping_it() {
+        let (tid, r, w, h) = reader_blocked_on_a_pipe();
         let pid = Pid(std::process::id() as i32);
         let files = ThreadFiles::open(pid, tid).expect("files open");
         let mut text = String::new();
@@ -1286,19 +1292,7 @@ mod tests {
 
     #[test]
     fn stack_copies_are_sized_by_the_unwinding_reach_and_taken_again_whole() {
-        let mut fds = [0; 2];
-        // SAFETY: fds is a valid array of two ints.
-        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
-        let (r, wfd) = (fds[0], fds[1]);
-        let (tx, rx) = std::sync::mpsc::channel();
-        let h = std::thread::spawn(move || {
-            // SAFETY: gettid has no preconditions.
-            tx.send(unsafe { libc::gettid() }).unwrap();
-            let mut b = [0u8; 1];
-            // SAFETY: b is a valid one-byte buffer.
-            unsafe { libc::read(r, b.as_mut_ptr().cast(), 1) }
-        });
-        let tid = Tid(rx.recv().unwrap());
+        let (tid, _, wfd, h) = reader_blocked_on_a_pipe();
         let pid = Pid(std::process::id() as i32);
         let mut w = WallSampler::new(pid, 99, 32 * 1024);
         w.list();
