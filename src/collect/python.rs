@@ -36,9 +36,10 @@ use crate::vocab::ranks::RankIds;
 
 /// How long a rank's main process that has the agent loaded waits for the
 /// wall-clock sampler to read its loop thread with the agent's layout
-/// before py-spy reads it: the sampler lists the job's threads once a
-/// second and finds the layout at the first listing after the agent's
-/// first sample.
+/// before py-spy reads it: the sampler looks for the layout at each
+/// listing of the job's threads (once a second) and at each blocked look
+/// at the loop (at most every 100 ms), so it finds it within about a
+/// second of the agent's first sample.
 const WALL_READER_LIMIT: Duration = Duration::from_secs(3);
 /// Share of one core the Python sampler may use.
 pub const CPU_BUDGET: f64 = 0.01;
