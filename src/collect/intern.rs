@@ -6,7 +6,7 @@
 //! `Samples` batch. This is what keeps an hour of 16 busy threads within the
 //! recording budget.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::hash::Hash;
 
 use crate::event::{Event, MonoNs, Pid, SampleBatch, SampleSource, StackKind, Tid};
@@ -58,10 +58,10 @@ impl<F: Hash + Eq + Clone> Interner<F> {
     pub fn new(kind: StackKind) -> Self {
         Interner {
             kind,
-            frames: HashMap::new(),
-            nodes: HashMap::new(),
-            batches: HashMap::new(),
-            paths: HashMap::new(),
+            frames: HashMap::default(),
+            nodes: HashMap::default(),
+            batches: HashMap::default(),
+            paths: HashMap::default(),
             samples: 0,
         }
     }

@@ -26,7 +26,9 @@ mod syscall;
 mod unwind;
 pub mod verdicts;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use rustc_hash::FxHashMap as HashMap;
 use std::os::fd::{AsFd, AsRawFd};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -491,7 +493,7 @@ impl Reader {
             rings: opened.rings,
             job: opened.job,
             opts: opened.opts,
-            procs: HashMap::new(),
+            procs: HashMap::default(),
             files,
             paths: Vec::new(),
             cache: UnwindCache::default(),
@@ -499,7 +501,7 @@ impl Reader {
             agent: agent.map(|a| Agent {
                 rings: AgentRings::new(a.ring_dir),
                 verdicts: a.verdicts,
-                counts: HashMap::new(),
+                counts: HashMap::default(),
                 procs: BTreeMap::new(),
                 buf: Vec::new(),
                 last_reap: Instant::now(),
@@ -515,17 +517,17 @@ impl Reader {
             not_unwound: None,
             news,
             attached: opened.attached,
-            jit_names: HashMap::new(),
+            jit_names: HashMap::default(),
             sample_gen: 0,
             symbols: symbolize::Streamer::start(sink.clone()),
             wall,
-            wall_last: HashMap::new(),
+            wall_last: HashMap::default(),
             wall_reads: Vec::new(),
             py_names: Vec::new(),
-            py_name_ids: HashMap::new(),
+            py_name_ids: HashMap::default(),
             sink,
             timer: opened.timer,
-            maps_read: HashMap::new(),
+            maps_read: HashMap::default(),
             gone: Vec::new(),
             last_sweep: Instant::now(),
             stats_overruns: 0,

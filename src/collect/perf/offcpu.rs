@@ -43,7 +43,7 @@
 //! processes' threads one look every [`WORKER_TICKS_PER_LOOK`] ticks
 //! between them, without Python frames.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::fs::File;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -398,20 +398,20 @@ impl WallSampler {
             stack_size: stack_size as usize,
             threads: Vec::new(),
             listed: None,
-            last: HashMap::new(),
-            files: HashMap::new(),
-            known: HashMap::new(),
-            reach: HashMap::new(),
+            last: HashMap::default(),
+            files: HashMap::default(),
+            known: HashMap::default(),
+            reach: HashMap::default(),
             before: String::new(),
             after: String::new(),
-            spies: HashMap::new(),
+            spies: HashMap::default(),
             ring_dir: None,
             verdicts: None,
-            readers: HashMap::new(),
-            reader_sought: HashMap::new(),
+            readers: HashMap::default(),
+            reader_sought: HashMap::default(),
             spy_check: None,
             py_source: PySource::from_env(),
-            loops: HashMap::new(),
+            loops: HashMap::default(),
             config: Config {
                 blocking: LockingStrategy::NonBlocking,
                 native: false,
@@ -426,7 +426,7 @@ impl WallSampler {
             worker_turns: Turns::default(),
             helpers: Vec::new(),
             workers: Vec::new(),
-            fd_dirs: HashMap::new(),
+            fd_dirs: HashMap::default(),
         }
     }
 
@@ -462,7 +462,7 @@ impl WallSampler {
         self.hang = Some(HangWatch {
             after,
             dir,
-            since: HashMap::new(),
+            since: HashMap::default(),
             reported: false,
             count: 0,
         });
@@ -1063,7 +1063,7 @@ impl WallSampler {
         };
         let traces = read.ok()?;
         let single = traces.len() == 1;
-        let mut out = HashMap::new();
+        let mut out = HashMap::default();
         let mut holder = None;
         for tr in traces {
             // Python ≥ 3.11 stores the OS thread id; before, a
@@ -1188,7 +1188,7 @@ mod tests {
             w.threads
                 .push((Pid(9), (100..100 + n as i32).map(Tid).collect()));
             w.sort_others();
-            let mut seen: HashMap<Tid, usize> = HashMap::new();
+            let mut seen: HashMap<Tid, usize> = HashMap::default();
             let ticks = 400;
             for _ in 0..ticks {
                 let turn = w.others_turn();

@@ -9,7 +9,7 @@
 //! drains them alongside the perf rings, and unwinds the samples with the
 //! same per-process unwinder as perf's own samples.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::ffi::OsString;
 use std::fs::OpenOptions;
 use std::os::unix::fs::OpenOptionsExt;
@@ -605,7 +605,7 @@ impl AgentRings {
         AgentRings {
             dir,
             rings: Vec::new(),
-            known: HashMap::new(),
+            known: HashMap::default(),
             last_scan: None,
             // The job itself is about to start.
             expect_until: Some(Instant::now() + EXPECT_FOR),
@@ -613,8 +613,8 @@ impl AgentRings {
             malformed: 0,
             names: Vec::new(),
             tables: Vec::new(),
-            line_cache: HashMap::new(),
-            name_ids: HashMap::new(),
+            line_cache: HashMap::default(),
+            name_ids: HashMap::default(),
             scratch: Vec::new(),
         }
     }
@@ -668,7 +668,7 @@ impl AgentRings {
                         pending_since: None,
                         broken: false,
                         done: false,
-                        codes: HashMap::new(),
+                        codes: HashMap::default(),
                         minor: 0,
                         parent: None,
                         dropped_at_end: 0,
@@ -833,7 +833,7 @@ impl AgentRings {
 
     /// Records each process's agent dropped because its ring was full.
     pub fn dropped(&self) -> HashMap<Pid, u64> {
-        let mut m = HashMap::new();
+        let mut m = HashMap::default();
         for r in &self.rings {
             *m.entry(r.pid).or_default() += r.dropped();
         }

@@ -27,7 +27,7 @@
 //! serve a look: the sampler falls back to py-spy where the agent is not
 //! loaded or a read here fails.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -296,8 +296,8 @@ impl PyReader {
                 pid,
                 lay,
                 gil: 0,
-                threads: HashMap::new(),
-                codes: HashMap::new(),
+                threads: HashMap::default(),
+                codes: HashMap::default(),
                 gen: 0,
                 listed: None,
                 interp: 0,
@@ -368,7 +368,7 @@ impl PyReader {
             at += 8;
             u64_in(&buf, at - 8)
         });
-        let mut blocks: HashMap<Tid, (u64, Vec<u8>)> = HashMap::new();
+        let mut blocks: HashMap<Tid, (u64, Vec<u8>)> = HashMap::default();
         let mut stale = known.len() < tids.len() && self.relist_due(head);
         for (tid, th) in &known {
             let b = &buf[at..at + ts_read];
@@ -478,7 +478,7 @@ impl PyReader {
             ts = u64_in(&b, l.o(TS_NEXT));
         }
         self.threads.clear();
-        let mut out = HashMap::new();
+        let mut out = HashMap::default();
         if l.off[TS_NATIVE_TID] >= 0 {
             self.unbound = found
                 .iter()
