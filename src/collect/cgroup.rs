@@ -391,7 +391,16 @@ impl CgroupCollector {
             let texts: Vec<String> = pids
                 .iter()
                 .take(MAX_PIDS)
-                .filter_map(|pid| read(Path::new(&format!("/proc/{pid}/cgroup"))))
+                .filter_map(|pid| {
+                    let mut buf = Vec::new();
+                    crate::collect::procfs::read_once(
+                        &format!("/proc/{pid}/cgroup"),
+                        &mut buf,
+                        true,
+                    )
+                    .ok()?;
+                    String::from_utf8(buf).ok()
+                })
                 .collect();
             let cpu = self
                 .resolve("cpu", &texts)

@@ -26,7 +26,7 @@ use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::MetadataExt;
 use std::time::{Duration, Instant};
 
-use crate::collect::procfs::TaskStat;
+use crate::collect::procfs::{read_once, TaskStat};
 use crate::event::{Event, MonoNs, OtherProc, Pid};
 use crate::record::Sink;
 
@@ -108,11 +108,12 @@ impl OthersCollector {
     /// runnable now are on one of the job's CPUs (a sleeping thread's
     /// last CPU says nothing).
     fn look_at_watched(&mut self) {
+        let mut buf = Vec::with_capacity(512);
         for (pid, w) in self.watch.iter_mut() {
             for tid in &w.busy {
-                let Ok(buf) = std::fs::read(format!("/proc/{pid}/task/{tid}/stat")) else {
+                if read_once(&format!("/proc/{pid}/task/{tid}/stat"), &mut buf, true).is_err() {
                     continue;
-                };
+                }
                 let Some(st) = TaskStat::parse(&buf) else {
                     continue;
                 };
@@ -170,6 +171,7 @@ impl OthersCollector {
         let dt = now.0.saturating_sub(self.last_t.0).max(1);
         let mut seen = HashMap::with_capacity(self.others.len());
         let mut busy: Vec<(u64, i32, u64, TaskStat, u32)> = Vec::new();
+        let mut buf = Vec::with_capacity(512);
         let Ok(dir) = std::fs::read_dir("/proc") else {
             return Vec::new();
         };
@@ -180,9 +182,9 @@ impl OthersCollector {
             if pid == self.own || job.contains(&pid) {
                 continue;
             }
-            let Ok(buf) = std::fs::read(format!("/proc/{pid}/stat")) else {
+            if read_once(&format!("/proc/{pid}/stat"), &mut buf, true).is_err() {
                 continue;
-            };
+            }
             let Some(st) = TaskStat::parse(&buf) else {
                 continue;
             };
@@ -261,14 +263,15 @@ impl Watched {
     fn start(pid: i32, old: Option<HashMap<i32, u64>>) -> Watched {
         let mut w = Watched::default();
         let mut used: Vec<(u64, i32)> = Vec::new();
+        let mut buf = Vec::with_capacity(512);
         if let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) {
             for e in dir.flatten() {
                 let Some(tid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
                     continue;
                 };
-                let Ok(buf) = std::fs::read(format!("/proc/{pid}/task/{tid}/stat")) else {
+                if read_once(&format!("/proc/{pid}/task/{tid}/stat"), &mut buf, true).is_err() {
                     continue;
-                };
+                }
                 let Some(st) = TaskStat::parse(&buf) else {
                     continue;
                 };
@@ -345,7 +348,9 @@ impl Cpus {
 
 /// `schedstat`: time on a CPU and time waiting on a run queue (ns).
 fn read_schedstat(path: &str) -> Option<(u64, u64)> {
-    parse_schedstat(&std::fs::read_to_string(path).ok()?)
+    let mut buf = Vec::with_capacity(64);
+    read_once(path, &mut buf, true).ok()?;
+    parse_schedstat(std::str::from_utf8(&buf).ok()?)
 }
 
 fn parse_schedstat(s: &str) -> Option<(u64, u64)> {

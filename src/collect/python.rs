@@ -714,19 +714,20 @@ pub fn descendants(root: i32) -> Vec<i32> {
     let mut out = Vec::new();
     let mut stack = vec![root];
     let mut seen = HashSet::new();
+    let mut buf = Vec::new();
     while let Some(p) = stack.pop() {
         let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) else {
             continue;
         };
         for t in tasks.flatten() {
-            let path = t.path().join("children");
-            let Ok(text) = std::fs::read_to_string(path) else {
+            let Some(tid) = t.file_name().to_str().map(str::to_owned) else {
                 continue;
             };
-            for c in text
-                .split_ascii_whitespace()
-                .filter_map(|c| c.parse::<i32>().ok())
-            {
+            let path = format!("/proc/{p}/task/{tid}/children");
+            if crate::collect::procfs::read_once(&path, &mut buf, false).is_err() {
+                continue;
+            }
+            for c in crate::collect::procfs::pids_in(&buf) {
                 if seen.insert(c) {
                     out.push(c);
                     stack.push(c);
