@@ -148,6 +148,8 @@ impl SamplerThread {
         if let Some(mut s) = last {
             if self.active.load(Ordering::Acquire) {
                 s.tick();
+                let live = s.tree.live_pids();
+                s.others.flush(&live);
             }
         }
         self.active.store(false, Ordering::Release);

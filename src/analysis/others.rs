@@ -2,10 +2,10 @@
 //! [`crate::collect::others`]): per process outside the job's tree, how
 //! much of the job's runnable time it took.
 //!
-//! The estimate, per one-second interval: the job's threads waited `W`
-//! on run queues; another process used `C` of CPU, a share `f` of it on
-//! CPUs the job's threads may run on (its CPU looked at at every sampling
-//! tick). It took `C·f` from the job, scaled down, for all of them alike,
+//! The estimate, per interval (a second while the job waits for a CPU, up
+//! to five otherwise): the job's threads waited `W` on run queues; another
+//! process used `C` of CPU, a share `f` of it on CPUs the job's threads
+//! may run on (its CPU looked at at every sampling tick). It took `C·f` from the job, scaled down, for all of them alike,
 //! when together they used more than `W` there. Its share is the sum over
 //! the intervals it was busy in, divided by the job's runnable time (run +
 //! wait) in the same intervals. An estimate: `f` is sampled ten times a

@@ -2,6 +2,9 @@
 //! runnable for a CPU, and which processes outside the job used CPU
 //! meanwhile (another tenant's training, a build, a busy loop left
 //! running), so that the diagnosis can name what took CPU the job wanted.
+//! While the job's threads did not wait for a CPU, no other program took
+//! one from them: the other processes are then read every
+//! [`QUIET_PERIOD`], an interval covering the seconds since the last.
 //!
 //! - The job's threads: `/proc/PID/task/TID/schedstat` (time on a CPU,
 //!   time waiting on a run queue, in ns) of every live process of the
@@ -16,11 +19,12 @@
 //!   threads that used CPU is looked at at every sampling tick while they
 //!   stay busy, when it is running or runnable.
 //!
-//! Cost: one `stat` read per process of the machine and a `schedstat` and
-//! a `status` read per thread of the job, once a second (a few ms on a
-//! machine with a thousand processes), and a `stat` read per busy thread
-//! of the busy other processes (16 processes, 32 threads each at most) at
-//! every sampling tick.
+//! Cost: a `schedstat` read and a `sched_getaffinity` call per thread of
+//! the job once a second; one `stat` read per process of the machine once
+//! a second while the job waits for CPUs, every five seconds otherwise
+//! (~10 ms of CPU with a thousand processes); and a `stat` read per busy
+//! thread of the busy other processes (16 processes, 32 threads each at
+//! most) at every sampling tick.
 
 use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::MetadataExt;
@@ -30,8 +34,14 @@ use crate::collect::procfs::{read_once, TaskStat};
 use crate::event::{Event, MonoNs, OtherProc, Pid};
 use crate::record::Sink;
 
-/// How often the figures are taken.
+/// How often the job's threads' run-queue waits are read ...
 const PERIOD: Duration = Duration::from_secs(1);
+/// ... and the machine's other processes at least: every second while
+/// the job's threads waited for a CPU (at least [`MIN_SHARE`] of the
+/// time), else after this long. Reading every process's `stat` is the
+/// cost that grows with the machine, not the job: a second of it was
+/// 1.2% of a core with a thousand processes.
+const QUIET_PERIOD: Duration = Duration::from_secs(5);
 /// A process outside the job is recorded when it used at least this share
 /// of one CPU in the interval.
 pub const MIN_SHARE: f64 = 0.02;
@@ -48,6 +58,9 @@ pub struct OthersCollector {
     last_t: MonoNs,
     /// Per job thread: (run, wait) ns at the last pass.
     threads: HashMap<i32, (u64, u64)>,
+    /// The job's threads' run and wait time since the last interval.
+    run_ns: u64,
+    wait_ns: u64,
     /// The CPUs the job's threads that ran or waited in the last interval
     /// may run on.
     job_cpus: Cpus,
@@ -70,6 +83,8 @@ impl OthersCollector {
             last: None,
             last_t: MonoNs(0),
             threads: HashMap::new(),
+            run_ns: 0,
+            wait_ns: 0,
             job_cpus: Cpus::default(),
             watch: HashMap::new(),
             others: HashMap::new(),
@@ -89,10 +104,47 @@ impl OthersCollector {
         self.last = Some(Instant::now());
         let now = MonoNs::now();
         let (run, wait) = self.job_sched(job);
+        self.run_ns += run;
+        self.wait_ns += wait;
+        if first {
+            self.other_procs(job, now);
+            self.last_t = now;
+            return;
+        }
+        // Without a wait of the job's, no other program took a CPU it
+        // wanted: the machine's processes are read again only after
+        // `QUIET_PERIOD`, the interval then covering every second since.
+        let interval_ns = now.0.saturating_sub(self.last_t.0);
+        let waited = self.wait_ns as f64 >= MIN_SHARE * interval_ns as f64;
+        if waited || interval_ns >= QUIET_PERIOD.as_nanos() as u64 {
+            self.emit(job, now);
+        }
+    }
+
+    /// At the end of the recording: the interval since the last one, if
+    /// the machine's processes were read before.
+    pub fn flush(&mut self, job: &[i32]) {
+        if self.last.is_none() {
+            return;
+        }
+        let now = MonoNs::now();
+        let (run, wait) = self.job_sched(job);
+        self.run_ns += run;
+        self.wait_ns += wait;
+        self.emit(job, now);
+    }
+
+    /// Read the machine's processes and record the interval since the
+    /// last time they were.
+    fn emit(&mut self, job: &[i32], now: MonoNs) {
         let procs = self.other_procs(job, now);
         let interval_ns = now.0.saturating_sub(self.last_t.0);
         self.last_t = now;
-        if first || interval_ns == 0 {
+        let (run, wait) = (
+            std::mem::take(&mut self.run_ns),
+            std::mem::take(&mut self.wait_ns),
+        );
+        if interval_ns == 0 {
             return;
         }
         self.sink.send(Event::OtherCpu {
@@ -440,34 +492,114 @@ mod tests {
         }
     }
 
+    fn spawn(cmd: &str) -> std::process::Child {
+        std::process::Command::new("sh")
+            .args(["-c", cmd])
+            .spawn()
+            .unwrap()
+    }
+
+    /// Both on the first CPU this process may use.
+    fn pin_together(pids: &[u32]) {
+        use nix::sched::{sched_getaffinity, sched_setaffinity, CpuSet};
+        let mine = sched_getaffinity(nix::unistd::Pid::from_raw(0)).unwrap();
+        let one = (0..CpuSet::count())
+            .find(|&i| mine.is_set(i).unwrap_or(false))
+            .unwrap();
+        let mut set = CpuSet::new();
+        set.set(one).unwrap();
+        for p in pids {
+            sched_setaffinity(nix::unistd::Pid::from_raw(*p as i32), &set).unwrap();
+        }
+    }
+
+    fn other_cpu(evs: &[Event]) -> Vec<(u64, u64, &[OtherProc])> {
+        evs.iter()
+            .filter_map(|e| match e {
+                Event::OtherCpu {
+                    interval_ns,
+                    job_wait_ns,
+                    procs,
+                    ..
+                } => Some((*interval_ns, *job_wait_ns, procs.as_slice())),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// A busy child of this test process (not of the "job") is listed with
-    /// its CPU; the job's own processes never are.
+    /// its CPU; the job's own processes never are. The job (a `sleep`)
+    /// never waits for a CPU: a second later the machine's processes are
+    /// not read again, and the interval recorded at the end covers both
+    /// seconds.
     #[test]
     fn a_busy_process_outside_the_job_is_listed() {
         let (tx, rx) = std::sync::mpsc::sync_channel(16);
         let sink = crate::record::Sink::from_parts(tx, Default::default());
         let mut c = OthersCollector::new(sink);
-        let mut hog = std::process::Command::new("sh")
-            .args(["-c", "while :; do :; done"])
-            .spawn()
-            .unwrap();
+        let mut hog = spawn("while :; do :; done");
         let hog_pid = hog.id() as i32;
-        // The job: this test process's parent stands in (never the hog).
-        let job = [std::os::unix::process::parent_id() as i32];
+        let mut job = spawn("exec sleep 30");
+        let job_pids = [job.id() as i32];
+        // Asleep, past its start (which may wait for a CPU beside the hog).
+        while TaskStat::read(job_pids[0]).map_or(true, |s| s.comm != "sleep" || s.state != 'S') {
+            std::thread::sleep(Duration::from_millis(10));
+        }
         c.own = -1;
-        c.tick(&job);
+        c.tick(&job_pids);
         std::thread::sleep(Duration::from_millis(1100));
-        c.tick(&job);
+        c.tick(&job_pids);
+        let ticked: Vec<Event> = rx.try_iter().collect();
+        std::thread::sleep(Duration::from_millis(1000));
+        c.flush(&job_pids);
         let _ = hog.kill();
         let _ = hog.wait();
+        let _ = job.kill();
+        let _ = job.wait();
+        assert!(other_cpu(&ticked).is_empty(), "{ticked:?}");
         let evs: Vec<Event> = rx.try_iter().collect();
-        let Some(Event::OtherCpu { procs, .. }) = evs.last() else {
+        let got = other_cpu(&evs);
+        let [(interval_ns, wait_ns, procs)] = got.as_slice() else {
             panic!("{evs:?}");
         };
+        assert!(*interval_ns >= 2_000_000_000, "{interval_ns}");
+        assert_eq!(*wait_ns, 0, "a sleeping job never waits for a CPU");
         let p = procs.iter().find(|p| p.pid.0 == hog_pid);
         let p = p.unwrap_or_else(|| panic!("{procs:?}"));
         assert_eq!(p.comm, "sh");
         assert!(p.cmdline.contains("while :; do :; done"), "{p:?}");
         assert!(p.cpu_ns > 50_000_000, "{p:?}");
+    }
+
+    /// A job that waits for its CPU (a busy loop sharing it with another)
+    /// has the other processes read every second.
+    #[test]
+    fn a_job_waiting_for_a_cpu_has_the_others_read_every_second() {
+        let (tx, rx) = std::sync::mpsc::sync_channel(16);
+        let sink = crate::record::Sink::from_parts(tx, Default::default());
+        let mut c = OthersCollector::new(sink);
+        let mut hog = spawn("while :; do :; done");
+        let mut job = spawn("while :; do :; done");
+        pin_together(&[hog.id(), job.id()]);
+        let job_pids = [job.id() as i32];
+        c.own = -1;
+        c.tick(&job_pids);
+        std::thread::sleep(Duration::from_millis(1100));
+        c.tick(&job_pids);
+        let _ = hog.kill();
+        let _ = hog.wait();
+        let _ = job.kill();
+        let _ = job.wait();
+        let evs: Vec<Event> = rx.try_iter().collect();
+        let got = other_cpu(&evs);
+        let [(interval_ns, wait_ns, procs)] = got.as_slice() else {
+            panic!("{evs:?}");
+        };
+        // Sharing one CPU, the job waits about half of the time.
+        assert!(*wait_ns * 5 > *interval_ns, "{wait_ns} of {interval_ns}");
+        assert!(
+            procs.iter().any(|p| p.pid.0 == hog.id() as i32),
+            "{procs:?}"
+        );
     }
 }
