@@ -42,6 +42,8 @@ const PERIOD: Duration = Duration::from_secs(1);
 /// cost that grows with the machine, not the job: a second of it was
 /// 1.2% of a core with a thousand processes.
 const QUIET_PERIOD: Duration = Duration::from_secs(5);
+/// The shortest interval recorded at the end.
+const FLUSH_MIN: Duration = Duration::from_millis(200);
 /// A process outside the job is recorded when it used at least this share
 /// of one CPU in the interval.
 pub const MIN_SHARE: f64 = 0.02;
@@ -124,10 +126,14 @@ impl OthersCollector {
     /// At the end of the recording: the interval since the last one, if
     /// the machine's processes were read before.
     pub fn flush(&mut self, job: &[i32]) {
-        if self.last.is_none() {
+        let now = MonoNs::now();
+        // Not right after an interval (the last pass may have just
+        // recorded one): CPU times move in clock ticks of 10 ms, which
+        // would be whole shares of a sliver of time.
+        if self.last.is_none() || now.0.saturating_sub(self.last_t.0) < FLUSH_MIN.as_nanos() as u64
+        {
             return;
         }
-        let now = MonoNs::now();
         let (run, wait) = self.job_sched(job);
         self.run_ns += run;
         self.wait_ns += wait;
