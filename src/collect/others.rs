@@ -24,7 +24,7 @@
 //! a second while the job waits for CPUs, every five seconds otherwise
 //! (~10 ms of CPU with a thousand processes); and a `stat` read per busy
 //! thread of the busy other processes (16 processes, 32 threads each at
-//! most) at every sampling tick.
+//! most; 32 reads a tick at most, in turn) at every sampling tick.
 
 use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::MetadataExt;
@@ -68,6 +68,8 @@ pub struct OthersCollector {
     job_cpus: Cpus,
     /// Busy other processes, watched at every tick.
     watch: HashMap<i32, Watched>,
+    /// Where the next tick's turn of watched threads starts.
+    watch_turn: usize,
     /// Per other process: (starttime, utime + stime in ticks).
     others: HashMap<i32, (u64, u64)>,
     /// Processes whose command line was recorded.
@@ -89,6 +91,7 @@ impl OthersCollector {
             wait_ns: 0,
             job_cpus: Cpus::default(),
             watch: HashMap::new(),
+            watch_turn: 0,
             others: HashMap::new(),
             named: HashSet::new(),
             users: read_users(),
@@ -162,14 +165,33 @@ impl OthersCollector {
         });
     }
 
-    /// Whether each watched process's busy threads that are running or
+    /// Whether the watched processes' busy threads that are running or
     /// runnable now are on one of the job's CPUs (a sleeping thread's
-    /// last CPU says nothing).
+    /// last CPU says nothing): [`WATCH_PER_TICK`] of them a tick, in turn.
     fn look_at_watched(&mut self) {
+        let total: usize = self.watch.values().map(|w| w.busy.len()).sum();
+        if total == 0 {
+            return;
+        }
+        let n = total.min(WATCH_PER_TICK);
+        let start = self.watch_turn % total;
+        self.watch_turn = (start + n) % total;
+        let mut pids: Vec<i32> = self.watch.keys().copied().collect();
+        pids.sort_unstable();
         let mut buf = Vec::with_capacity(512);
-        for (pid, w) in self.watch.iter_mut() {
+        let mut i = 0;
+        for pid in pids {
+            let Some(w) = self.watch.get_mut(&pid) else {
+                continue;
+            };
             for tid in &w.busy {
-                if read_once(&format!("/proc/{pid}/task/{tid}/stat"), &mut buf, true).is_err() {
+                // Within this tick's turn: the n threads from `start` on,
+                // around the end.
+                let turn = (i + total - start) % total < n;
+                i += 1;
+                if !turn
+                    || read_once(&format!("/proc/{pid}/task/{tid}/stat"), &mut buf, true).is_err()
+                {
                     continue;
                 }
                 let Some(st) = TaskStat::parse(&buf) else {
@@ -301,8 +323,12 @@ impl OthersCollector {
     }
 }
 
-/// At most this many threads of a busy process are looked at per tick.
+/// At most this many threads of a busy process are watched ...
 const WATCH_THREADS: usize = 32;
+/// ... and this many threads of all of them looked at per tick, in turn:
+/// another tenant's 16 busy processes of 32 threads were 512 `stat` reads
+/// a tick, 5,120 a second.
+const WATCH_PER_TICK: usize = 32;
 
 /// A busy other process: its threads that used CPU in the last interval,
 /// and how often one of them, running or runnable, was on the job's CPUs.
@@ -575,6 +601,37 @@ mod tests {
         assert_eq!(p.comm, "sh");
         assert!(p.cmdline.contains("while :; do :; done"), "{p:?}");
         assert!(p.cpu_ns > 50_000_000, "{p:?}");
+    }
+
+    /// Watched threads past [`WATCH_PER_TICK`] are looked at in turn: a
+    /// busy loop (always running or runnable) listed 40 times is seen 32
+    /// times a tick, every listing once in 5 ticks of 8.
+    #[test]
+    fn watched_threads_are_looked_at_a_bounded_few_a_tick() {
+        let (tx, _rx) = std::sync::mpsc::sync_channel(16);
+        let sink = crate::record::Sink::from_parts(tx, Default::default());
+        let mut c = OthersCollector::new(sink);
+        let mut hog = spawn("while :; do :; done");
+        let pid = hog.id() as i32;
+        // In its loop (past its start, when it may sleep on a page).
+        while TaskStat::read(pid).map_or(true, |s| s.utime < 2) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let w = Watched {
+            busy: vec![pid; 40],
+            ..Default::default()
+        };
+        c.watch.insert(pid, w);
+        c.look_at_watched();
+        let first = c.watch[&pid].seen;
+        for _ in 0..4 {
+            c.look_at_watched();
+        }
+        let _ = hog.kill();
+        let _ = hog.wait();
+        assert_eq!(first, WATCH_PER_TICK as u32);
+        assert_eq!(c.watch[&pid].seen, 5 * WATCH_PER_TICK as u32);
+        assert_eq!(c.watch_turn, 0, "5 turns of 32 are 4 rounds of 40");
     }
 
     /// A job that waits for its CPU (a busy loop sharing it with another)
