@@ -281,13 +281,13 @@ fn preprocessing_in_the_main_process() {
 /// The report, and the import's wall time as the job measured it (its
 /// CPU time is `import_s`; on a loaded machine the wall time is longer).
 fn record_slow_imports(out: &Path, import_s: &str, work_s: &str) -> (Value, f64) {
+    record_slow_imports_with(out, &[import_s, work_s])
+}
+
+fn record_slow_imports_with(out: &Path, args: &[&str]) -> (Value, f64) {
     let script = test_script("slow_imports.py");
-    let cmd = [
-        OsStr::new("python3"),
-        script.as_os_str(),
-        OsStr::new(import_s),
-        OsStr::new(work_s),
-    ];
+    let mut cmd = vec![OsStr::new("python3"), script.as_os_str()];
+    cmd.extend(args.iter().map(OsStr::new));
     let (o, report) = record_cmd(out, &cmd);
     let stdout = String::from_utf8_lossy(&o.stdout);
     let imported: f64 = stdout
@@ -352,6 +352,35 @@ fn slow_imports_are_start_up_not_batches() {
         .find(|e| e.starts_with("Stack samples"))
         .unwrap_or_else(|| panic!("stack evidence: {f}"));
     assert!(stacks.contains("make_batch (slow_imports.py)"), "{stacks}");
+}
+
+/// An import whose body calls one function again and again (40 ms of CPU
+/// each, 30 ms of its own between, as PyTorch's import registers its
+/// operators): regular entries of one function, but inside an import,
+/// where no training step runs. They are not taken for the steps (whose
+/// first would end the start-up), and the start-up is still the whole
+/// import. Under load, `CustomOpDef.__init__` of a job importing torch
+/// once was.
+#[test]
+fn a_function_called_regularly_inside_an_import_is_no_step() {
+    let _g = serial();
+    if let Some(why) = common::perf_refused() {
+        skip!("steps and start-up are read from stack samples: {why}");
+    }
+    let dir = common::test_dir();
+    let (report, imported) =
+        record_slow_imports_with(&dir.path().join("registers"), &["2.0", "0", "registers"]);
+    well_formed(&report);
+    assert!(
+        !report["steps"]["name"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("register ("),
+        "{}",
+        report["steps"]
+    );
+    no_alarm(&report);
+    assert_startup_is_the_import(&report, imported);
 }
 
 /// `import torch` and a forward pass on the CPU, without a GPU: the

@@ -559,6 +559,22 @@ fn from_stacks(a: &Analysis, only: Option<Pid>) -> Option<StackSteps> {
             s.t.0.saturating_sub(p.0) <= 2 * period
                 || wall.is_some_and(|w| w.stayed_runnable(p, s.t))
         });
+        // Inside an import (a module body run from another's, as a
+        // PyTorch import registering its operators): no training step runs
+        // there, and functions called once per imported definition are
+        // entered at a regular period on a slow machine
+        // (`CustomOpDef.__init__` was once taken for the steps of a job
+        // still importing torch under load). The sample ends every run.
+        if st
+            .stack(s.stack)
+            .filter(|f| f.starts_with("<module> ("))
+            .count()
+            >= 2
+        {
+            k += 1;
+            prev_t = Some(s.t);
+            continue;
+        }
         let mut seen = BTreeSet::new();
         for f in st.stack(s.stack).filter(|f| is_py(f)) {
             if !seen.insert(f) {

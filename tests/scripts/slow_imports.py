@@ -3,7 +3,13 @@ is: it writes a module whose body computes for IMPORT_S seconds, imports
 it, then prepares "batches" in its main thread for WORK_S seconds (no
 workers) and exits.
 
-Usage: slow_imports.py IMPORT_S WORK_S
+With a third argument `registers`, the module's body spends its time in
+a function it calls again and again, 40 ms of CPU each with 30 ms of
+its own between (as a PyTorch
+import registers its operators, `CustomOpDef.__init__`): regular
+entries of one function, inside an import, that are no training step.
+
+Usage: slow_imports.py IMPORT_S WORK_S [registers]
 """
 import os
 import shutil
@@ -14,15 +20,35 @@ import time
 import_s, work_s = float(sys.argv[1]), float(sys.argv[2])
 
 pkg = tempfile.mkdtemp(prefix="slow_imports.")
+registers = len(sys.argv) > 3 and sys.argv[3] == "registers"
 with open(os.path.join(pkg, "heavy_module.py"), "w") as f:
-    f.write(
-        "import time\n"
-        f"_end = time.thread_time() + {import_s}\n"
-        "_x = 0\n"
-        "while time.thread_time() < _end:\n"
-        "    for _i in range(2000):\n"
-        "        _x = (_x * 31 + _i) & 0xFFFFFFFF\n"
-    )
+    if registers:
+        f.write(
+            "import time\n"
+            "def register():\n"
+            "    end = time.thread_time() + 0.04\n"
+            "    x = 0\n"
+            "    while time.thread_time() < end:\n"
+            "        for i in range(2000):\n"
+            "            x = (x * 31 + i) & 0xFFFFFFFF\n"
+            f"_end = time.thread_time() + {import_s}\n"
+            "_x = 0\n"
+            "while time.thread_time() < _end:\n"
+            "    register()\n"
+            "    _t = time.thread_time() + 0.03\n"
+            "    while time.thread_time() < _t:\n"
+            "        for _i in range(2000):\n"
+            "            _x = (_x * 31 + _i) & 0xFFFFFFFF\n"
+        )
+    else:
+        f.write(
+            "import time\n"
+            f"_end = time.thread_time() + {import_s}\n"
+            "_x = 0\n"
+            "while time.thread_time() < _end:\n"
+            "    for _i in range(2000):\n"
+            "        _x = (_x * 31 + _i) & 0xFFFFFFFF\n"
+        )
 sys.path.insert(0, pkg)
 t = time.perf_counter()
 import heavy_module  # noqa: E402,F401
