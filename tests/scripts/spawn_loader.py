@@ -12,6 +12,7 @@ import time
 
 T0 = time.monotonic()
 
+import os  # noqa: E402
 import sys  # noqa: E402
 
 import torch  # noqa: E402
@@ -33,9 +34,15 @@ class Items(Dataset):
         return torch.full((16,), float(x))
 
 
+def say(line):
+    # One write of the whole line: the two workers and the loop share the
+    # pipe, and print's text and newline, written apart, interleaved.
+    os.write(sys.stdout.fileno(), f"{line}\n".encode())
+
+
 def ready(worker_id):
     t0 = torch.utils.data.get_worker_info().dataset.t0
-    print(f"worker {worker_id} ready after {time.monotonic() - t0:.2f} s", flush=True)
+    say(f"worker {worker_id} ready after {time.monotonic() - t0:.2f} s")
 
 
 if __name__ == "__main__":
@@ -52,11 +59,11 @@ if __name__ == "__main__":
     n = 0
     for batch in loader:
         if n == 0:
-            print(f"first batch after {time.monotonic() - T0:.2f} s", flush=True)
+            say(f"first batch after {time.monotonic() - T0:.2f} s")
         loss = model(batch).sum()
         opt.zero_grad()
         loss.backward()
         opt.step()
         time.sleep(0.002)
         n += 1
-    print(f"{n} steps", flush=True)
+    say(f"{n} steps")
