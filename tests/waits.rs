@@ -148,6 +148,50 @@ fn a_loops_wait_for_batches_and_for_the_gpu_match_its_own_log() {
     let _ = std::fs::remove_dir_all(&tmp);
 }
 
+/// A rank started as torchrun's `Popen` starts it: forked by its launcher,
+/// then exec'd with `RANK` set. Listed between the fork and the exec (here
+/// 2.5 s apart), it had the launcher's environment and was once taken for
+/// a helper for the whole run: its loop looked at one tick in four or
+/// fewer, its waits in collectives (in DDP's backward) unseen. The exec
+/// has it decided again: its main thread is looked at every tick, ~99 a
+/// second for its 3 s loop.
+#[test]
+fn a_rank_forked_then_execed_is_looked_at_as_a_loop() {
+    let _g = serial();
+    if let Some(why) = perf_refused() {
+        skip!("{why}");
+    }
+    let tmp = scratch("fork-exec");
+    let launcher = r#"
+import os, sys, time
+pid = os.fork()
+if pid == 0:
+    time.sleep(2.5)
+    env = dict(os.environ, RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
+    loop = "import time\nt = time.time()\nwhile time.time() - t < 3:\n    time.sleep(0.005)\n"
+    os.execve(sys.executable, [sys.executable, "-c", loop], env)
+os.write(1, f"rank pid {pid}\n".encode())
+os.waitpid(pid, 0)
+"#;
+    let (out, o) = record(&tmp, "out", &["--no-gpu"], &["python3", "-c", launcher]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let pid: i64 = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("rank pid "))
+        .and_then(|p| p.trim().parse().ok())
+        .unwrap_or_else(|| panic!("the launcher prints the rank's pid: {stdout}"));
+    let r = report(&out);
+    let t = main_thread(&r, &Value::from(pid));
+    let looks = t["samples"].as_u64().unwrap();
+    assert!(looks >= 150, "{looks} looks at the rank's loop in 3 s: {t}");
+}
+
 /// Real DDP (gloo, two ranks, rank 1's input slower): rank 0 waits for
 /// rank 1 in DDP's gradient all-reduce, inside `loss.backward()`, where no
 /// Python frame names a collective. Its share of time in collectives is

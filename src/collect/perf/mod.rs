@@ -649,6 +649,7 @@ impl Reader {
             rings,
             agent,
             pending,
+            wall,
             ..
         } = self;
         for s in rings.samplers.iter_mut() {
@@ -663,16 +664,20 @@ impl Reader {
                     }
                 }
                 if let Some(r) = ring::parse(rec.ty(), rec.misc(), &body, nregs) {
-                    if let (
-                        Some(a),
-                        Record::Comm {
-                            pid, exec: true, ..
-                        },
-                    ) = (agent.as_ref(), &r)
+                    if let Record::Comm {
+                        pid, exec: true, ..
+                    } = &r
                     {
                         // A new program: the agent's verdict on the old one
-                        // no longer holds for the samples read after this.
-                        a.verdicts.forget(*pid);
+                        // no longer holds for the samples read after this,
+                        // nor the wall-clock sampler's on whether it runs a
+                        // training loop.
+                        if let Some(a) = agent.as_ref() {
+                            a.verdicts.forget(*pid);
+                        }
+                        if let Some(w) = wall.as_mut() {
+                            w.exec(*pid);
+                        }
                     }
                     pending.push(r);
                 }

@@ -528,6 +528,19 @@ impl WallSampler {
     }
 
     /// Time until the next tick is due.
+    /// `pid` exec'd: whether it runs a training loop is decided again at
+    /// the next listing. A rank forked by its launcher (torchrun's
+    /// `Popen`) and listed before its exec had the launcher's environment,
+    /// without `RANK`, and was taken for a helper for the whole run: its
+    /// loop looked at once in many ticks, its waits in collectives unseen.
+    pub fn exec(&mut self, pid: Pid) {
+        if self.loops.remove(&pid).is_some() {
+            self.spies.remove(&pid);
+            self.reader_sought.remove(&pid);
+            self.listed = None;
+        }
+    }
+
     pub fn due_in(&self) -> Duration {
         self.next.saturating_duration_since(Instant::now())
     }
