@@ -136,3 +136,41 @@ mod tests {
         assert!(m.due(None, t0, every), "no news to go by");
     }
 }
+
+thread_local! {
+    static QUIET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Run code of another crate that may panic on what it reads of another
+/// process (py-spy misjudging an interpreter's state mid-change): a panic
+/// is `None`, and its message is not printed. The job's stderr is
+/// gpuprof's, and a caught panic is no error of the job's: "attempt to add
+/// with overflow" with a backtrace once reached a job's stderr from a
+/// py-spy attach that failed harmlessly.
+pub(crate) fn quietly<R>(f: impl FnOnce() -> R) -> Option<R> {
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| {
+        let prev = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !QUIET.with(|q| q.get()) {
+                prev(info)
+            }
+        }));
+    });
+    let was = QUIET.with(|q| q.replace(true));
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    QUIET.with(|q| q.set(was));
+    r.ok()
+}
+
+#[cfg(test)]
+mod quiet_tests {
+    /// A panic is None and the thread goes on; a later panic outside is
+    /// not quiet (the flag is restored).
+    #[test]
+    fn a_panic_run_quietly_is_none() {
+        assert_eq!(super::quietly(|| 1), Some(1));
+        assert_eq!(super::quietly(|| -> i32 { panic!("py-spy misread") }), None);
+        assert!(!super::QUIET.with(|q| q.get()));
+    }
+}

@@ -472,7 +472,9 @@ impl Sampler {
             if crate::collect::memory::under_pressure() {
                 continue;
             }
-            match PythonSpy::new(pid.0, &self.config) {
+            let attached = crate::collect::quietly(|| PythonSpy::new(pid.0, &self.config))
+                .unwrap_or_else(|| Err(anyhow::anyhow!("py-spy failed (panicked) attaching")));
+            match attached {
                 Ok(spy) => {
                     if self.announced.insert(pid) {
                         self.sink.send_blocking(Event::PyProcess {
@@ -528,7 +530,8 @@ impl Sampler {
                 continue;
             };
             let before = MonoNs::now();
-            let traces = spy.get_stack_traces();
+            let traces = crate::collect::quietly(|| spy.get_stack_traces())
+                .unwrap_or_else(|| Err(anyhow::anyhow!("py-spy failed (panicked) reading")));
             let after = MonoNs::now();
             let t = MonoNs(before.0 + (after.0 - before.0) / 2);
             let traces = match traces {

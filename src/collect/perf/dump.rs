@@ -63,10 +63,10 @@ fn python_traces(pid: i32) -> BTreeMap<i32, Vec<(String, String)>> {
     if !crate::collect::python::looks_like_python(Pid(pid), &exe) {
         return out;
     }
-    let Ok(mut spy) = PythonSpy::new(pid, &config) else {
+    let Some(Ok(mut spy)) = crate::collect::quietly(|| PythonSpy::new(pid, &config)) else {
         return out;
     };
-    let Ok(traces) = spy.get_stack_traces() else {
+    let Some(Ok(traces)) = crate::collect::quietly(|| spy.get_stack_traces()) else {
         return out;
     };
     let single = traces.len() == 1;

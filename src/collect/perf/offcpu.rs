@@ -1068,9 +1068,7 @@ impl WallSampler {
         // py-spy panics on some interpreter states (seen with torch's
         // 3.11 venv): that costs this process's py-spy reads, never the
         // perf reader thread and every stack after it.
-        let read =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| spy.get_stack_traces()));
-        let Ok(read) = read else {
+        let Some(read) = crate::collect::quietly(|| spy.get_stack_traces()) else {
             self.spies.insert(pid, Spy::No);
             return None;
         };
@@ -1125,8 +1123,8 @@ impl WallSampler {
 /// process's interpreter state, which it may misjudge) is an attach that
 /// failed, never the end of the sampler thread.
 fn attach_spy(pid: i32, config: &Config) -> Result<PythonSpy, ()> {
-    match std::panic::catch_unwind(|| PythonSpy::new(pid, config)) {
-        Ok(Ok(s)) => Ok(s),
+    match crate::collect::quietly(|| PythonSpy::new(pid, config)) {
+        Some(Ok(s)) => Ok(s),
         _ => Err(()),
     }
 }
