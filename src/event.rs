@@ -651,6 +651,10 @@ fn is_zero(v: &u32) -> bool {
     *v == 0
 }
 
+fn is_zero64(v: &u64) -> bool {
+    *v == 0
+}
+
 /// Completed NVTX ranges of one thread of one instrumented process image.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct NvtxBatch {
@@ -905,6 +909,18 @@ pub enum Event {
         /// The job set its own SIGTRAP disposition (it gets every SIGTRAP
         /// that is not the agent's).
         handler_chained: bool,
+        /// Its perf event sampled the threads' periods in the kernel too
+        /// (None: it sampled with timers, which count them anyway).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        kernel_sampled: Option<bool>,
+        /// Periods that came in one signal with a sample (a stretch in the
+        /// kernel), counted as that sample's.
+        #[serde(default, skip_serializing_if = "is_zero64")]
+        merged_periods: u64,
+        /// Periods that took no sample: they ended in the kernel, which the
+        /// event did not sample.
+        #[serde(default, skip_serializing_if = "is_zero64")]
+        unsampled_periods: u64,
     },
     /// An interned stack: `frame` called from the stack `parent` (None: the
     /// outermost frame). Ids are per `kind`.

@@ -58,6 +58,7 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
+#include <sys/utsname.h>
 #include <time.h>
 #include <ucontext.h>
 #include <unistd.h>
@@ -95,6 +96,9 @@
 #define HELLO_FAILED 3u
 #define HELLO_SAMPLING_TIMER 4u /* sampling with the in-process CPU-time timers */
 #define HELLO_NATIVE_TIMER 5u   /* not a Python: native stacks only, timers */
+/* sampling with the perf event, whose periods in the kernel are sampled too
+ * (the job may: root, CAP_PERFMON or perf_event_paranoid <= 1) */
+#define HELLO_SAMPLING_KERNEL 6u
 
 /* SAMPLE status. */
 #define ST_OK 0u          /* Python frames read (possibly none) */
@@ -307,6 +311,7 @@ struct rec_sample {
     uint32_t nframes;
     uint32_t stack_len;
     uint32_t overrun; /* timer: expirations merged into this signal */
+    uint64_t cpu_ns;  /* the thread's CPU time (user and kernel) at this signal */
     /* nframes × struct frame_out, then stack_len bytes, padded to 8 */
 };
 
@@ -332,7 +337,7 @@ struct rec_note {
 };
 
 _Static_assert(sizeof(struct rec_hello) == 296, "HELLO layout (pyagent.rs)");
-_Static_assert(sizeof(struct rec_sample) == 72, "SAMPLE layout (pyagent.rs)");
+_Static_assert(sizeof(struct rec_sample) == 80, "SAMPLE layout (pyagent.rs)");
 _Static_assert(sizeof(struct frame_out) == 16, "frame layout (pyagent.rs)");
 _Static_assert(sizeof(struct rec_code) == 48, "CODE layout (pyagent.rs)");
 _Static_assert(sizeof(struct rec_note) == 32, "NOTE layout (pyagent.rs)");
@@ -415,6 +420,8 @@ static __thread int g_timer_id1 __attribute__((tls_model("initial-exec")));
 static int g_python = 1;
 /* Which sampler and why, for the hello. */
 static char g_sampler_why[192];
+/* The perf event samples the thread's periods in the kernel too. */
+static int g_kernel;
 /* getpid() is a system call (glibc caches nothing since 2.25), and every
  * read below names the process: the pid of the process whose event raised
  * the signal, set before that event is opened (at start, and in a forked
@@ -1216,7 +1223,8 @@ static void on_sigtrap(int sig, siginfo_t *si, void *ucv)
         if (atomic_load(&g_timer_on))
             hello(g_python ? HELLO_SAMPLING_TIMER : HELLO_NATIVE_TIMER, 0, g_forked, g_sampler_why);
         else
-            hello(HELLO_SAMPLING, 0, g_forked, NULL);
+            hello(g_kernel ? HELLO_SAMPLING_KERNEL : HELLO_SAMPLING, 0, g_forked,
+                  g_kernel ? NULL : g_sampler_why);
         /* A disposition the job set before the first sample had no ring
          * to be noted in. */
         if (atomic_load(&g_chain_sets) > 0)
@@ -1263,6 +1271,13 @@ static void on_sigtrap(int sig, siginfo_t *si, void *ucv)
      * with this count (measured under load at a 4 ms period: 40 signals for
      * 100 periods), and the sample stands for all of them. */
     s->overrun = by_timer && si->si_overrun > 0 ? (uint32_t)si->si_overrun : 0;
+    /* What gpuprof counts the periods this signal stands for by: several
+     * that ended in one stretch in the kernel come as one signal, and with
+     * the kernel's periods unsampled the next sample says how many were. */
+    struct timespec cpu;
+    s->cpu_ns = syscall(SYS_clock_gettime, CLOCK_THREAD_CPUTIME_ID, &cpu)
+                    ? 0
+                    : (uint64_t)cpu.tv_sec * 1000000000ull + (uint64_t)cpu.tv_nsec;
     struct frame_out *fo = (struct frame_out *)(s + 1);
     uint32_t n = 0;
     void *ts = g_python ? get_tstate() : NULL;
@@ -1526,7 +1541,20 @@ static void hello(uint32_t status, int err, uint32_t forked, const char *detail)
 #define HIGH_FD 1000
 
 /* The sampling event on this thread, inherited by the threads it creates. */
-static int open_event(void)
+/* Does this kernel send a perf event's SIGTRAP from the return path to user
+ * mode (task_work), as Linux 6.11 and later do? */
+static int kernel_sends_trap_on_return(void)
+{
+    struct utsname u;
+    if (uname(&u))
+        return 0;
+    int major = 0, minor = 0;
+    if (sscanf(u.release, "%d.%d", &major, &minor) != 2)
+        return 0;
+    return major > 6 || (major == 6 && minor >= 11);
+}
+
+static int open_event(int kernel)
 {
     struct perf_event_attr a;
     memset(&a, 0, sizeof a);
@@ -1536,7 +1564,7 @@ static int open_event(void)
     a.sample_period = g_period_ns;
     a.inherit = 1;
     a.inherit_thread = 1;
-    a.exclude_kernel = 1;
+    a.exclude_kernel = !kernel;
     a.exclude_hv = 1;
     a.remove_on_exec = 1;
     a.sigtrap = 1;
@@ -1596,8 +1624,33 @@ static struct gp_ring *lazy_ring(void)
 static void start_sampling(void)
 {
     int perf_err = 0;
+    g_kernel = 0;
     if (!g_timer_wanted) {
-        int fd = open_event();
+        /* The thread's periods in the kernel (system calls, page faults)
+         * sampled too where the kernel allows it: else the hrtimer that ends
+         * a period in kernel mode takes no sample, and a thread that spends
+         * most of its CPU time in system calls shows a fraction of it. Only
+         * from Linux 6.11, which sends the SIGTRAP from the return path to
+         * user mode: before, it was raised at once, and a system call the
+         * period ended in could then return EINTR to the job. */
+        int fd = -EACCES;
+        if (kernel_sends_trap_on_return()) {
+            fd = open_event(1);
+            if (fd < 0)
+                snprintf(g_sampler_why, sizeof g_sampler_why,
+                         "time in the kernel not sampled: perf_event_open refused it (%s; root, CAP_PERFMON or "
+                         "perf_event_paranoid <= 1 allow it)",
+                         strerror(-fd));
+        } else {
+            snprintf(g_sampler_why, sizeof g_sampler_why,
+                     "time in the kernel not sampled: this kernel raises the sample signal inside system calls "
+                     "(Linux 6.11 and later do not)");
+        }
+        if (fd >= 0) {
+            g_kernel = 1;
+        } else {
+            fd = open_event(0);
+        }
         if (fd >= 0) {
             g_event_fd = fd;
             return;

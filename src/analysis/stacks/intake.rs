@@ -350,6 +350,16 @@ pub struct AgentStats {
     pub late_signals: u64,
     pub unknown_code: u64,
     pub handler_chained: bool,
+    /// Its perf event sampled the threads' time in the kernel (None: timers,
+    /// which count it anyway, or not said).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernel_sampled: Option<bool>,
+    /// Periods counted with a sample whose signal came for several (a
+    /// stretch in the kernel).
+    pub merged_periods: u64,
+    /// Periods that took no sample: they ended in the kernel, which the
+    /// event did not sample.
+    pub unsampled_periods: u64,
 }
 
 /// A process as perf's task records saw it: exact fork and exit times,
@@ -535,6 +545,9 @@ impl StackData {
             late_signals,
             unknown_code,
             handler_chained,
+            kernel_sampled,
+            merged_periods,
+            unsampled_periods,
         } = ev
         else {
             return;
@@ -548,6 +561,9 @@ impl StackData {
         a.late_signals += late_signals;
         a.unknown_code += unknown_code;
         a.handler_chained |= handler_chained;
+        a.kernel_sampled = kernel_sampled.or(a.kernel_sampled);
+        a.merged_periods += merged_periods;
+        a.unsampled_periods += unsampled_periods;
     }
 
     /// The native stacks that are one `[perf: not unwound, …]` frame: the

@@ -339,6 +339,49 @@ struct AgentProc {
     late: u64,
     unknown_code: u64,
     chained: bool,
+    /// Its perf event samples the threads' periods in the kernel (None:
+    /// timers, or no hello yet).
+    kernel: Option<bool>,
+    /// Periods counted with a later sample: several that ended in one
+    /// stretch in the kernel, which came as one signal.
+    merged: u64,
+    /// Periods that took no sample: they ended in the kernel, whose periods
+    /// the event may not sample.
+    unsampled: u64,
+}
+
+/// A thread's CPU time at its previous agent sample, and what was left
+/// over when its periods were counted (negative: counted ahead).
+#[derive(Clone, Copy)]
+struct CpuCredit {
+    prev: u64,
+    carry: i64,
+}
+
+/// The periods an agent sample stands for beyond itself, from the thread's
+/// CPU time since its previous sample (`credit`: None at its first).
+/// Counted with a carry, so that a signal that came late (at the end of a
+/// system call) is not counted twice: the CPU times telescope.
+fn extra_periods(credit: &mut Option<CpuCredit>, cpu_ns: u64, period_ns: u64) -> u64 {
+    let p = period_ns.max(1) as i64;
+    match credit {
+        Some(c) if cpu_ns >= c.prev && cpu_ns > 0 => {
+            let x = (cpu_ns - c.prev) as i64 + c.carry;
+            let k = (x / p).max(1);
+            c.carry = (x - k * p).max(-p);
+            c.prev = cpu_ns;
+            (k - 1) as u64
+        }
+        _ => {
+            // The first sample of the thread (or a new thread of a reused
+            // id): its CPU time before may predate the event.
+            *credit = (cpu_ns > 0).then_some(CpuCredit {
+                prev: cpu_ns,
+                carry: 0,
+            });
+            0
+        }
+    }
 }
 
 struct Agent {
@@ -346,6 +389,8 @@ struct Agent {
     verdicts: Arc<AgentVerdicts>,
     /// Samples per thread so far: (the agent's, perf's).
     counts: HashMap<(Pid, Tid), (u64, u64)>,
+    /// Per thread: its CPU time at its previous sample.
+    cpu: HashMap<(Pid, Tid), CpuCredit>,
     procs: BTreeMap<Pid, AgentProc>,
     buf: Vec<(usize, AgentRecord)>,
     last_reap: Instant,
@@ -502,6 +547,7 @@ impl Reader {
                 rings: AgentRings::new(a.ring_dir),
                 verdicts: a.verdicts,
                 counts: HashMap::default(),
+                cpu: HashMap::default(),
                 procs: BTreeMap::new(),
                 buf: Vec::new(),
                 last_reap: Instant::now(),
@@ -812,6 +858,7 @@ impl Reader {
             Record::Exit { pid, tid, t } => {
                 if let Some(a) = self.agent.as_mut() {
                     a.counts.remove(&(pid, tid));
+                    a.cpu.remove(&(pid, tid));
                 }
                 if pid.0 == tid.0 {
                     self.procs.remove(&pid);
@@ -892,7 +939,8 @@ impl Reader {
         };
         match rec {
             AgentRecord::Hello(h) => {
-                a.procs.entry(h.pid).or_default();
+                a.procs.entry(h.pid).or_default().kernel =
+                    (h.sampling && !h.timer).then_some(h.kernel);
                 // A native program sampled by its timers has no Python
                 // frames for the agent to take: py-spy reads it if it is a
                 // Python after all (a static interpreter whose symbols the
@@ -1021,6 +1069,29 @@ impl Reader {
         let (pid, tid, t) = (smp.native.pid, smp.native.tid, smp.native.t);
         let st = a.procs.entry(pid).or_default();
         st.samples += 1;
+        let period = 1_000_000_000 / self.opts.frequency.max(1);
+        let mut credit = a.cpu.get(&(pid, tid)).copied();
+        let extra = extra_periods(&mut credit, smp.cpu_ns, period).min(MAX_OVERRUN as u64);
+        match credit {
+            Some(c) => a.cpu.insert((pid, tid), c),
+            None => a.cpu.remove(&(pid, tid)),
+        };
+        // With the kernel's periods sampled, the periods beyond this one
+        // ended in the stretch in the kernel this signal came at the end
+        // of (at most one signal is pending): they are this stack's. Else
+        // they ended in the kernel somewhere since the previous sample,
+        // and are only counted.
+        let merged = match st.kernel {
+            Some(true) => {
+                st.merged += extra;
+                extra as u32
+            }
+            Some(false) => {
+                st.unsampled += extra;
+                0
+            }
+            None => 0,
+        };
         let mut py: Vec<FrameKey> = Vec::with_capacity(smp.frames.len());
         let mut marker = None;
         match smp.status {
@@ -1110,7 +1181,7 @@ impl Reader {
         if let Some(stack) = stack {
             // A timer signal that came for several periods (overruns)
             // stands for each: the thread's CPU time stays exact.
-            for _ in 0..=smp.overrun.min(MAX_OVERRUN) {
+            for _ in 0..=smp.overrun.min(MAX_OVERRUN) + merged {
                 self.interner.sample_from(
                     SampleSource::Agent,
                     pid,
@@ -1452,6 +1523,9 @@ impl Reader {
                     late_signals: p.late,
                     unknown_code: p.unknown_code,
                     handler_chained: p.chained,
+                    kernel_sampled: p.kernel,
+                    merged_periods: p.merged,
+                    unsampled_periods: p.unsampled,
                 });
             }
             if a.rings.malformed > 0 {
@@ -1477,5 +1551,43 @@ impl Reader {
             detail: cov_detail,
         }));
         self.stats
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const P: u64 = 10_000_000;
+
+    #[test]
+    fn periods_beyond_a_sample_telescope() {
+        let mut c = None;
+        // The first sample of a thread stands for itself only.
+        assert_eq!(extra_periods(&mut c, 5 * P, P), 0);
+        // One period later: nothing beyond it.
+        assert_eq!(extra_periods(&mut c, 6 * P, P), 0);
+        // A signal at the end of a 3.5-period stretch in the kernel.
+        assert_eq!(extra_periods(&mut c, 9 * P + P / 2, P), 2);
+        // A signal that came late counts ahead; the next one early is not
+        // counted twice: 4 signals over 4 periods stand for 4 in all.
+        let mut c = Some(CpuCredit { prev: 0, carry: 0 });
+        let got: u64 = [P + P / 2, 2 * P, 3 * P + P / 3, 4 * P]
+            .iter()
+            .map(|&t| extra_periods(&mut c, t, P))
+            .sum();
+        assert_eq!(got, 0);
+        // Over a long run the samples and their extras add up to the CPU
+        // time in periods, whatever the jitter.
+        let mut c = Some(CpuCredit { prev: 0, carry: 0 });
+        let (mut t, mut n) = (0u64, 0u64);
+        for i in 0..1000u64 {
+            t += P + (i * 7919 % 13) * P / 5; // 1 to 3.4 periods apart
+            n += 1 + extra_periods(&mut c, t, P);
+        }
+        assert!((n as i64 - (t / P) as i64).abs() <= 1, "{n} vs {}", t / P);
+        // A thread id reused by a new thread (its CPU time went back).
+        assert_eq!(extra_periods(&mut c, P, P), 0);
+        assert_eq!(c.map(|c| c.prev), Some(P));
     }
 }

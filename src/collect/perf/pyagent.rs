@@ -43,6 +43,7 @@ const REC_HELLO: u16 = 2;
 const HELLO_SAMPLING: u32 = 0;
 const HELLO_SAMPLING_TIMER: u32 = 4;
 const HELLO_NATIVE_TIMER: u32 = 5;
+const HELLO_SAMPLING_KERNEL: u32 = 6;
 const REC_SAMPLE: u16 = 3;
 const REC_CODE: u16 = 4;
 const REC_NOTE: u16 = 5;
@@ -241,6 +242,9 @@ pub struct Hello {
     pub timer: bool,
     /// The process is a CPython (else a native program the timers sample).
     pub python: bool,
+    /// Its perf event samples the threads' periods in the kernel too (else
+    /// a period that ends in the kernel takes no sample; `detail` says why).
+    pub kernel: bool,
     pub version: String,
     /// A child forked by an agent-sampled process (its code objects are
     /// named in its parent's ring until it names new ones).
@@ -261,6 +265,8 @@ pub struct AgentSample {
     /// (the kernel checks CPU-time timers at its tick); the sample stands
     /// for them too.
     pub overrun: u32,
+    /// The thread's CPU time at the signal, user and kernel (0: unknown).
+    pub cpu_ns: u64,
 }
 
 /// Frame flag: the oldest frame of the run one eval-loop call executes.
@@ -371,8 +377,12 @@ pub fn parse(rec: &[u8]) -> Option<AgentRecord> {
                 t: MonoNs(u64_at(rec, 16)?),
                 sampling: matches!(
                     status,
-                    HELLO_SAMPLING | HELLO_SAMPLING_TIMER | HELLO_NATIVE_TIMER
+                    HELLO_SAMPLING
+                        | HELLO_SAMPLING_KERNEL
+                        | HELLO_SAMPLING_TIMER
+                        | HELLO_NATIVE_TIMER
                 ),
+                kernel: status == HELLO_SAMPLING_KERNEL,
                 timer: matches!(status, HELLO_SAMPLING_TIMER | HELLO_NATIVE_TIMER),
                 python: status != HELLO_NATIVE_TIMER,
                 forked: u32_at(rec, 36)? != 0,
@@ -395,10 +405,10 @@ pub fn parse(rec: &[u8]) -> Option<AgentRecord> {
             }
             let mut frames = Vec::with_capacity(n);
             for i in 0..n {
-                let o = 72 + 16 * i;
+                let o = 80 + 16 * i;
                 frames.push((u64_at(rec, o)?, u32_at(rec, o + 8)?, u32_at(rec, o + 12)?));
             }
-            let so = 72 + 16 * n;
+            let so = 80 + 16 * n;
             let stack = rec.get(so..so.checked_add(stack_len)?)?.to_vec();
             #[cfg(target_arch = "x86_64")]
             let ip = regs[2];
@@ -418,6 +428,7 @@ pub fn parse(rec: &[u8]) -> Option<AgentRecord> {
                 status,
                 frames,
                 overrun: u32_at(rec, 68)?,
+                cpu_ns: u64_at(rec, 72)?,
             }))
         }
         REC_CODE => {
@@ -891,7 +902,7 @@ mod tests {
     #[test]
     fn records_decode_and_truncations_are_rejected() {
         let mut rec = Vec::new();
-        rec.extend(word(72 + 32 + 16, REC_SAMPLE));
+        rec.extend(word(80 + 32 + 16, REC_SAMPLE));
         rec.extend(7u32.to_ne_bytes());
         rec.extend(8u32.to_ne_bytes());
         rec.extend(123u64.to_ne_bytes());
@@ -902,6 +913,7 @@ mod tests {
         rec.extend(2u32.to_ne_bytes()); // frames
         rec.extend(16u32.to_ne_bytes()); // stack
         rec.extend(0u32.to_ne_bytes());
+        rec.extend(40_000_000u64.to_ne_bytes()); // thread CPU time
         rec.extend(0x1000u64.to_ne_bytes());
         rec.extend(5u32.to_ne_bytes());
         rec.extend(0u32.to_ne_bytes());
@@ -916,6 +928,7 @@ mod tests {
         assert_eq!(s.frames, vec![(0x1000, 5, 0), (0x2000, 6, FRAME_ENTRY)]);
         assert_eq!(s.native.stack, vec![0xaa; 16]);
         assert_eq!(s.status, PyStatus::Ok);
+        assert_eq!(s.cpu_ns, 40_000_000);
         for n in 0..rec.len() {
             let _ = parse(&rec[..n]);
         }
