@@ -1046,6 +1046,52 @@ fn pcie(g: &GpuEvidence) -> Option<Finding> {
     Some(CauseRule::risk(FindingKind::PcieDegraded, Severity::Warning, "PCIe link below its maximum", ev, "Reseat the card, check that the slot is wired x16 and not shared, check risers and the BIOS PCIe generation setting; confirm under load with `nvidia-smi -q -d PCIE` (links slow down when idle).").finding())
 }
 
+/// Least share of the sampled Python processes' periods that ended
+/// unsampled in the kernel for the stacks' coverage to say so.
+const MIN_UNSAMPLED_KERNEL_SHARE: f64 = 0.05;
+
+/// What the stacks leave out when the in-process agent's perf event could
+/// not sample the kernel: its periods that ended there took no sample, and
+/// the flame graphs' shares are of the time in user mode.
+fn kernel_unsampled(a: &Analysis) -> Option<String> {
+    let hz = a.stacks.report.frequency_hz;
+    let mut per: Vec<(u64, u64, &str, crate::event::Pid, &str)> = a
+        .stacks
+        .report
+        .python
+        .processes
+        .iter()
+        .filter_map(|p| {
+            let ag = p.agent.as_ref()?;
+            (ag.kernel_sampled == Some(false)).then(|| {
+                (
+                    ag.unsampled_periods,
+                    ag.samples + ag.merged_periods + ag.unsampled_periods,
+                    p.name.as_str(),
+                    p.pid,
+                    p.detail.as_str(),
+                )
+            })
+        })
+        .collect();
+    let unsampled: u64 = per.iter().map(|p| p.0).sum();
+    let total: u64 = per.iter().map(|p| p.1).sum();
+    if hz <= 0.0 || total == 0 || (unsampled as f64) < MIN_UNSAMPLED_KERNEL_SHARE * total as f64 {
+        return None;
+    }
+    per.sort_by(|x, y| y.0.cmp(&x.0).then(x.3.cmp(&y.3)));
+    let (top_n, top_total, name, pid, why) = per[0];
+    let why = why
+        .strip_prefix("time in the kernel not sampled: ")
+        .unwrap_or(why);
+    Some(format!(
+        "stacks: the Python processes spent ~{:.1} CPU-s ({:.0}% of their sampled CPU time) in the kernel (system calls, page faults) where the sampler was not allowed to take samples: the flame graphs leave that time out, and their shares are of the rest, the time in user mode (most in {name} (pid {pid}): {:.0}% of its time). Why: {why}.",
+        unsampled as f64 / hz,
+        100.0 * unsampled as f64 / total as f64,
+        100.0 * top_n as f64 / top_total.max(1) as f64,
+    ))
+}
+
 fn coverage(
     a: &Analysis,
     gpu: Option<&GpuEvidence>,
@@ -1091,6 +1137,10 @@ fn coverage(
             ));
             fixes.push("lower --frequency or raise the ring buffer size");
         }
+    }
+    if let Some(line) = kernel_unsampled(a) {
+        ev.push(line);
+        fixes.push("for stacks of the time in the kernel too, run gpuprof as root or with CAP_PERFMON (or set kernel.perf_event_paranoid to 1) on Linux 6.11 or later");
     }
     let intervals = a.duration_s() * 1e9 / a.header.interval_ns.max(1) as f64;
     // A short recording is not an alarm: every finding's severity already

@@ -13,7 +13,7 @@
 //! frames by a hash of their name (`deterministic`), and nothing depends on
 //! hash-map order or the time of the run.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
@@ -213,7 +213,31 @@ fn titles<'a>(
         _ => "",
     };
     let mut parts = vec![if hz > 0.0 {
-        format!("{n} samples{by} at {hz} Hz (~{:.1} CPU-s)", n as f64 / hz)
+        // Periods that ended in the kernel where the perf event may not
+        // sample it: the samples are then of the time in user mode.
+        let pids: BTreeSet<_> = samples.iter().map(|s| s.pid).collect();
+        let unsampled: u64 = st
+            .report
+            .python
+            .processes
+            .iter()
+            .filter(|p| pids.contains(&p.pid))
+            .filter_map(|p| p.agent.as_ref())
+            .filter(|a| a.kernel_sampled == Some(false))
+            .map(|a| a.unsampled_periods)
+            .sum();
+        let kernel = if unsampled > 0 && unsampled * 20 >= n {
+            format!(
+                "; ~{:.1} CPU-s more in the kernel not sampled",
+                unsampled as f64 / hz
+            )
+        } else {
+            String::new()
+        };
+        format!(
+            "{n} samples{by} at {hz} Hz (~{:.1} CPU-s{kernel})",
+            n as f64 / hz
+        )
     } else {
         format!("{n} samples{by}")
     }];
