@@ -1354,3 +1354,40 @@ fn delay_samples_nothing_before_the_window() {
     );
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// A thread's time in the kernel (system calls, page faults: reading files,
+/// copying tensors into shared memory, faulting in fresh buffers) is CPU
+/// time its stacks must show. A perf event that leaves the kernel out takes
+/// no sample for a period that ends there: a job reading /dev/zero for 1.5
+/// s of CPU showed none of it, and a loop of short system calls a third of
+/// its samples. Where the kernel allows it (root, CAP_PERFMON or
+/// perf_event_paranoid <= 1, on Linux 6.11 and later) those periods are
+/// sampled, at the end of the system call they ended in; elsewhere they
+/// are counted and said (`tests/timer_sampler.rs` runs the job as nobody).
+#[test]
+fn time_in_the_kernel_is_sampled_where_the_kernel_allows() {
+    need_perf!();
+    let Some(py) = common::python_minor(11).or_else(|| common::python_minor(12)) else {
+        skip!("no Python 3.11 or 3.12 here");
+    };
+    let (out, code, stdout) = record_stdout(
+        "kernel-time",
+        &[],
+        &[
+            py.to_str().unwrap(),
+            scripts().join("kernel_time.py").to_str().unwrap(),
+            "1",
+            "1.5",
+        ],
+    );
+    assert_eq!(code, 0, "the job failed");
+    let k = common::check_kernel_time(&out, &stdout, 99.0);
+    let allowed = common::is_root() && common::kernel_traps_on_return();
+    assert_eq!(
+        k.kernel_sampled,
+        Some(allowed),
+        "root: {}, Linux 6.11 or later: {}: {k:?}",
+        common::is_root(),
+        common::kernel_traps_on_return()
+    );
+}

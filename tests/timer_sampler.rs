@@ -139,16 +139,26 @@ exec setpriv --reuid 65534 --regid 65534 --clear-groups "$@"
 
     /// `gpuprof ARGS` as nobody, perf refused; HOME is `dir`.
     fn gpuprof(&self, dir: &Path, args: &[&str], env: &[(&str, &Path)]) -> Output {
+        self.run(true, dir, args, env)
+    }
+
+    /// `gpuprof ARGS` as nobody, perf_event_open allowed what the host's
+    /// `perf_event_paranoid` allows a user (Ubuntu's and Debian's defaults
+    /// refuse it all; the kernel's own, 2, allows user mode only).
+    fn gpuprof_host_perf(&self, dir: &Path, args: &[&str]) -> Output {
+        self.run(false, dir, args, &[])
+    }
+
+    fn run(&self, deny: bool, dir: &Path, args: &[&str], env: &[(&str, &Path)]) -> Output {
         let mut c = Command::new("unshare");
         c.args(["-m", "--propagation", "private", "sh"])
             .arg(&self.script)
             .arg(&self.keep)
-            .arg(&self.home)
-            .arg(&self.deny)
-            .arg(BIN)
-            .args(args)
-            .env("HOME", dir)
-            .current_dir(dir);
+            .arg(&self.home);
+        if deny {
+            c.arg(&self.deny);
+        }
+        c.arg(BIN).args(args).env("HOME", dir).current_dir(dir);
         for (k, v) in env {
             c.env(k, v);
         }
@@ -688,5 +698,59 @@ fn native_programs_of_the_job_are_sampled_by_their_timers() {
     assert!(r["stacks"]["python"]["processes"]
         .as_array()
         .is_none_or(|p| p.is_empty()));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Without privileges the time in the kernel is either sampled (the
+/// timers, which count it like any CPU time; or a host whose
+/// `perf_event_paranoid` is 1 or less) or counted and said: a job reading
+/// /dev/zero for 1.5 s of CPU once showed none of it, and nothing said so.
+/// As nobody with perf as the host allows it, then with perf refused (the
+/// timers).
+#[test]
+fn as_nobody_the_time_in_the_kernel_is_sampled_or_said() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tmp("kernel");
+    let nobody = match AsNobody::new(&dir) {
+        Ok(n) => n,
+        Err(why) => skip!("{why}"),
+    };
+    let Some(py) = common::python_minor(11).or_else(|| common::python_minor(12)) else {
+        skip!("no Python 3.11 or 3.12 here");
+    };
+    let paranoid: i32 = std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(2);
+    let script = scripts().join("kernel_time.py");
+    let job = [py.to_str().unwrap(), script.to_str().unwrap(), "1", "1.5"];
+    for host_perf in [true, false] {
+        let out = dir.join(if host_perf { "host-perf" } else { "no-perf" });
+        let mut args = vec!["-o", out.to_str().unwrap(), "--"];
+        args.extend(job);
+        let o = if host_perf {
+            nobody.gpuprof_host_perf(&dir, &args)
+        } else {
+            nobody.gpuprof(&dir, &args, &[])
+        };
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(0), "{stderr}");
+        let k = common::check_kernel_time(&out, &String::from_utf8_lossy(&o.stdout), 99.0);
+        let want = match (host_perf, paranoid) {
+            (false, _) | (true, 3..) => None,
+            (true, ..=1) if common::kernel_traps_on_return() => Some(true),
+            (true, _) => Some(false),
+        };
+        assert_eq!(
+            k.kernel_sampled,
+            want,
+            "perf {}, perf_event_paranoid {paranoid}: {k:?}",
+            if host_perf {
+                "as the host allows"
+            } else {
+                "refused"
+            }
+        );
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

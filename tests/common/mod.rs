@@ -1297,3 +1297,119 @@ impl Drop for TestDir {
         }
     }
 }
+
+/// Does this kernel send a perf event's SIGTRAP from the return path to
+/// user mode (Linux 6.11 and later), so that the in-process agent may
+/// sample the time in the kernel without interrupting system calls?
+#[allow(dead_code)]
+pub fn kernel_traps_on_return() -> bool {
+    let r = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut it = r
+        .trim()
+        .split(['.', '-'])
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (it.next().unwrap_or(0), it.next().unwrap_or(0));
+    major > 6 || (major == 6 && minor >= 11)
+}
+
+/// How `tests/scripts/kernel_time.py`'s main thread came out in a
+/// recording: its samples in each phase against its CPU time there.
+#[allow(dead_code)]
+#[derive(Debug)]
+pub struct KernelTime {
+    /// The agent's perf event sampled the kernel (None: timers).
+    pub kernel_sampled: Option<bool>,
+    /// Samples under `soak` (the phase in the kernel) and `burn` (user
+    /// mode), and the periods each phase lasted (CPU time × frequency).
+    pub soak: u64,
+    pub soak_periods: f64,
+    pub burn: u64,
+    pub burn_periods: f64,
+    pub merged: u64,
+    pub unsampled: u64,
+}
+
+/// Check a recording of `kernel_time.py` (`job_stdout`: its JSON line) at
+/// `hz`: in user mode one sample per period; in the kernel one per period
+/// where the kernel's periods are sampled (the timers, or the agent's perf
+/// event with `kernel_sampled`), else none of them sampled but all counted
+/// and the diagnosis and the flame graph saying how much is missing.
+#[allow(dead_code)]
+pub fn check_kernel_time(dir: &Path, job_stdout: &str, hz: f64) -> KernelTime {
+    let line = job_stdout
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .unwrap_or_else(|| panic!("no JSON line from the job: {job_stdout:?}"));
+    let truth: Value = serde_json::from_str(line).expect("the job's JSON");
+    let r = report(dir);
+    let procs = r["stacks"]["python"]["processes"]
+        .as_array()
+        .expect("processes");
+    let p = procs
+        .iter()
+        .find(|p| p["agent"].is_object())
+        .unwrap_or_else(|| panic!("no process sampled by the agent: {procs:?}"));
+    let agent = &p["agent"];
+    let folded = std::fs::read_to_string(dir.join("stacks-main.folded")).expect("main folded");
+    let (mut soak, mut burn) = (0, 0);
+    for l in folded.lines() {
+        let (stack, n) = l.rsplit_once(' ').expect("count");
+        let n: u64 = n.parse().expect("count");
+        if stack.contains("soak (kernel_time.py") {
+            soak += n;
+        } else if stack.contains("burn (kernel_time.py") {
+            burn += n;
+        }
+    }
+    let k = KernelTime {
+        kernel_sampled: agent["kernel_sampled"].as_bool(),
+        soak,
+        soak_periods: truth["kernel_phase_s"].as_f64().unwrap() * hz,
+        burn,
+        burn_periods: truth["user_phase_s"].as_f64().unwrap() * hz,
+        merged: agent["merged_periods"].as_u64().unwrap_or(0),
+        unsampled: agent["unsampled_periods"].as_u64().unwrap_or(0),
+    };
+    let near = |n: u64, want: f64| (n as f64) >= 0.8 * want && (n as f64) <= 1.2 * want;
+    assert!(
+        truth["kernel_phase_system_s"].as_f64().unwrap()
+            >= 0.7 * truth["kernel_phase_s"].as_f64().unwrap(),
+        "the kernel phase ran mostly in user mode: {truth}"
+    );
+    assert!(near(k.burn, k.burn_periods), "user-mode samples: {k:?}");
+    let summary = std::fs::read_to_string(dir.join("summary.md")).expect("summary.md");
+    let said = summary
+        .contains("in the kernel (system calls, page faults) where the sampler was not allowed");
+    if k.kernel_sampled == Some(false) {
+        assert!(
+            (k.soak as f64) < 0.2 * k.soak_periods,
+            "the kernel's periods were sampled after all: {k:?}"
+        );
+        assert!(
+            (k.unsampled as f64) >= 0.8 * k.soak_periods,
+            "the kernel's periods were not counted: {k:?}"
+        );
+        assert!(
+            said,
+            "the summary does not say what the stacks miss:\n{summary}"
+        );
+        let svg = std::fs::read_to_string(dir.join("flame-main.svg")).expect("flame-main.svg");
+        assert!(
+            svg.contains("in the kernel not sampled"),
+            "the main flame graph's subtitle does not say what it misses"
+        );
+    } else {
+        assert!(near(k.soak, k.soak_periods), "samples in the kernel: {k:?}");
+        assert!(
+            !said,
+            "the summary says the kernel was not sampled:\n{summary}"
+        );
+        if k.kernel_sampled == Some(true) {
+            // 10-30 ms in each system call: several periods end in one,
+            // and their signal comes once, at its end.
+            assert!(k.merged > 0, "no periods came merged: {k:?}");
+        }
+    }
+    k
+}
