@@ -13,6 +13,9 @@
 
 #include "ring.h"
 
+/* struct rec_sample in src/agent/pystacks.c (pyagent.rs reads it). */
+#define HDR 80
+
 static struct gp_ring ring;
 static int records;
 
@@ -23,7 +26,7 @@ static void *writer(void *arg)
     for (int seq = 0; seq < records; seq++) {
         seed = seed * 1103515245u + 12345u;
         uint32_t len = (seed >> 8) % 4096;
-        uint32_t reserve = 72 + 4096;
+        uint32_t reserve = HDR + 4096;
         uint64_t pos = gp_ring_reserve(&ring, reserve);
         if (pos == UINT64_MAX) {
             if (seq % 64 == 0) {
@@ -40,9 +43,11 @@ static void *writer(void *arg)
         memcpy(r + 16, v, sizeof v);
         uint32_t tail[4] = {0, 0, len, 0};
         memcpy(r + 56, tail, sizeof tail);
+        uint64_t cpu_ns = 0;
+        memcpy(r + 72, &cpu_ns, 8);
         for (uint32_t i = 0; i < len; i++)
-            r[72 + i] = (uint8_t)(t * 31 + (uint64_t)seq + i);
-        gp_ring_commit(&ring, pos, reserve, 72 + ((len + 7) & ~7u), 3, 0);
+            r[HDR + i] = (uint8_t)(t * 31 + (uint64_t)seq + i);
+        gp_ring_commit(&ring, pos, reserve, HDR + ((len + 7) & ~7u), 3, 0);
     }
     return NULL;
 }
