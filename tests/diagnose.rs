@@ -286,7 +286,21 @@ fn record_slow_imports(out: &Path, import_s: &str, work_s: &str) -> (Value, f64)
 
 fn record_slow_imports_with(out: &Path, args: &[&str]) -> (Value, f64) {
     let script = test_script("slow_imports.py");
-    let mut cmd = vec![OsStr::new("python3"), script.as_os_str()];
+    record_slow_imports_via(out, &script, OsStr::new(""), args)
+}
+
+/// As [`record_slow_imports_with`], the job run as `python3 FIRST [SECOND]
+/// ARGS` (SECOND left out when empty): a launcher and the script.
+fn record_slow_imports_via(
+    out: &Path,
+    first: impl AsRef<OsStr>,
+    second: impl AsRef<OsStr>,
+    args: &[&str],
+) -> (Value, f64) {
+    let mut cmd = vec![OsStr::new("python3"), first.as_ref()];
+    if !second.as_ref().is_empty() {
+        cmd.push(second.as_ref());
+    }
     cmd.extend(args.iter().map(OsStr::new));
     let (o, report) = record_cmd(out, &cmd);
     let stdout = String::from_utf8_lossy(&o.stdout);
@@ -352,6 +366,42 @@ fn slow_imports_are_start_up_not_batches() {
         .find(|e| e.starts_with("Stack samples"))
         .unwrap_or_else(|| panic!("stack evidence: {f}"));
     assert!(stacks.contains("make_batch (slow_imports.py)"), "{stacks}");
+}
+
+/// The same job run by a launcher from its own module body (`runpy`, as
+/// notebooks and wrappers run a program): the program's module body under
+/// the launcher's is no import. Once, every sample of such a job was
+/// counted as importing, and its 2 s of batches as none (0 s).
+#[test]
+fn a_script_run_by_a_launcher_is_not_an_import() {
+    let _g = serial();
+    if let Some(why) = common::perf_refused() {
+        skip!("start-up is read from stack samples: {why}");
+    }
+    let dir = common::test_dir();
+    let launch = test_script("launch.py");
+    let script = test_script("slow_imports.py");
+    let (report, imported) = record_slow_imports_via(
+        &dir.path().join("launched"),
+        &launch,
+        &script,
+        &["2.0", "2.0"],
+    );
+    well_formed(&report);
+    let f = report["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["id"] == "main-process-preprocessing")
+        .unwrap_or_else(|| panic!("the batches are diagnosed: {}", report["findings"]));
+    let gpu_s = f["gpu_time_s"].as_f64().unwrap();
+    assert!((1.2..3.0).contains(&gpu_s), "{gpu_s} s: {f}");
+    let main = &report["diagnosis"]["main_thread"];
+    assert!(
+        main["data_share"].as_f64().unwrap() > 0.6,
+        "the batches are the data path: {main}"
+    );
+    assert_startup_is_the_import(&report, imported);
 }
 
 /// An import whose body calls one function again and again (40 ms of CPU

@@ -21,6 +21,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use serde::Serialize;
 
 use super::nvtx::NvtxRange;
+use super::stacks::FrameInfo;
 use super::{Analysis, Role};
 use crate::event::{MonoNs, Pid, Tid};
 use crate::vocab::nvtx::name_group;
@@ -559,18 +560,13 @@ fn from_stacks(a: &Analysis, only: Option<Pid>) -> Option<StackSteps> {
             s.t.0.saturating_sub(p.0) <= 2 * period
                 || wall.is_some_and(|w| w.stayed_runnable(p, s.t))
         });
-        // Inside an import (a module body run from another's, as a
-        // PyTorch import registering its operators): no training step runs
-        // there, and functions called once per imported definition are
-        // entered at a regular period on a slow machine
-        // (`CustomOpDef.__init__` was once taken for the steps of a job
-        // still importing torch under load). The sample ends every run.
-        if st
-            .stack(s.stack)
-            .filter(|f| f.starts_with("<module> ("))
-            .count()
-            >= 2
-        {
+        // Inside an import (as a PyTorch import registering its
+        // operators): no training step runs there, and functions called
+        // once per imported definition are entered at a regular period on a
+        // slow machine (`CustomOpDef.__init__` was once taken for the steps
+        // of a job still importing torch under load). The sample ends
+        // every run.
+        if st.stack_frames(s.stack).any(FrameInfo::imports) {
             k += 1;
             prev_t = Some(s.t);
             continue;

@@ -166,19 +166,13 @@ fn frame_activity(f: &FrameInfo) -> Option<Activity> {
     None
 }
 
-/// Whether a Python frame imports: a module body below the script's own
-/// (the first Python frame), or the import machinery.
-fn importing(f: &FrameInfo, first: bool) -> bool {
-    (f.name == "<module>" && !first) || f.file.starts_with("<frozen importlib")
-}
-
 /// What a sample shows: an import anywhere in it, else its outermost
 /// frame that says (a transform that calls `torch.nn.functional` is data;
 /// a model's `ModuleList.__getitem__` is the model).
 pub fn activity<'a>(frames: impl Iterator<Item = &'a FrameInfo>) -> Activity {
     let py: Vec<&FrameInfo> = frames.filter(|f| f.class == FrameClass::Python).collect();
     let py = || py.iter().copied();
-    if py().enumerate().any(|(i, f)| importing(f, i == 0)) {
+    if py().any(FrameInfo::imports) {
         return Activity::Import;
     }
     if let Some(a) = py().find_map(frame_activity) {
@@ -344,11 +338,21 @@ mod tests {
     fn a_lazy_import_is_not_the_model() {
         let script = py("<module>", "/home/u/train.py");
         let init = py("SGD.__init__", &format!("{SITE}/torch/optim/sgd.py"));
+        let load = py("_find_and_load", "<frozen importlib._bootstrap>");
         let dynamo = py("<module>", &format!("{SITE}/torch/_dynamo/__init__.py"));
-        let s = [script.clone(), init.clone(), dynamo];
+        let s = [script.clone(), init.clone(), load, dynamo];
         assert_eq!(activity(s.iter()), Activity::Import);
         // The script's own module body is not an import.
-        assert_eq!(activity([script, init].iter()), Activity::Model);
+        assert_eq!(
+            activity([script.clone(), init.clone()].iter()),
+            Activity::Model
+        );
+        // Nor is it when a launcher runs it from its own (`runpy`, `exec`,
+        // a notebook's cell under the kernel's `<module>`).
+        let launcher = py("<module>", "/home/u/launch.py");
+        let run_code = py("_run_code", "/usr/lib/python3.11/runpy.py");
+        let s = [launcher, run_code, script, init];
+        assert_eq!(activity(s.iter()), Activity::Model);
     }
 
     #[test]

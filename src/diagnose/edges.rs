@@ -55,16 +55,6 @@ pub struct Edges {
     pub workers_exiting: BTreeSet<usize>,
 }
 
-/// Is this the file of the import machinery (`<frozen
-/// importlib._bootstrap>`, or its source when not frozen)?
-fn is_import_file(file: &str) -> bool {
-    let f = file.trim_start_matches("<frozen ").trim_end_matches('>');
-    f == "importlib._bootstrap"
-        || f == "importlib._bootstrap_external"
-        || f.ends_with("importlib/_bootstrap.py")
-        || f.ends_with("importlib/_bootstrap_external.py")
-}
-
 /// The phase of a merged stack; None when it cannot be told (a stack made
 /// up by the analysis, such as a perf sample left for the agent).
 fn phase_of(st: &Stacks, stack: u32) -> Option<Phase> {
@@ -83,7 +73,7 @@ fn phase_of_frames<'a>(frames: impl Iterator<Item = &'a FrameInfo>) -> Option<Ph
         match f.class {
             FrameClass::Python => {
                 python = true;
-                import |= is_import_file(&f.file);
+                import |= f.imports();
             }
             FrameClass::Marker => {
                 marker = true;
@@ -356,16 +346,6 @@ pub fn set_edges(a: &Analysis, tl: &mut Timeline) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn import_files_are_the_import_machinery_only() {
-        assert!(is_import_file("<frozen importlib._bootstrap>"));
-        assert!(is_import_file("<frozen importlib._bootstrap_external>"));
-        assert!(is_import_file("/usr/lib/python3.9/importlib/_bootstrap.py"));
-        assert!(!is_import_file("/usr/lib/python3.11/importlib/__init__.py"));
-        assert!(!is_import_file("torch/__init__.py"));
-        assert!(!is_import_file("my_bootstrap.py"));
-    }
 
     fn frame(class: FrameClass, label: &str, file: &str, eval: bool) -> FrameInfo {
         FrameInfo {

@@ -1,6 +1,7 @@
 //! Stack vocabulary shared by the samplers that write stacks and the
-//! analysis that reads them: marker frames, sampler names, and the rule
-//! that picks the agent's samples of a thread over perf's.
+//! analysis that reads them: marker frames, sampler names, the rule that
+//! picks the agent's samples of a thread over perf's, and the files of
+//! Python's import machinery.
 
 /// `stacks.sampler` in report.json: which sampler took the native stacks.
 pub const SAMPLER_PERF: &str = "perf-events";
@@ -27,4 +28,35 @@ pub const MARKER_NOT_UNWOUND: &str = "[perf: not unwound, the agent sampled this
 /// SIGTRAP, or the agent's ring overflowed), and perf's samples are used.
 pub fn agent_covers(agent: u64, perf: u64) -> bool {
     agent > 0 && 2 * agent + 5 >= perf
+}
+
+/// Is this the file of Python's import machinery (`<frozen
+/// importlib._bootstrap>`, or its source when not frozen)? Every import —
+/// an `import` statement, `importlib.import_module`, a C extension's
+/// `PyImport_Import` — runs the module's body under its frames, and
+/// nothing else does: a module body alone is no sign, since a launcher
+/// (`runpy`, `exec` of a script, a notebook's cell) runs the program's own
+/// module body under another.
+pub fn is_import_file(file: &str) -> bool {
+    let f = file.trim_start_matches("<frozen ").trim_end_matches('>');
+    f == "importlib._bootstrap"
+        || f == "importlib._bootstrap_external"
+        || f.ends_with("importlib/_bootstrap.py")
+        || f.ends_with("importlib/_bootstrap_external.py")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn import_machinery_files() {
+        assert!(is_import_file("<frozen importlib._bootstrap>"));
+        assert!(is_import_file("<frozen importlib._bootstrap_external>"));
+        assert!(is_import_file("/usr/lib/python3.9/importlib/_bootstrap.py"));
+        assert!(!is_import_file("/usr/lib/python3.11/importlib/__init__.py"));
+        assert!(!is_import_file("torch/__init__.py"));
+        assert!(!is_import_file("my_bootstrap.py"));
+        assert!(!is_import_file("<frozen runpy>"));
+    }
 }

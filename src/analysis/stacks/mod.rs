@@ -330,6 +330,14 @@ pub struct FrameInfo {
     pub line: Option<u32>,
 }
 
+impl FrameInfo {
+    /// A frame of Python's import machinery: the sample is inside an
+    /// import (see [`crate::vocab::stacks::is_import_file`]).
+    pub fn imports(&self) -> bool {
+        self.class == FrameClass::Python && crate::vocab::stacks::is_import_file(&self.file)
+    }
+}
+
 /// What the Python view folded in some samples, for a flamegraph's
 /// subtitle.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
