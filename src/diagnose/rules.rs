@@ -1085,7 +1085,7 @@ fn kernel_unsampled(a: &Analysis) -> Option<String> {
         .strip_prefix("time in the kernel not sampled: ")
         .unwrap_or(why);
     Some(format!(
-        "stacks: the Python processes spent ~{:.1} CPU-s ({:.0}% of their sampled CPU time) in the kernel (system calls, page faults) where the sampler was not allowed to take samples: the flame graphs leave that time out, and their shares are of the rest, the time in user mode (most in {name} (pid {pid}): {:.0}% of its time). Why: {why}.",
+        "stacks: the Python processes spent at least {:.1} CPU-s ({:.0}% of their sampled CPU time) in the kernel (system calls, page faults) where the sampler was not allowed to take samples: the flame graphs leave that time out, and their shares are of the rest, the time in user mode (most in {name} (pid {pid}): {:.0}% of its time). Why: {why}.",
         unsampled as f64 / hz,
         100.0 * unsampled as f64 / total as f64,
         100.0 * top_n as f64 / top_total.max(1) as f64,

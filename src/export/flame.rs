@@ -228,7 +228,7 @@ fn titles<'a>(
             .sum();
         let kernel = if unsampled > 0 && unsampled * 20 >= n {
             format!(
-                "; ~{:.1} CPU-s more in the kernel not sampled",
+                "; at least {:.1} CPU-s more in the kernel not sampled",
                 unsampled as f64 / hz
             )
         } else {

@@ -3,9 +3,12 @@ known CPU time in the kernel: `python3 kernel_time.py USER_S KERNEL_S`.
 
 The user phase is pure Python (`burn`); the kernel phase reads /dev/zero
 into a 256 MiB buffer (`soak`: the kernel clears the buffer, ~10-30 ms a
-call, so several sampling periods end inside one system call). Prints one
-JSON line: each phase's CPU time of the thread, and the kernel phase's
-system time, as the kernel counts them.
+call, so several sampling periods end inside one system call). A last
+0.3 s in user mode follows (`burn` again, counted with the user phase):
+where the kernel's periods take no sample, they are counted at the
+thread's next sample, and a thread that ends in the kernel has none.
+Prints one JSON line: each phase's CPU time of the thread, and the kernel
+phase's system time, as the kernel counts them.
 """
 
 import json
@@ -44,7 +47,9 @@ def main():
     calls = soak(kernel_s, fd, buf)
     t2 = time.thread_time()
     s1 = os.times().system
-    print(json.dumps({"user_phase_s": t1 - t0, "kernel_phase_s": t2 - t1,
+    burn(0.3)
+    t3 = time.thread_time()
+    print(json.dumps({"user_phase_s": (t1 - t0) + (t3 - t2), "kernel_phase_s": t2 - t1,
                       "kernel_phase_system_s": s1 - s0, "reads": calls}), flush=True)
 
 
