@@ -34,9 +34,15 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 /// Record the job `cmd` into `out` (no GPU library); returns gpuprof's
 /// output and the report.
 fn record_cmd<S: AsRef<OsStr>>(out: &Path, cmd: &[S]) -> (Output, Value) {
+    record_cmd_with(out, &[], cmd)
+}
+
+/// [`record_cmd`] with gpuprof options `opts`.
+fn record_cmd_with<S: AsRef<OsStr>>(out: &Path, opts: &[&str], cmd: &[S]) -> (Output, Value) {
     let o = Command::new(gpuprof())
         .arg("-o")
         .arg(out)
+        .args(opts)
         .arg("--")
         .args(cmd)
         .env_remove("GPUPROF_NVML_LIB")
@@ -286,13 +292,15 @@ fn record_slow_imports(out: &Path, import_s: &str, work_s: &str) -> (Value, f64)
 
 fn record_slow_imports_with(out: &Path, args: &[&str]) -> (Value, f64) {
     let script = test_script("slow_imports.py");
-    record_slow_imports_via(out, &script, OsStr::new(""), args)
+    record_slow_imports_via(out, &[], &script, OsStr::new(""), args)
 }
 
 /// As [`record_slow_imports_with`], the job run as `python3 FIRST [SECOND]
-/// ARGS` (SECOND left out when empty): a launcher and the script.
+/// ARGS` (SECOND left out when empty: a launcher and the script) with
+/// gpuprof options `opts`.
 fn record_slow_imports_via(
     out: &Path,
+    opts: &[&str],
     first: impl AsRef<OsStr>,
     second: impl AsRef<OsStr>,
     args: &[&str],
@@ -302,7 +310,7 @@ fn record_slow_imports_via(
         cmd.push(second.as_ref());
     }
     cmd.extend(args.iter().map(OsStr::new));
-    let (o, report) = record_cmd(out, &cmd);
+    let (o, report) = record_cmd_with(out, opts, &cmd);
     let stdout = String::from_utf8_lossy(&o.stdout);
     let imported: f64 = stdout
         .lines()
@@ -383,6 +391,7 @@ fn a_script_run_by_a_launcher_is_not_an_import() {
     let script = test_script("slow_imports.py");
     let (report, imported) = record_slow_imports_via(
         &dir.path().join("launched"),
+        &[],
         &launch,
         &script,
         &["2.0", "2.0"],
@@ -402,6 +411,39 @@ fn a_script_run_by_a_launcher_is_not_an_import() {
         "the batches are the data path: {main}"
     );
     assert_startup_is_the_import(&report, imported);
+}
+
+/// Without the in-process agent (`--python-frames py-spy`, as for an
+/// interpreter it does not read), the native samples carry no Python
+/// frames and py-spy's stacks tell the imports: the start-up is still the
+/// import, and the batches after it are still diagnosed. Once, every
+/// sample in the interpreter loop read as the program's code: no start-up,
+/// and the import counted with the batches.
+#[test]
+fn without_the_agent_slow_imports_are_still_start_up() {
+    let _g = serial();
+    if let Some(why) = common::perf_refused() {
+        skip!("start-up is read from stack samples: {why}");
+    }
+    let dir = common::test_dir();
+    let script = test_script("slow_imports.py");
+    let (report, imported) = record_slow_imports_via(
+        &dir.path().join("py-spy"),
+        &["--python-frames", "py-spy"],
+        &script,
+        "",
+        &["2.0", "2.0"],
+    );
+    well_formed(&report);
+    assert_startup_is_the_import(&report, imported);
+    let f = report["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["id"] == "main-process-preprocessing")
+        .unwrap_or_else(|| panic!("the batches are diagnosed: {}", report["findings"]));
+    let gpu_s = f["gpu_time_s"].as_f64().unwrap();
+    assert!((1.2..3.0).contains(&gpu_s), "{gpu_s} s: {f}");
 }
 
 /// An import whose body calls one function again and again (40 ms of CPU

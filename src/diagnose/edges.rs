@@ -20,9 +20,9 @@
 use std::collections::{BTreeSet, HashMap};
 
 use crate::analysis::fold::FrameClass;
-use crate::analysis::stacks::{FrameInfo, Stacks};
+use crate::analysis::stacks::{FrameInfo, Sample, Stacks};
 use crate::analysis::Analysis;
-use crate::event::{Pid, Tid};
+use crate::event::{MonoNs, Pid, Tid};
 
 use super::timeline::{Cause, LoopFrom, Timeline};
 
@@ -115,28 +115,62 @@ fn weights(a: &Analysis, tl: &Timeline) -> Vec<ThreadWeights> {
     let mut phase = |id: u32| *phases.entry(id).or_insert_with(|| phase_of(st, id));
     let mut out = Vec::new();
     // Samples are sorted by (pid, tid, t): one run per thread.
-    for run in st.samples.chunk_by(|x, y| (x.pid, x.tid) == (y.pid, y.tid)) {
-        let id = (run[0].pid, run[0].tid);
+    let same_thread = |x: &Sample, y: &Sample| (x.pid, x.tid) == (y.pid, y.tid);
+    // A thread whose native samples carry no Python frames (without the
+    // in-process agent: `--python-frames py-spy`, or an interpreter it does
+    // not read) has py-spy's stacks, which do: its imports and its Python
+    // code are read from those, and from its native samples only that the
+    // interpreter ran no Python code. Without them, every native sample in
+    // the interpreter loop read as the program's code, and a start that was
+    // all imports as work.
+    let py_spy: HashMap<(Pid, Tid), &[Sample]> = st
+        .python_only
+        .chunk_by(same_thread)
+        .map(|run| ((run[0].pid, run[0].tid), run))
+        .collect();
+    let native: HashMap<(Pid, Tid), &[Sample]> = st
+        .samples
+        .chunk_by(same_thread)
+        .map(|run| ((run[0].pid, run[0].tid), run))
+        .collect();
+    let ids: BTreeSet<(Pid, Tid)> = native.keys().chain(py_spy.keys()).copied().collect();
+    for id in ids {
         let worker = workers.contains(&id);
         if !worker && !mains.contains(&id) {
             continue;
         }
+        let own: &[Sample] = native.get(&id).copied().unwrap_or_default();
+        let spied: &[Sample] = py_spy.get(&id).copied().unwrap_or_default();
+        let mut phased: Vec<(MonoNs, u32, Phase)> = Vec::with_capacity(own.len() + spied.len());
+        for s in own {
+            match phase(s.stack) {
+                Some(p) if spied.is_empty() || p == Phase::NoPython => {
+                    phased.push((s.t, s.weight, p))
+                }
+                _ => {}
+            }
+        }
+        for s in spied {
+            if let Some(p) = phase(s.stack).filter(|p| *p != Phase::NoPython) {
+                phased.push((s.t, s.weight, p));
+            }
+        }
         // A thread that never ran Python code (a shell's, a launcher's in
         // C) has no interpreter to start or stop.
-        if run
-            .iter()
-            .all(|s| matches!(phase(s.stack), None | Some(Phase::NoPython)))
-        {
+        if phased.iter().all(|x| x.2 == Phase::NoPython) {
             continue;
         }
+        if !spied.is_empty() {
+            phased.sort_by_key(|x| x.0);
+        }
         let mut bins: Vec<(usize, W)> = Vec::new();
-        for s in run {
-            if let (Some(i), Some(p)) = (tl.bin_of(s.t), phase(s.stack)) {
+        for (t, weight, p) in phased {
+            if let Some(i) = tl.bin_of(t) {
                 match bins.last_mut() {
-                    Some((j, w)) if *j == i => w[p as usize] += s.weight as f64,
+                    Some((j, w)) if *j == i => w[p as usize] += weight as f64,
                     _ => {
                         let mut w = [0.0; 3];
-                        w[p as usize] = s.weight as f64;
+                        w[p as usize] = weight as f64;
                         bins.push((i, w));
                     }
                 }
