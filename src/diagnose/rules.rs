@@ -1046,10 +1046,6 @@ fn pcie(g: &GpuEvidence) -> Option<Finding> {
     Some(CauseRule::risk(FindingKind::PcieDegraded, Severity::Warning, "PCIe link below its maximum", ev, "Reseat the card, check that the slot is wired x16 and not shared, check risers and the BIOS PCIe generation setting; confirm under load with `nvidia-smi -q -d PCIE` (links slow down when idle).").finding())
 }
 
-/// Least share of the sampled Python processes' periods that ended
-/// unsampled in the kernel for the stacks' coverage to say so.
-const MIN_UNSAMPLED_KERNEL_SHARE: f64 = 0.05;
-
 /// What the stacks leave out when the in-process agent's perf event could
 /// not sample the kernel: its periods that ended there took no sample, and
 /// the flame graphs' shares are of the time in user mode.
@@ -1076,7 +1072,10 @@ fn kernel_unsampled(a: &Analysis) -> Option<String> {
         .collect();
     let unsampled: u64 = per.iter().map(|p| p.0).sum();
     let total: u64 = per.iter().map(|p| p.1).sum();
-    if hz <= 0.0 || total == 0 || (unsampled as f64) < MIN_UNSAMPLED_KERNEL_SHARE * total as f64 {
+    if hz <= 0.0
+        || total == 0
+        || (unsampled as f64) < crate::vocab::stacks::MIN_UNSAMPLED_KERNEL_SHARE * total as f64
+    {
         return None;
     }
     per.sort_by(|x, y| y.0.cmp(&x.0).then(x.3.cmp(&y.3)));
@@ -1085,7 +1084,7 @@ fn kernel_unsampled(a: &Analysis) -> Option<String> {
         .strip_prefix("time in the kernel not sampled: ")
         .unwrap_or(why);
     Some(format!(
-        "stacks: the Python processes spent at least {:.1} CPU-s ({:.0}% of their sampled CPU time) in the kernel (system calls, page faults) where the sampler was not allowed to take samples: the flame graphs leave that time out, and their shares are of the rest, the time in user mode (most in {name} (pid {pid}): {:.0}% of its time). Why: {why}.",
+        "stacks: the Python processes spent at least {:.1} CPU-s ({:.0}% of their CPU time) in the kernel (system calls, page faults) where the sampler was not allowed to take samples: the flame graphs leave that time out, and their shares are of the rest, the time in user mode (most in {name} (pid {pid}): {:.0}% of its CPU time). Why: {why}.",
         unsampled as f64 / hz,
         100.0 * unsampled as f64 / total as f64,
         100.0 * top_n as f64 / top_total.max(1) as f64,

@@ -226,7 +226,8 @@ fn titles<'a>(
             .filter(|a| a.kernel_sampled == Some(false))
             .map(|a| a.unsampled_periods)
             .sum();
-        let kernel = if unsampled > 0 && unsampled * 20 >= n {
+        let share = unsampled as f64 / (n + unsampled).max(1) as f64;
+        let kernel = if unsampled > 0 && share >= crate::vocab::stacks::MIN_UNSAMPLED_KERNEL_SHARE {
             format!(
                 "; at least {:.1} CPU-s more in the kernel not sampled",
                 unsampled as f64 / hz

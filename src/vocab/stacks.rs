@@ -30,6 +30,11 @@ pub fn agent_covers(agent: u64, perf: u64) -> bool {
     agent > 0 && 2 * agent + 5 >= perf
 }
 
+/// Least share of the Python processes' CPU time (sampled, and counted
+/// unsampled) that ended unsampled in the kernel for the diagnosis and the
+/// flame graphs to say what the stacks leave out.
+pub const MIN_UNSAMPLED_KERNEL_SHARE: f64 = 0.05;
+
 /// Is this the file of Python's import machinery (`<frozen
 /// importlib._bootstrap>`, or its source when not frozen)? Every import —
 /// an `import` statement, `importlib.import_module`, a C extension's
