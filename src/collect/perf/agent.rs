@@ -57,13 +57,19 @@ pub(super) fn extra_periods(credit: &mut Option<CpuCredit>, cpu_ns: u64, period_
     }
 }
 
+/// One thread's samples so far, the agent's and perf's, and its CPU time
+/// at its previous agent sample.
+#[derive(Default)]
+pub(super) struct ThreadCounts {
+    pub(super) agent: u64,
+    pub(super) perf: u64,
+    credit: Option<CpuCredit>,
+}
+
 pub(super) struct Agent {
     pub(super) rings: AgentRings,
     pub(super) verdicts: Arc<AgentVerdicts>,
-    /// Samples per thread so far: (the agent's, perf's).
-    pub(super) counts: HashMap<(Pid, Tid), (u64, u64)>,
-    /// Per thread: its CPU time at its previous sample.
-    pub(super) cpu: HashMap<(Pid, Tid), CpuCredit>,
+    pub(super) counts: HashMap<(Pid, Tid), ThreadCounts>,
     pub(super) procs: BTreeMap<Pid, AgentProc>,
     pub(super) buf: Vec<(usize, AgentRecord)>,
     pub(super) last_reap: Instant,
@@ -75,9 +81,8 @@ impl Agent {
     /// the analysis applies at the end: `analysis::stacks::agent_covers`).
     pub(super) fn keeps_up(&mut self, pid: Pid, tid: Tid) -> bool {
         let c = self.counts.entry((pid, tid)).or_default();
-        c.1 += 1;
-        let (agent, perf) = *c;
-        agent_covers(agent, perf) && self.verdicts.get(pid) == Some(true)
+        c.perf += 1;
+        agent_covers(c.agent, c.perf) && self.verdicts.get(pid) == Some(true)
     }
 }
 
@@ -176,13 +181,9 @@ impl Reader {
         let (pid, tid, t) = (smp.native.pid, smp.native.tid, smp.native.t);
         let st = a.procs.entry(pid).or_default();
         st.samples += 1;
-        let period = 1_000_000_000 / self.opts.frequency.max(1);
-        let mut credit = a.cpu.get(&(pid, tid)).copied();
-        let extra = extra_periods(&mut credit, smp.cpu_ns, period).min(MAX_OVERRUN as u64);
-        match credit {
-            Some(c) => a.cpu.insert((pid, tid), c),
-            None => a.cpu.remove(&(pid, tid)),
-        };
+        let period = pyagent::period_ns(self.opts.frequency);
+        let credit = &mut a.counts.entry((pid, tid)).or_default().credit;
+        let extra = extra_periods(credit, smp.cpu_ns, period).min(MAX_OVERRUN as u64);
         // With the kernel's periods sampled, the periods beyond this one
         // ended in the stretch in the kernel this signal came at the end
         // of (at most one signal is pending): they are this stack's. Else

@@ -473,7 +473,6 @@ impl Reader {
                 rings: AgentRings::new(a.ring_dir),
                 verdicts: a.verdicts,
                 counts: HashMap::default(),
-                cpu: HashMap::default(),
                 procs: BTreeMap::new(),
                 buf: Vec::new(),
                 last_reap: Instant::now(),
@@ -664,7 +663,7 @@ impl Reader {
             for (ring, rec) in a.buf.drain(..) {
                 if let AgentRecord::Sample(smp) = &rec {
                     let key = (smp.native.pid, smp.native.tid);
-                    a.counts.entry(key).or_default().0 += 1;
+                    a.counts.entry(key).or_default().agent += 1;
                 }
                 pending.push(Record::Agent { ring, rec });
             }
@@ -784,7 +783,6 @@ impl Reader {
             Record::Exit { pid, tid, t } => {
                 if let Some(a) = self.agent.as_mut() {
                     a.counts.remove(&(pid, tid));
-                    a.cpu.remove(&(pid, tid));
                 }
                 if pid.0 == tid.0 {
                     self.procs.remove(&pid);

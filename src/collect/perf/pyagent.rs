@@ -190,6 +190,12 @@ impl Drop for RingDir {
     }
 }
 
+/// The agent's sampling period at `frequency`: what it is told, and what
+/// its samples' CPU times are counted in.
+pub fn period_ns(frequency: u64) -> u64 {
+    1_000_000_000 / frequency.max(1)
+}
+
 /// The agent's environment for the job: preload it (before any preload the
 /// user had), and tell it where its rings go and how to sample.
 pub fn job_env(
@@ -204,7 +210,7 @@ pub fn job_env(
         preload.push(":");
         preload.push(user);
     }
-    let period = 1_000_000_000 / frequency.max(1);
+    let period = period_ns(frequency);
     let mut env = vec![
         ("LD_PRELOAD".into(), preload),
         (ENV_DIR.into(), ring_dir.as_os_str().to_owned()),
