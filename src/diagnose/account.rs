@@ -44,6 +44,10 @@ pub struct MainAccount {
     pub samples: u64,
     pub model_share: f64,
     pub data_share: f64,
+    /// The part of `data_share` spent talking to worker processes
+    /// (starting them, receiving their batches through `multiprocessing`):
+    /// work the same loop without workers does not have.
+    pub worker_handover_share: f64,
     pub loop_share: f64,
     pub import_share: f64,
     pub no_python_share: f64,
@@ -64,8 +68,16 @@ impl MainAccount {
         } else {
             String::new()
         };
+        let handover = if self.worker_handover_share > 0.0 {
+            format!(
+                " (of which starting and talking to worker processes {})",
+                pct(self.worker_handover_share)
+            )
+        } else {
+            String::new()
+        };
         format!(
-            "the model (framework forward, backward, loss, optimizer) {}, the data path (loader, dataset `__getitem__`, transforms, collate, decode) {}, the loop's own code {}{imports}, no Python frames {} of {} stack samples",
+            "the model (framework forward, backward, loss, optimizer) {}, the data path (loader, dataset `__getitem__`, transforms, collate, decode) {}{handover}, the loop's own code {}{imports}, no Python frames {} of {} stack samples",
             pct(self.model_share),
             pct(self.data_share),
             pct(self.loop_share),
@@ -166,6 +178,17 @@ fn frame_activity(f: &FrameInfo) -> Option<Activity> {
     None
 }
 
+/// A data-path sample inside `multiprocessing` (the standard library's or
+/// `torch.multiprocessing`'s): the loader starting its workers, or taking
+/// a batch off their queue and rebuilding its tensors from the shared
+/// memory they passed (`rebuild_storage_fd` and the file-descriptor
+/// hand-over behind it). Only a loader with workers does this.
+fn talks_to_workers<'a>(mut frames: impl Iterator<Item = &'a FrameInfo>) -> bool {
+    frames.any(|f| {
+        f.class == FrameClass::Python && f.file.replace('\\', "/").contains("multiprocessing/")
+    })
+}
+
 /// What a sample shows: an import anywhere in it, else its outermost
 /// frame that says (a transform that calls `torch.nn.functional` is data;
 /// a model's `ModuleList.__getitem__` is the model).
@@ -194,7 +217,11 @@ pub fn account(
     keep: impl Fn(&Sample) -> bool,
 ) -> MainAccount {
     let mut w = [0u64; 5];
+    let mut handover = 0u64;
     let mut add = |s: &Sample, act: Activity| {
+        if act == Activity::Data && talks_to_workers(st.stack_frames(s.stack)) {
+            handover += s.weight as u64;
+        }
         let i = match act {
             Activity::Model => 0,
             Activity::Data => 1,
@@ -234,6 +261,7 @@ pub fn account(
         samples: total,
         model_share: share(w[0]),
         data_share: share(w[1]),
+        worker_handover_share: share(handover),
         loop_share: share(w[2]),
         import_share: share(w[3]),
         no_python_share: share(w[4]),
@@ -332,6 +360,38 @@ mod tests {
         assert_eq!(activity(s.iter()), Activity::Loop);
         let s = [native("_start"), native("Py_RunMain")];
         assert_eq!(activity(s.iter()), Activity::NoPython);
+    }
+
+    #[test]
+    fn receiving_from_workers_is_the_data_path_said_apart() {
+        let train = py("fit", "/home/u/train.py");
+        let next = py(
+            "_BaseDataLoaderIter.__next__",
+            &format!("{SITE}/torch/utils/data/dataloader.py"),
+        );
+        let get = py("Queue.get", "/usr/lib/python3.11/multiprocessing/queues.py");
+        let rebuild = py(
+            "rebuild_storage_fd",
+            &format!("{SITE}/torch/multiprocessing/reductions.py"),
+        );
+        let fetch = py(
+            "_MapDatasetFetcher.fetch",
+            &format!("{SITE}/torch/utils/data/_utils/fetch.py"),
+        );
+        let received = [train.clone(), next.clone(), get, native("load"), rebuild];
+        let prepared = [
+            train.clone(),
+            next,
+            fetch,
+            py("Images.__getitem__", "/home/u/data.py"),
+        ];
+        assert_eq!(activity(received.iter()), Activity::Data);
+        assert!(talks_to_workers(received.iter()));
+        assert_eq!(activity(prepared.iter()), Activity::Data);
+        assert!(!talks_to_workers(prepared.iter()));
+        assert!(!talks_to_workers(
+            [train, native("_PyEval_EvalFrameDefault")].iter()
+        ));
     }
 
     #[test]
