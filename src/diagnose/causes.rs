@@ -7,9 +7,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::analysis::stacks::Attribution;
+use crate::analysis::fold::FrameClass;
+use crate::analysis::stacks::{pool_label, Attribution, Sample};
 use crate::analysis::{Analysis, Role};
-use crate::event::Pid;
+use crate::event::{Pid, Tid};
 use crate::units::{bytes, pct, plural, rate};
 
 use super::evidence::{is_python_frame, GpuEvidence};
@@ -40,6 +41,50 @@ pub(super) fn functions_in(
     in_bin: impl Fn(usize) -> bool,
     n: usize,
 ) -> Vec<(String, f64)> {
+    functions_of(a, tl, |s| pids.contains(&s.pid), in_bin, n)
+}
+
+/// What the main threads were running in the bins `in_bin` selects, their
+/// framework pool threads' work included (placed under their frames), as
+/// [`functions_in`] counts it: the training loop's own time, without the
+/// process's other threads (a collective library's network loop, a
+/// logger's thread).
+fn main_thread_functions(
+    a: &Analysis,
+    tl: &Timeline,
+    in_bin: impl Fn(usize) -> bool,
+    n: usize,
+) -> Vec<(String, f64)> {
+    let st = &a.stacks;
+    let mains: BTreeSet<(Pid, Tid)> = tl.mains.iter().map(|t| (t.pid, t.tid)).collect();
+    // A pool thread's sample works for a main thread when it was placed
+    // under that thread's frames.
+    let markers: BTreeSet<(Pid, String)> = mains
+        .iter()
+        .map(|&(pid, tid)| (pid, pool_label(pid, tid)))
+        .collect();
+    let works_for_main = |s: &Sample| {
+        s.attribution == Attribution::PoolThread
+            && st.stack_frames(s.py_stack).any(|f| {
+                f.class == FrameClass::Marker && markers.contains(&(s.pid, f.name.clone()))
+            })
+    };
+    functions_of(
+        a,
+        tl,
+        |s| mains.contains(&(s.pid, s.tid)) || works_for_main(s),
+        in_bin,
+        n,
+    )
+}
+
+fn functions_of(
+    a: &Analysis,
+    tl: &Timeline,
+    keep: impl Fn(&Sample) -> bool,
+    in_bin: impl Fn(usize) -> bool,
+    n: usize,
+) -> Vec<(String, f64)> {
     let st = &a.stacks;
     let gpu = idle_weighted(a).then(|| a.gpu.idle_weights());
     let weight_of = |s: &crate::analysis::stacks::Sample| -> f64 {
@@ -59,12 +104,12 @@ pub(super) fn functions_in(
     let py_spy: BTreeSet<Pid> = st
         .python_only
         .iter()
+        .filter(|s| keep(s))
         .map(|s| s.pid)
-        .filter(|p| pids.contains(p))
         .collect();
     // Per process: its functions, and the native samples' weight.
     let mut per_pid: BTreeMap<Pid, (BTreeMap<String, f64>, f64)> = BTreeMap::new();
-    for s in st.samples.iter().filter(|s| pids.contains(&s.pid)) {
+    for s in st.samples.iter().filter(|s| keep(s)) {
         let weight = weight_of(s);
         if weight <= 0.0 {
             continue;
@@ -86,7 +131,11 @@ pub(super) fn functions_in(
         }
     }
     let mut py_only: BTreeMap<Pid, (BTreeMap<String, f64>, f64)> = BTreeMap::new();
-    for s in st.python_only.iter().filter(|s| py_spy.contains(&s.pid)) {
+    for s in st
+        .python_only
+        .iter()
+        .filter(|s| py_spy.contains(&s.pid) && keep(s))
+    {
         let weight = weight_of(s);
         if weight <= 0.0 {
             continue;
@@ -315,7 +364,12 @@ pub(super) fn training_loop(
         |i| tl.cause[i] == Some(Cause::TrainingLoop),
         4,
     );
-    let named = fs.first().map(|f| f.0.clone());
+    // The fix names the main thread's own work (its pool threads' with
+    // it): the process's other threads (a collective library's network
+    // loop, a logger) are not what keeps the loop busy.
+    let named = main_thread_functions(a, tl, |i| tl.cause[i] == Some(Cause::TrainingLoop), 1)
+        .first()
+        .map(|f| f.0.clone());
     if !fs.is_empty() {
         ev.push(format!(
             "What the main process ran then (all its threads){}: {}.",
@@ -396,7 +450,7 @@ fn loop_title_fix(
             ),
             format!(
                 "Run the model on a GPU{}. On a machine with one, check that `python -c 'import torch; print(torch.cuda.is_available())'` prints True (a CUDA build of the framework and a driver that supports it), and move the model and each batch to it (`model.to(\"cuda\")`, `batch.to(\"cuda\", non_blocking=True)`). Then record again: host work left in the loop is what this finding is about.{data_too}",
-                named(" (the main process's time went to ", " above all)")
+                named(" (the main thread's time went to ", " above all)")
             ),
         )
     } else {

@@ -1107,3 +1107,133 @@ fn too_few_workers_needs_idle_cores_it_can_count_on() {
     let d = diagnose(&a, None, None);
     assert!(ids(&d).contains(&"too-few-workers"), "{:?}", ids(&d));
 }
+
+/// The training-loop fix names the main thread's own work: a busier thread
+/// of the same process (a collective library's network loop) is in the
+/// process's line of the evidence, not in the fix.
+#[test]
+fn the_loop_fix_names_the_main_threads_work() {
+    use crate::event::{SampleBatch, SampleSource, StackKind};
+    let main = Th {
+        pid: 10,
+        tid: 10,
+        state: |_| 'R',
+        busy: |_| 1.0,
+    };
+    let mut evs = run(4, &[main], &[], |_| 0.5);
+    let footer = evs.pop().unwrap();
+    let node = |kind, id, parent, frame| Event::StackNode {
+        kind,
+        id,
+        parent,
+        frame,
+    };
+    let batch = |tid, source, every: usize, stack| {
+        let ks: Vec<u64> = (0..1000).step_by(every).collect();
+        let mut dt = vec![0u32];
+        dt.extend(ks.windows(2).map(|w| ((w[1] - w[0]) * 10_000) as u32));
+        Event::Samples(SampleBatch {
+            kind: StackKind::Native,
+            pid: Pid(10),
+            tid: Tid(tid),
+            t0: MonoNs(START + ks[0] * 10 * MS),
+            stacks: vec![stack; ks.len()],
+            dt_us: dt,
+            incomplete: vec![],
+            source,
+        })
+    };
+    evs.extend([
+        Event::Libraries {
+            t: t(0),
+            pid: Pid(10),
+            added: vec!["/venv/lib/torch/lib/libtorch_cpu.so".into()],
+        },
+        Event::PyProcess {
+            t: t(0),
+            pid: Pid(10),
+            version: "3.12.1".into(),
+            same_instant: true,
+            timer: false,
+            detail: String::new(),
+        },
+        Event::StackFile {
+            id: 0,
+            path: "/usr/bin/python3".into(),
+        },
+        Event::StackFile {
+            id: 1,
+            path: "/venv/lib/torch/lib/libtorch_cpu.so".into(),
+        },
+        Event::NativeFrame {
+            id: 0,
+            file: 0,
+            offset: 0x10,
+        },
+        Event::NativeFrame {
+            id: 3,
+            file: 1,
+            offset: 0x20,
+        },
+        Event::NativeFrame {
+            id: 4,
+            file: 1,
+            offset: 0x30,
+        },
+        Event::Symbols {
+            names: vec![
+                (0, "_PyEval_EvalFrameDefault".into()),
+                (3, "gloo::transport::tcp::Loop::run()".into()),
+                (4, "epoll_wait".into()),
+            ],
+            unnamed: vec![],
+        },
+        Event::InlinePyFrame {
+            id: 1,
+            name: "<module>".into(),
+            file: "/job/train.py".into(),
+            entry: true,
+            line: None,
+        },
+        Event::InlinePyFrame {
+            id: 2,
+            name: "Net.forward".into(),
+            file: "/job/model.py".into(),
+            entry: false,
+            line: None,
+        },
+        node(StackKind::Native, 0, None, 0),
+        node(StackKind::Native, 1, Some(0), 1),
+        node(StackKind::Native, 2, Some(1), 2),
+        node(StackKind::Native, 3, None, 3),
+        node(StackKind::Native, 4, Some(3), 4),
+        // The main thread in its model half the time, the network loop's
+        // thread on a CPU all the time.
+        batch(10, SampleSource::Agent, 2, 2),
+        batch(11, SampleSource::Perf, 1, 4),
+    ]);
+    evs.push(footer);
+    let a = analyze_events(header(4), evs.into_iter());
+    let stacks = evidence::stacks_from_analysis(&a);
+    let d = diagnose(&a, None, stacks.as_ref());
+    let f = d
+        .findings
+        .iter()
+        .find(|f| f.kind == FindingKind::TrainingLoop)
+        .unwrap_or_else(|| panic!("{:?}", ids(&d)));
+    assert!(
+        f.fix
+            .contains("(the main thread's time went to `Net.forward (model.py)"),
+        "{}",
+        f.fix
+    );
+    assert!(!f.fix.contains("epoll_wait"), "{}", f.fix);
+    // The process's line still says where all its threads' time went.
+    assert!(
+        f.evidence
+            .iter()
+            .any(|e| e.starts_with("What the main process ran then") && e.contains("epoll_wait")),
+        "{:?}",
+        f.evidence
+    );
+}

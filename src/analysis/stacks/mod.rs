@@ -41,6 +41,7 @@ pub use intake::{
 use merge::{keep_one_sampler, lowest_offsets, Merged, Merger};
 use names::Resolver;
 pub(crate) use names::{clean, py_file_label};
+pub use pools::pool_label;
 use summary::{python_report, sampler_figures};
 
 use super::fold::{self, FoldFrame, FoldNotes, FrameClass, Launcher, ViewFrame};

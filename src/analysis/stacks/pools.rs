@@ -263,6 +263,17 @@ fn nearest(
     best.map(|b| b.2)
 }
 
+/// The frame a pool thread's sample is placed under, naming the thread
+/// that started its work: `[pool thread of the main thread]`,
+/// `[pool thread of thread 4321]`.
+pub fn pool_label(pid: Pid, tid: Tid) -> String {
+    if tid.0 == pid.0 {
+        "[pool thread of the main thread]".to_string()
+    } else {
+        format!("[pool thread of thread {}]", tid.0)
+    }
+}
+
 impl Stacks {
     /// The Python view of each linked pool sample: its starter's frames
     /// down to the call into the pool (or its innermost Python frame), a
@@ -275,12 +286,7 @@ impl Stacks {
             let starter = self.samples[l.starter];
             let own = self.samples[l.sample].py_stack;
             let label = *labels.entry((starter.pid, starter.tid)).or_insert_with(|| {
-                let who = if starter.tid.0 == starter.pid.0 {
-                    "the main thread".to_string()
-                } else {
-                    format!("thread {}", starter.tid.0)
-                };
-                let label = format!("[pool thread of {who}]");
+                let label = pool_label(starter.pid, starter.tid);
                 self.frames.push(FrameInfo {
                     label: label.clone(),
                     class: FrameClass::Marker,
