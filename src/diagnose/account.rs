@@ -68,7 +68,8 @@ impl MainAccount {
         } else {
             String::new()
         };
-        let handover = if self.worker_handover_share > 0.0 {
+        // Said when it rounds to a percent at least.
+        let handover = if self.worker_handover_share >= 0.005 {
             format!(
                 " (of which starting and talking to worker processes {})",
                 pct(self.worker_handover_share)

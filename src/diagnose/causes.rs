@@ -41,7 +41,7 @@ pub(super) fn functions_in(
     in_bin: impl Fn(usize) -> bool,
     n: usize,
 ) -> Vec<(String, f64)> {
-    functions_of(a, tl, |s| pids.contains(&s.pid), in_bin, n)
+    functions_of(a, tl, |s| pids.contains(&s.pid), false, in_bin, n)
 }
 
 /// What the main threads were running in the bins `in_bin` selects, their
@@ -73,15 +73,20 @@ fn main_thread_functions(
         a,
         tl,
         |s| mains.contains(&(s.pid, s.tid)) || works_for_main(s),
+        true,
         in_bin,
         n,
     )
 }
 
+/// [`functions_in`] of the samples `keep` selects; with `as_starter`, a
+/// pool thread's sample is named as its starter's work (without the
+/// `[pool thread of …]` frame), so that the two add up.
 fn functions_of(
     a: &Analysis,
     tl: &Timeline,
     keep: impl Fn(&Sample) -> bool,
+    as_starter: bool,
     in_bin: impl Fn(usize) -> bool,
     n: usize,
 ) -> Vec<(String, f64)> {
@@ -126,7 +131,10 @@ fn functions_of(
         } else {
             s.stack
         };
-        if let Some(name) = function_of(st.stack(stack)) {
+        let frames = st
+            .stack(stack)
+            .filter(|f| !(as_starter && f.starts_with(POOL_THREAD_PREFIX)));
+        if let Some(name) = function_of(frames) {
             *e.0.entry(name).or_default() += weight;
         }
     }
