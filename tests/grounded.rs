@@ -2,8 +2,8 @@
 //! PyTorch training loops (tests/scripts/grounded_train.py): a busy main
 //! thread without workers is batch preparation only when its samples show
 //! the data path; the model computed there is the training loop's own
-//! work; and the account of the main thread does not change with the
-//! worker count.
+//! work; the account of the main thread does not change with the
+//! worker count; and a closure optimizer's evaluations are not steps.
 //!
 //! Slow (20-40 s each on two loaded cores): each run imports PyTorch (3-4
 //! s of CPU here) and trains for 1.5-4 s of CPU, at 99 Hz 150-400 samples
@@ -234,4 +234,23 @@ fn the_main_threads_account_does_not_depend_on_the_workers() {
             serde_json::to_string_pretty(&r["findings"]).unwrap()
         );
     }
+}
+
+/// (d) A closure optimizer (LBFGS) runs the model's backward pass 20 times
+/// per step: those are not steps. The optimizer's step is, and 4 of them
+/// are too few to find a period in; before, the backward passes were
+/// counted as ~79 steps.
+#[test]
+fn a_closure_optimizers_evaluations_are_not_steps() {
+    let _g = serial();
+    let py = need_torch!();
+    let dir = common::test_dir();
+    let r = record(&py, &dir.path().join("lbfgs"), &["lbfgs", "4"]);
+    let steps = &r["steps"];
+    assert!(
+        steps["count"].as_u64().unwrap_or(0) <= 4,
+        "{}",
+        serde_json::to_string_pretty(steps).unwrap()
+    );
+    assert_ne!(steps["name"], "Tensor.backward (_tensor.py)", "{steps}");
 }

@@ -545,6 +545,8 @@ fn from_stacks(a: &Analysis, only: Option<Pid>) -> Option<StackSteps> {
     let is_py = |f: &str| f.ends_with(".py)");
     let mut last: HashMap<&str, usize> = HashMap::new();
     let mut runs: HashMap<&str, Vec<Run>> = HashMap::new();
+    // Samples of each function, and those inside an optimizer's step.
+    let mut in_optimizer: HashMap<&str, (u32, u32)> = HashMap::new();
     let mut k = 0usize;
     let mut prev_t: Option<MonoNs> = None;
     let wall = a.waits.thread(pid, tid);
@@ -572,7 +574,16 @@ fn from_stacks(a: &Analysis, only: Option<Pid>) -> Option<StackSteps> {
             continue;
         }
         let mut seen = BTreeSet::new();
-        for f in st.stack(s.stack).filter(|f| is_py(f)) {
+        let mut inside = false;
+        for info in st.stack_frames(s.stack) {
+            let f = info.label.as_str();
+            if !is_py(f) {
+                continue;
+            }
+            let counts = in_optimizer.entry(f).or_default();
+            counts.0 += 1;
+            counts.1 += u32::from(inside);
+            inside |= is_optimizer_step(info);
             if !seen.insert(f) {
                 continue;
             }
@@ -593,6 +604,14 @@ fn from_stacks(a: &Analysis, only: Option<Pid>) -> Option<StackSteps> {
             prev_t = Some(s.t);
         }
     }
+    // What an optimizer's step calls runs as often as the optimizer asks:
+    // a closure optimizer (LBFGS) evaluates the model, its backward pass
+    // included, up to 20 times per step. The step is then the optimizer's.
+    runs.retain(|f, _| {
+        in_optimizer
+            .get(f)
+            .is_some_and(|&(n, inside)| 2 * inside <= n)
+    });
     let f = choose_stack_step(&runs, period)?;
     let starts: Vec<MonoNs> = runs[f].iter().map(|r| r.start).collect();
     let iv: Vec<(MonoNs, MonoNs)> = starts.windows(2).map(|w| (w[0], w[1])).collect();
@@ -614,6 +633,14 @@ fn from_stacks(a: &Analysis, only: Option<Pid>) -> Option<StackSteps> {
         pid,
         tid,
     ))
+}
+
+/// An optimizer's `step` method (PyTorch's, under `torch/optim/`): the
+/// frames it calls run as often as the optimizer asks, not once per
+/// training step.
+fn is_optimizer_step(f: &FrameInfo) -> bool {
+    let func = f.name.rsplit('.').next().unwrap_or(&f.name);
+    func == "step" && f.file.replace('\\', "/").contains("/torch/optim/")
 }
 
 /// Fewest samples of the loop thread to look for its steps in.

@@ -9,6 +9,8 @@ Usage: grounded_train.py MODE STEPS [WORKERS]
           feeding a tiny linear model
   conv    a small conv net fed by a DataLoader of cheap synthetic images,
           with WORKERS worker processes
+  lbfgs   a closure optimizer: each of STEPS steps of LBFGS evaluates the
+          model, its backward pass included, 20 times
 Prints "steps N" at the end.
 """
 import sys
@@ -91,6 +93,24 @@ def fit(model, loader, steps):
         opt.step()
 
 
+def lbfgs(steps):
+    model = nn.Sequential(nn.Linear(64, 256), nn.Tanh(), nn.Linear(256, 1))
+    x, y = torch.randn(16384, 64), torch.randn(16384, 1)
+    # No early stop: every step makes its 20 evaluations.
+    opt = torch.optim.LBFGS(model.parameters(), lr=0.1, max_iter=20,
+                            tolerance_grad=0, tolerance_change=0)
+    crit = nn.MSELoss()
+
+    def closure():
+        opt.zero_grad()
+        loss = crit(model(x), y)
+        loss.backward()
+        return loss
+
+    for _ in range(steps):
+        opt.step(closure)
+
+
 def main():
     mode, steps = sys.argv[1], int(sys.argv[2])
     workers = int(sys.argv[3]) if len(sys.argv) > 3 else 0
@@ -101,6 +121,8 @@ def main():
     elif mode == "decode":
         model = nn.Sequential(nn.Flatten(), nn.Linear(32 * 32 * 3, 10))
         fit(model, DataLoader(Compressed(), batch_size=16, num_workers=0), steps)
+    elif mode == "lbfgs":
+        lbfgs(steps)
     elif mode == "conv":
         model = nn.Sequential(
             nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(),
