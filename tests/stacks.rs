@@ -1105,3 +1105,56 @@ fn a_stack_deeper_than_the_threads_earlier_ones_is_unwound_whole() {
     let _ = std::fs::remove_dir_all(&out);
     let _ = std::fs::remove_dir_all(&build);
 }
+
+/// gpuprof's own perf events never sample the kernel: a native job that
+/// spends its time in system calls (`dd` copying `/dev/zero` to
+/// `/dev/null`) has that time said, from its system time in `/proc`, in
+/// the diagnosis, within 30% of what the shell's `time` measured, and in
+/// the flame graph's subtitle.
+#[test]
+fn a_native_jobs_time_in_the_kernel_is_said() {
+    need_perf!();
+    let truth = tmp("kernel-truth");
+    let job = format!(
+        "TIMEFORMAT=%S; {{ time dd if=/dev/zero of=/dev/null bs=64k count=800000 status=none; }} 2> {}",
+        truth.display()
+    );
+    let (out, code) = record("kernel", &[], &["bash", "-c", &job]);
+    assert_eq!(code, 0);
+    let sys: f64 = std::fs::read_to_string(&truth)
+        .expect("the shell's time")
+        .trim()
+        .parse()
+        .expect("seconds");
+    assert!(sys >= 0.5, "dd spent only {sys} s in the kernel");
+    let r = report(&out);
+    let line = r["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["id"] == "low-sample-coverage")
+        .flat_map(|f| f["evidence"].as_array().unwrap().iter())
+        .filter_map(|e| e.as_str())
+        .find(|e| e.contains("sampled by gpuprof's perf events"))
+        .unwrap_or_else(|| panic!("not said: {}", r["findings"]))
+        .to_string();
+    let said: f64 = line
+        .split("spent about ")
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("{line}"));
+    assert!(
+        said >= 0.7 * sys && said <= 1.3 * sys,
+        "said {said} s, dd's system time {sys} s: {line}"
+    );
+    assert!(line.contains("dd (pid "), "{line}");
+    // The flame graph of every process says it under its (few) samples.
+    let svg = std::fs::read_to_string(out.join("flame-all.svg")).expect("flame-all.svg");
+    assert!(
+        svg.contains("CPU-s more in the kernel not sampled"),
+        "{svg}"
+    );
+    let _ = std::fs::remove_dir_all(&out);
+    let _ = std::fs::remove_file(&truth);
+}

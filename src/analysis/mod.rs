@@ -1265,6 +1265,20 @@ impl Builder {
         let window = (self.a.start, self.a.end);
         self.stack_data.lines = opts.python_lines;
         self.a.stacks = stacks::analyze(&mut self.stack_data, window, &meta);
+        let rep = &mut self.a.stacks.report;
+        if rep.sampler == crate::vocab::stacks::SAMPLER_PERF {
+            for (pid, p) in &self.a.processes {
+                let sys_ns: u64 = p
+                    .threads
+                    .values()
+                    .filter(|th| !rep.agent_threads.contains(&(*pid, th.tid)))
+                    .map(|th| th.sys_ns)
+                    .sum();
+                if sys_ns > 0 {
+                    rep.perf_kernel_s.insert(*pid, sys_ns as f64 / 1e9);
+                }
+            }
+        }
         let procs = &self.a.processes;
         let exits = |pid: Pid| procs.get(&pid).and_then(|p| p.exited);
         self.a.nvtx = std::mem::take(&mut self.nvtx).finish(window, &exits, &self.a.gpu);

@@ -1046,6 +1046,42 @@ fn pcie(g: &GpuEvidence) -> Option<Finding> {
     Some(CauseRule::risk(FindingKind::PcieDegraded, Severity::Warning, "PCIe link below its maximum", ev, "Reseat the card, check that the slot is wired x16 and not shared, check risers and the BIOS PCIe generation setting; confirm under load with `nvidia-smi -q -d PCIE` (links slow down when idle).").finding())
 }
 
+/// What the stacks leave out of the threads that gpuprof's own perf events
+/// sampled (native programs, threads the in-process agent did not sample):
+/// those events never sample the kernel, so their time in system calls
+/// and page faults is in no stack. Its amount is their system time in
+/// `/proc` (clock ticks: an estimate).
+fn perf_kernel_unsampled(a: &Analysis) -> Option<String> {
+    let rep = &a.stacks.report;
+    let hz = rep.frequency_hz;
+    let kernel_s: f64 = rep.perf_kernel_s.values().sum();
+    // Said to a tenth of a CPU-s: less is not said at all.
+    if hz <= 0.0 || kernel_s < 0.05 {
+        return None;
+    }
+    // Of the job's whole CPU time: a thread with a few ms of system time
+    // and no sample is not news.
+    let job_s: f64 = a
+        .processes
+        .values()
+        .map(|p| (p.user_ns + p.sys_ns) as f64 / 1e9)
+        .sum();
+    let share = kernel_s / job_s.max(kernel_s);
+    if share < crate::vocab::stacks::MIN_UNSAMPLED_KERNEL_SHARE {
+        return None;
+    }
+    let (pid, top) = rep
+        .perf_kernel_s
+        .iter()
+        .max_by(|x, y| x.1.total_cmp(y.1).then(y.0.cmp(x.0)))?;
+    let name = a.processes.get(pid).map(|p| p.comm.as_str()).unwrap_or("?");
+    Some(format!(
+        "stacks: the threads sampled by gpuprof's perf events (native code, threads the in-process agent did not sample) spent about {kernel_s:.1} CPU-s ({:.0}% of the job's CPU time) in the kernel (their system time in /proc): those events take no sample there, so the flame graphs leave that time out (most in {name} (pid {}): {top:.1} s).",
+        100.0 * share,
+        pid.0
+    ))
+}
+
 /// What the stacks leave out when the in-process agent's perf event could
 /// not sample the kernel: its periods that ended there took no sample, and
 /// the flame graphs' shares are of the time in user mode.
@@ -1140,6 +1176,9 @@ fn coverage(
     if let Some(line) = kernel_unsampled(a) {
         ev.push(line);
         fixes.push("for stacks of the time in the kernel too, run gpuprof as root or with CAP_PERFMON (or set kernel.perf_event_paranoid to 1) on Linux 6.11 or later");
+    }
+    if let Some(line) = perf_kernel_unsampled(a) {
+        ev.push(line);
     }
     let intervals = a.duration_s() * 1e9 / a.header.interval_ns.max(1) as f64;
     // A short recording is not an alarm: every finding's severity already

@@ -226,15 +226,22 @@ fn titles<'a>(
             .filter(|a| a.kernel_sampled == Some(false))
             .map(|a| a.unsampled_periods)
             .sum();
-        let share = unsampled as f64 / (n + unsampled).max(1) as f64;
-        let kernel = if unsampled > 0 && share >= crate::vocab::stacks::MIN_UNSAMPLED_KERNEL_SHARE {
-            format!(
-                "; at least {:.1} CPU-s more in the kernel not sampled",
-                unsampled as f64 / hz
-            )
-        } else {
-            String::new()
-        };
+        // And the system time of the threads gpuprof's perf events
+        // sampled, which never sample the kernel (an estimate from /proc).
+        let perf_s: f64 = pids
+            .iter()
+            .filter_map(|p| st.report.perf_kernel_s.get(p))
+            .sum();
+        let unsampled_s = unsampled as f64 / hz + perf_s;
+        let share = unsampled_s / (n as f64 / hz + unsampled_s);
+        let kernel =
+            if unsampled_s >= 0.05 && share >= crate::vocab::stacks::MIN_UNSAMPLED_KERNEL_SHARE {
+                // A count of periods is a lower bound; system time is not.
+                let bound = if perf_s >= 0.05 { "about" } else { "at least" };
+                format!("; {bound} {unsampled_s:.1} CPU-s more in the kernel not sampled")
+            } else {
+                String::new()
+            };
         format!(
             "{n} samples{by} at {hz} Hz (~{:.1} CPU-s{kernel})",
             n as f64 / hz

@@ -180,6 +180,11 @@ pub(super) fn keep_one_sampler(
         .iter()
         .map(|(k, &(a, p))| (*k, agent_covers(a, p)))
         .collect();
+    rep.agent_threads = use_agent
+        .iter()
+        .filter(|(_, &agent)| agent)
+        .map(|(k, _)| *k)
+        .collect();
     let agent_pids: BTreeSet<Pid> = per_thread
         .iter()
         .filter(|(_, c)| c.0 > 0)

@@ -423,6 +423,17 @@ pub struct StacksReport {
     /// The bucket of that thinning (0 when every sample was analysed).
     pub analysis_bucket_ms: f64,
     pub roles: BTreeMap<String, RoleStacks>,
+    /// Threads whose native samples are the in-process agent's; the others'
+    /// are gpuprof's own perf events' (native programs, threads the agent
+    /// did not sample), which never sample the kernel.
+    #[serde(skip)]
+    pub agent_threads: BTreeSet<(Pid, Tid)>,
+    /// With perf events as the sampler, the system time over the recording
+    /// (from `/proc`) of the job's threads the agent did not sample, seconds
+    /// per process: the time in the kernel their samples leave out (a
+    /// thread that ran only in the kernel has no sample at all).
+    #[serde(skip)]
+    pub perf_kernel_s: BTreeMap<Pid, f64>,
 }
 
 /// The merged stacks of a recording.
