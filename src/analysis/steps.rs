@@ -545,7 +545,7 @@ fn from_stacks(a: &Analysis, only: Option<Pid>) -> Option<StackSteps> {
     let is_py = |f: &str| f.ends_with(".py)");
     let mut last: HashMap<&str, usize> = HashMap::new();
     let mut runs: HashMap<&str, Vec<Run>> = HashMap::new();
-    // Samples of each function, and those inside an optimizer's step.
+    // Samples of each function, and those inside LBFGS's step.
     let mut in_optimizer: HashMap<&str, (u32, u32)> = HashMap::new();
     let mut k = 0usize;
     let mut prev_t: Option<MonoNs> = None;
@@ -583,7 +583,7 @@ fn from_stacks(a: &Analysis, only: Option<Pid>) -> Option<StackSteps> {
             let counts = in_optimizer.entry(f).or_default();
             counts.0 += 1;
             counts.1 += u32::from(inside);
-            inside |= is_optimizer_step(info);
+            inside |= reevaluates_closure(info);
             if !seen.insert(f) {
                 continue;
             }
@@ -604,9 +604,9 @@ fn from_stacks(a: &Analysis, only: Option<Pid>) -> Option<StackSteps> {
             prev_t = Some(s.t);
         }
     }
-    // What an optimizer's step calls runs as often as the optimizer asks:
-    // a closure optimizer (LBFGS) evaluates the model, its backward pass
-    // included, up to 20 times per step. The step is then the optimizer's.
+    // What LBFGS's step calls runs as often as it evaluates its closure:
+    // the model, its backward pass included, up to 20 times per step. The
+    // step is then the optimizer's.
     runs.retain(|f, _| {
         in_optimizer
             .get(f)
@@ -635,12 +635,14 @@ fn from_stacks(a: &Analysis, only: Option<Pid>) -> Option<StackSteps> {
     ))
 }
 
-/// An optimizer's `step` method (PyTorch's, under `torch/optim/`): the
-/// frames it calls run as often as the optimizer asks, not once per
-/// training step.
-fn is_optimizer_step(f: &FrameInfo) -> bool {
+/// The `step` of an optimizer that evaluates its closure several times per
+/// step: PyTorch's LBFGS (up to `max_iter`, 20 by default). The others
+/// call it once at most, and Lightning runs every training step as such a
+/// closure (`training_step` and its backward pass inside `Adam.step`): what
+/// they call still runs once per step.
+fn reevaluates_closure(f: &FrameInfo) -> bool {
     let func = f.name.rsplit('.').next().unwrap_or(&f.name);
-    func == "step" && f.file.replace('\\', "/").contains("/torch/optim/")
+    func == "step" && f.file.replace('\\', "/").ends_with("/torch/optim/lbfgs.py")
 }
 
 /// Fewest samples of the loop thread to look for its steps in.
