@@ -11,6 +11,8 @@ Usage: grounded_train.py MODE STEPS [WORKERS]
           with WORKERS worker processes
   lbfgs   a closure optimizer: each of STEPS steps of LBFGS evaluates the
           model, its backward pass included, 20 times
+  closure SGD given each step as a closure (as Lightning does):
+          training_step and its backward pass run once inside each step
 Prints "steps N" at the end.
 """
 import sys
@@ -111,6 +113,24 @@ def lbfgs(steps):
         opt.step(closure)
 
 
+def closure_steps(steps):
+    model = nn.Sequential(nn.Linear(64, 256), nn.Tanh(), nn.Linear(256, 1))
+    x, y = torch.randn(65536, 64), torch.randn(65536, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    crit = nn.MSELoss()
+
+    def training_step(b):
+        return crit(model(x[b:b + 32768]), y[b:b + 32768])
+
+    for i in range(steps):
+        def closure():
+            opt.zero_grad()
+            loss = training_step(i % 2)
+            loss.backward()
+            return loss
+        opt.step(closure)
+
+
 def main():
     mode, steps = sys.argv[1], int(sys.argv[2])
     workers = int(sys.argv[3]) if len(sys.argv) > 3 else 0
@@ -123,6 +143,8 @@ def main():
         fit(model, DataLoader(Compressed(), batch_size=16, num_workers=0), steps)
     elif mode == "lbfgs":
         lbfgs(steps)
+    elif mode == "closure":
+        closure_steps(steps)
     elif mode == "conv":
         model = nn.Sequential(
             nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(),
