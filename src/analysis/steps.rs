@@ -546,7 +546,7 @@ fn from_stacks(a: &Analysis, only: Option<Pid>) -> Option<StackSteps> {
     let mut last: HashMap<&str, usize> = HashMap::new();
     let mut runs: HashMap<&str, Vec<Run>> = HashMap::new();
     // Samples of each function, and those inside LBFGS's step.
-    let mut in_optimizer: HashMap<&str, (u32, u32)> = HashMap::new();
+    let mut in_lbfgs: HashMap<&str, (u32, u32)> = HashMap::new();
     let mut k = 0usize;
     let mut prev_t: Option<MonoNs> = None;
     let wall = a.waits.thread(pid, tid);
@@ -580,7 +580,7 @@ fn from_stacks(a: &Analysis, only: Option<Pid>) -> Option<StackSteps> {
             if !is_py(f) {
                 continue;
             }
-            let counts = in_optimizer.entry(f).or_default();
+            let counts = in_lbfgs.entry(f).or_default();
             counts.0 += 1;
             counts.1 += u32::from(inside);
             inside |= reevaluates_closure(info);
@@ -607,11 +607,7 @@ fn from_stacks(a: &Analysis, only: Option<Pid>) -> Option<StackSteps> {
     // What LBFGS's step calls runs as often as it evaluates its closure:
     // the model, its backward pass included, up to 20 times per step. The
     // step is then the optimizer's.
-    runs.retain(|f, _| {
-        in_optimizer
-            .get(f)
-            .is_some_and(|&(n, inside)| 2 * inside <= n)
-    });
+    runs.retain(|f, _| in_lbfgs.get(f).is_some_and(|&(n, inside)| 2 * inside <= n));
     let f = choose_stack_step(&runs, period)?;
     let starts: Vec<MonoNs> = runs[f].iter().map(|r| r.start).collect();
     let iv: Vec<(MonoNs, MonoNs)> = starts.windows(2).map(|w| (w[0], w[1])).collect();
