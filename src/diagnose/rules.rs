@@ -1055,8 +1055,7 @@ fn perf_kernel_unsampled(a: &Analysis) -> Option<String> {
     let rep = &a.stacks.report;
     let hz = rep.frequency_hz;
     let kernel_s: f64 = rep.perf_kernel_s.values().sum();
-    // Said to a tenth of a CPU-s: less is not said at all.
-    if hz <= 0.0 || kernel_s < 0.05 {
+    if hz <= 0.0 || kernel_s < crate::vocab::stacks::MIN_UNSAMPLED_KERNEL_S {
         return None;
     }
     // Of the job's whole CPU time: a thread with a few ms of system time
@@ -1111,6 +1110,7 @@ fn kernel_unsampled(a: &Analysis) -> Option<String> {
     if hz <= 0.0
         || total == 0
         || (unsampled as f64) < crate::vocab::stacks::MIN_UNSAMPLED_KERNEL_SHARE * total as f64
+        || (unsampled as f64 / hz) < crate::vocab::stacks::MIN_UNSAMPLED_KERNEL_S
     {
         return None;
     }

@@ -234,14 +234,19 @@ fn titles<'a>(
             .sum();
         let unsampled_s = unsampled as f64 / hz + perf_s;
         let share = unsampled_s / (n as f64 / hz + unsampled_s);
-        let kernel =
-            if unsampled_s >= 0.05 && share >= crate::vocab::stacks::MIN_UNSAMPLED_KERNEL_SHARE {
-                // A count of periods is a lower bound; system time is not.
-                let bound = if perf_s >= 0.05 { "about" } else { "at least" };
-                format!("; {bound} {unsampled_s:.1} CPU-s more in the kernel not sampled")
+        let kernel = if unsampled_s >= crate::vocab::stacks::MIN_UNSAMPLED_KERNEL_S
+            && share >= crate::vocab::stacks::MIN_UNSAMPLED_KERNEL_SHARE
+        {
+            // A count of periods is a lower bound; system time is not.
+            let bound = if perf_s >= crate::vocab::stacks::MIN_UNSAMPLED_KERNEL_S {
+                "about"
             } else {
-                String::new()
+                "at least"
             };
+            format!("; {bound} {unsampled_s:.1} CPU-s more in the kernel not sampled")
+        } else {
+            String::new()
+        };
         format!(
             "{n} samples{by} at {hz} Hz (~{:.1} CPU-s{kernel})",
             n as f64 / hz

@@ -35,6 +35,11 @@ pub fn agent_covers(agent: u64, perf: u64) -> bool {
 /// flame graphs to say what the stacks leave out.
 pub const MIN_UNSAMPLED_KERNEL_SHARE: f64 = 0.05;
 
+/// Least CPU time in the kernel not sampled that is said at all: the
+/// figures are given to a tenth of a CPU-s, and "at least 0.0 CPU-s" says
+/// nothing.
+pub const MIN_UNSAMPLED_KERNEL_S: f64 = 0.05;
+
 /// Is this the file of Python's import machinery (`<frozen
 /// importlib._bootstrap>`, or its source when not frozen)? Every import —
 /// an `import` statement, `importlib.import_module`, a C extension's
