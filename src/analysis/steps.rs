@@ -545,6 +545,12 @@ fn from_stacks(a: &Analysis, only: Option<Pid>) -> Option<StackSteps> {
     let is_py = |f: &str| f.ends_with(".py)");
     let mut last: HashMap<&str, usize> = HashMap::new();
     let mut runs: HashMap<&str, Vec<Run>> = HashMap::new();
+    // The same runs apart by call site (the calling Python function and
+    // its line), where the recording has lines; and each function's
+    // samples with their caller's line known and unknown.
+    let mut last_at: HashMap<Site, usize> = HashMap::new();
+    let mut site_runs: HashMap<Site, Vec<Run>> = HashMap::new();
+    let mut sited: HashMap<&str, (u32, u32)> = HashMap::new();
     // Samples of each function, and those inside LBFGS's step.
     let mut in_lbfgs: HashMap<&str, (u32, u32)> = HashMap::new();
     let mut k = 0usize;
@@ -575,7 +581,10 @@ fn from_stacks(a: &Analysis, only: Option<Pid>) -> Option<StackSteps> {
         }
         let mut seen = BTreeSet::new();
         let mut inside = false;
-        for info in st.stack_frames(s.stack) {
+        // The Python frame that called the one at hand, at its line.
+        let mut caller: Option<(&str, u32)> = None;
+        for &id in st.lined_stack_ids(s.lined_stack) {
+            let info = st.lined_frame(id);
             let f = info.label.as_str();
             if !is_py(f) {
                 continue;
@@ -584,20 +593,22 @@ fn from_stacks(a: &Analysis, only: Option<Pid>) -> Option<StackSteps> {
             counts.0 += 1;
             counts.1 += u32::from(inside);
             inside |= reevaluates_closure(info);
+            let at = caller;
+            caller = info.line.filter(|&l| l > 0).map(|l| (f, l));
             if !seen.insert(f) {
                 continue;
             }
-            let v = runs.entry(f).or_default();
-            match v.last_mut() {
-                Some(r) if last.get(f).is_some_and(|&j| j + 1 == k) => {
-                    r.samples += u32::from(on_cpu)
+            extend_run(runs.entry(f).or_default(), &mut last, f, k, s.t, on_cpu);
+            let known = sited.entry(f).or_default();
+            match at {
+                Some(at) => {
+                    known.0 += 1;
+                    let site = Site { f, at };
+                    let v = site_runs.entry(site).or_default();
+                    extend_run(v, &mut last_at, site, k, s.t, on_cpu);
                 }
-                _ => v.push(Run {
-                    start: s.t,
-                    samples: 1,
-                }),
+                None => known.1 += 1,
             }
-            last.insert(f, k);
         }
         if !seen.is_empty() {
             k += 1;
@@ -608,19 +619,29 @@ fn from_stacks(a: &Analysis, only: Option<Pid>) -> Option<StackSteps> {
     // the model, its backward pass included, up to 20 times per step. The
     // step is then the optimizer's.
     runs.retain(|f, _| in_lbfgs.get(f).is_some_and(|&(n, inside)| 2 * inside <= n));
+    let sites = busiest_sites(&mut runs, &site_runs, &sited);
     let f = choose_stack_step(&runs, period)?;
     let starts: Vec<MonoNs> = runs[f].iter().map(|r| r.start).collect();
     let iv: Vec<(MonoNs, MonoNs)> = starts.windows(2).map(|w| (w[0], w[1])).collect();
     let hz = 1e9 / period as f64;
-    let why = if step_marker(f) {
-        "a function that runs once per training step (once per micro-batch with gradient accumulation)"
-    } else {
-        "at a regular period"
+    let marker = step_marker(f);
+    let (from, places) = match sites.get(f) {
+        Some(&(Site { at: (caller, line), .. }, n)) if n > 1 => (
+            format!(" from line {line} of `{caller}`, the most entered of the {n} places that call it (a step passes each place once at most)"),
+            n,
+        ),
+        Some(&(Site { at: (caller, line), .. }, n)) => (format!(" from line {line} of `{caller}`"), n),
+        None => (String::new(), 1),
+    };
+    let why = match (marker, places > 1) {
+        (true, true) => ", a call that runs once per training step",
+        (true, false) => ", a function that runs once per training step (once per micro-batch with gradient accumulation)",
+        (false, _) => ", at a regular period",
     };
     Some((
         iv,
         format!(
-            "estimated from the stacks of thread {tid} of process {pid}: `{f}` was entered {} times, {why} (stack samples at {hz:.0} Hz: steps shorter than ~{:.0} ms are not resolved, and each step boundary is known to ±{:.0} ms)",
+            "estimated from the stacks of thread {tid} of process {pid}: `{f}` was entered {} times{from}{why} (stack samples at {hz:.0} Hz: steps shorter than ~{:.0} ms are not resolved, and each step boundary is known to ±{:.0} ms)",
             starts.len(),
             3e3 / hz,
             1e3 / hz
@@ -629,6 +650,73 @@ fn from_stacks(a: &Analysis, only: Option<Pid>) -> Option<StackSteps> {
         pid,
         tid,
     ))
+}
+
+/// A call site of a Python function: the function (its label) and the
+/// Python function that called it, at the line of the call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+struct Site<'a> {
+    f: &'a str,
+    at: (&'a str, u32),
+}
+
+/// Count the sample at `k` (time `t`) into the runs of `key`: the run
+/// before goes on when `key` was in the sample before, else a new one
+/// starts.
+fn extend_run<K: Copy + Eq + std::hash::Hash>(
+    v: &mut Vec<Run>,
+    last: &mut HashMap<K, usize>,
+    key: K,
+    k: usize,
+    t: MonoNs,
+    on_cpu: bool,
+) {
+    match v.last_mut() {
+        Some(r) if last.get(&key).is_some_and(|&j| j + 1 == k) => r.samples += u32::from(on_cpu),
+        _ => v.push(Run {
+            start: t,
+            samples: 1,
+        }),
+    }
+    last.insert(key, k);
+}
+
+/// Most unsited samples of a function (its caller's line unknown) for its
+/// call sites to stand for its entries.
+const MAX_UNSITED_SHARE: f64 = 0.1;
+
+/// Replaces each function's runs with those of its busiest call site,
+/// where its samples' callers are known at their lines: a step passes
+/// each place that calls a function once at most (a GAN's loop calls
+/// `backward` for the discriminator's real and fake batches and for the
+/// generator: 3 entries a step, counted once each as steps before), and
+/// a place that runs on some steps only (an extra pass every 10th) is
+/// not the step. Returns the site each function's runs now are, and how
+/// many places called it twice or more.
+fn busiest_sites<'a>(
+    runs: &mut HashMap<&'a str, Vec<Run>>,
+    site_runs: &HashMap<Site<'a>, Vec<Run>>,
+    sited: &HashMap<&'a str, (u32, u32)>,
+) -> HashMap<&'a str, (Site<'a>, usize)> {
+    let mut by_f: HashMap<&str, Vec<(Site, &Vec<Run>)>> = HashMap::new();
+    for (site, v) in site_runs {
+        by_f.entry(site.f).or_default().push((*site, v));
+    }
+    let mut chosen = HashMap::new();
+    for (f, mut sites) in by_f {
+        let Some(rs) = runs.get_mut(f) else { continue };
+        let (known, lost) = sited.get(f).copied().unwrap_or_default();
+        if f64::from(lost) > MAX_UNSITED_SHARE * f64::from(known + lost) {
+            continue;
+        }
+        // The most entries; among equals, the first caller and line.
+        sites.sort_by_key(|(s, v)| (std::cmp::Reverse(v.len()), *s));
+        let places = sites.iter().filter(|(_, v)| v.len() >= 2).count();
+        let (site, v) = sites[0];
+        *rs = v.clone();
+        chosen.insert(f, (site, places));
+    }
+    chosen
 }
 
 /// The `step` of an optimizer that evaluates its closure several times per
