@@ -156,6 +156,18 @@ fn a_model_without_a_loader_is_not_batch_preparation() {
             .contains("the model (framework forward"),
         "{f}"
     );
+    assert!(imports_in_evidence(f) < 5.0, "{f}");
+}
+
+/// The share of importing modules in a finding's account of the main
+/// thread's samples, in percent (0 when not said).
+fn imports_in_evidence(f: &Value) -> f64 {
+    f["evidence"]
+        .to_string()
+        .split("importing modules ")
+        .nth(1)
+        .and_then(|t| t.split('%').next())
+        .map_or(0.0, |p| p.parse().unwrap())
 }
 
 /// (b) A main process that really decodes and augments every item (a
@@ -284,4 +296,10 @@ fn a_gans_three_backward_passes_are_one_step() {
     );
     let how = steps["how"].as_str().unwrap_or("");
     assert!(how.contains("the most entered of the 3 places"), "{how}");
+    // With steps found, the loop's evidence is of the time from the first
+    // step, as its estimate: torch's import before it (a third of the
+    // samples of this run) is start-up.
+    let f = finding(&r, "training-loop")
+        .unwrap_or_else(|| panic!("a training-loop finding: {}", r["findings"]));
+    assert!(imports_in_evidence(f) < 5.0, "{f}");
 }
