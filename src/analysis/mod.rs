@@ -15,7 +15,7 @@ pub mod steps;
 pub mod symbols;
 pub mod waits;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
@@ -1267,11 +1267,28 @@ impl Builder {
         self.a.stacks = stacks::analyze(&mut self.stack_data, window, &meta);
         let rep = &mut self.a.stacks.report;
         if rep.sampler == crate::vocab::stacks::SAMPLER_PERF {
+            // Processes whose agent counts the periods it could not sample
+            // in the kernel: a thread of theirs that it sampled at all is
+            // in that count, even where its samples are perf's.
+            let counted: BTreeSet<Pid> = rep
+                .python
+                .processes
+                .iter()
+                .filter(|p| {
+                    p.agent
+                        .as_ref()
+                        .is_some_and(|a| a.kernel_sampled == Some(false))
+                })
+                .map(|p| p.pid)
+                .collect();
             for (pid, p) in &self.a.processes {
                 let sys_ns: u64 = p
                     .threads
                     .values()
                     .filter(|th| !rep.agent_threads.contains(&(*pid, th.tid)))
+                    .filter(|th| {
+                        !(counted.contains(pid) && rep.agent_seen_threads.contains(&(*pid, th.tid)))
+                    })
                     .map(|th| th.sys_ns)
                     .sum();
                 if sys_ns > 0 {

@@ -185,6 +185,11 @@ pub(super) fn keep_one_sampler(
         .filter(|(_, &agent)| agent)
         .map(|(k, _)| *k)
         .collect();
+    rep.agent_seen_threads = per_thread
+        .iter()
+        .filter(|(_, c)| c.0 > 0)
+        .map(|(k, _)| *k)
+        .collect();
     let agent_pids: BTreeSet<Pid> = per_thread
         .iter()
         .filter(|(_, c)| c.0 > 0)

@@ -428,6 +428,11 @@ pub struct StacksReport {
     /// did not sample), which never sample the kernel.
     #[serde(skip)]
     pub agent_threads: BTreeSet<(Pid, Tid)>,
+    /// Threads with any sample of the agent's, its own or not: the
+    /// agent's count of periods it could not sample in the kernel covers
+    /// them.
+    #[serde(skip)]
+    pub agent_seen_threads: BTreeSet<(Pid, Tid)>,
     /// With perf events as the sampler, the system time over the recording
     /// (from `/proc`) of the job's threads the agent did not sample, seconds
     /// per process: the time in the kernel their samples leave out (a

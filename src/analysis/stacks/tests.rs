@@ -743,6 +743,12 @@ fn agent_samples_stand_in_for_perf_samples_not_unwound() {
         (st.report.not_unwound_stood_in, st.report.not_unwound),
         (2, 4)
     );
+    // Its samples are perf's, but the agent sampled it: the agent's
+    // count of periods not sampled in the kernel covers it, so its /proc
+    // system time is not added again.
+    let th = (Pid(10), Tid(10));
+    assert!(!st.report.agent_threads.contains(&th));
+    assert!(st.report.agent_seen_threads.contains(&th));
     let folded = st.folded_role(
         Some(Role::Main),
         FoldOptions {
