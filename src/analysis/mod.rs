@@ -1266,36 +1266,7 @@ impl Builder {
         self.stack_data.lines = opts.python_lines;
         self.a.stacks = stacks::analyze(&mut self.stack_data, window, &meta);
         let rep = &mut self.a.stacks.report;
-        if rep.sampler == crate::vocab::stacks::SAMPLER_PERF {
-            // Processes whose agent counts the periods it could not sample
-            // in the kernel: a thread of theirs that it sampled at all is
-            // in that count, even where its samples are perf's.
-            let counted: BTreeSet<Pid> = rep
-                .python
-                .processes
-                .iter()
-                .filter(|p| {
-                    p.agent
-                        .as_ref()
-                        .is_some_and(|a| a.kernel_sampled == Some(false))
-                })
-                .map(|p| p.pid)
-                .collect();
-            for (pid, p) in &self.a.processes {
-                let sys_ns: u64 = p
-                    .threads
-                    .values()
-                    .filter(|th| !rep.agent_threads.contains(&(*pid, th.tid)))
-                    .filter(|th| {
-                        !(counted.contains(pid) && rep.agent_seen_threads.contains(&(*pid, th.tid)))
-                    })
-                    .map(|th| th.sys_ns)
-                    .sum();
-                if sys_ns > 0 {
-                    rep.perf_kernel_s.insert(*pid, sys_ns as f64 / 1e9);
-                }
-            }
-        }
+        rep.perf_kernel_s = perf_kernel_s(&self.a.processes, rep);
         let procs = &self.a.processes;
         let exits = |pid: Pid| procs.get(&pid).and_then(|p| p.exited);
         self.a.nvtx = std::mem::take(&mut self.nvtx).finish(window, &exits, &self.a.gpu);
@@ -1403,6 +1374,48 @@ pub struct ThreadSummary {
     pub tid: i32,
     pub name: String,
     pub cpu_s: f64,
+}
+
+/// With perf events as the sampler, the system time over the recording
+/// of the job's threads whose samples are not the agent's, per process
+/// (see [`stacks::StacksReport::perf_kernel_s`]).
+fn perf_kernel_s(
+    processes: &BTreeMap<Pid, Process>,
+    rep: &stacks::StacksReport,
+) -> BTreeMap<Pid, f64> {
+    let mut out = BTreeMap::new();
+    if rep.sampler != crate::vocab::stacks::SAMPLER_PERF {
+        return out;
+    }
+    // Processes whose agent counts the periods it could not sample in the
+    // kernel: a thread of theirs that it sampled at all is in that count,
+    // even where its samples are perf's.
+    let counted: BTreeSet<Pid> = rep
+        .python
+        .processes
+        .iter()
+        .filter(|p| {
+            p.agent
+                .as_ref()
+                .is_some_and(|a| a.kernel_sampled == Some(false))
+        })
+        .map(|p| p.pid)
+        .collect();
+    for (pid, p) in processes {
+        let sys_ns: u64 = p
+            .threads
+            .values()
+            .filter(|th| !rep.agent_threads.contains(&(*pid, th.tid)))
+            .filter(|th| {
+                !(counted.contains(pid) && rep.agent_seen_threads.contains(&(*pid, th.tid)))
+            })
+            .map(|th| th.sys_ns)
+            .sum();
+        if sys_ns > 0 {
+            out.insert(*pid, sys_ns as f64 / 1e9);
+        }
+    }
+    out
 }
 
 #[cfg(test)]

@@ -4,9 +4,8 @@
 //! to one process: its NVTX step range (the job's, when it has one of
 //! that name), else its main thread's stacks; or why not.
 
-use super::{
-    choose_nvtx, from_stacks, intervals_from_starts, loop_thread, Analysis, MIN_LOOP_SAMPLES,
-};
+use super::by_stacks::{from_stacks, loop_thread, MIN_LOOP_SAMPLES};
+use super::{choose_nvtx, intervals_from_starts, Analysis};
 use crate::event::{MonoNs, Pid};
 
 /// One process's steps: their rate, or why there is none.
