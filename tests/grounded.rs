@@ -294,8 +294,14 @@ fn a_gans_three_backward_passes_are_one_step() {
         "{}",
         serde_json::to_string_pretty(steps).unwrap()
     );
+    // Each call is through one helper: the places are told apart by the
+    // loop's lines above it.
     let how = steps["how"].as_str().unwrap_or("");
     assert!(how.contains("the most entered of the 3 places"), "{how}");
+    assert!(
+        how.contains("of `manual_backward (grounded_train.py)`, called from line"),
+        "{how}"
+    );
     // With steps found, the loop's evidence is of the time from the first
     // step, as its estimate: torch's import before it (a third of the
     // samples of this run) is start-up.

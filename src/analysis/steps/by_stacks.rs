@@ -66,6 +66,8 @@ pub(super) fn from_stacks(a: &Analysis, only: Option<Pid>) -> Option<StackSteps>
     let mut last_at: HashMap<Site, usize> = HashMap::new();
     let mut site_runs: HashMap<Site, Vec<Run>> = HashMap::new();
     let mut sited: HashMap<&str, (u32, u32)> = HashMap::new();
+    // A stack of each site, and the depth of the function in it.
+    let mut site_stack: HashMap<Site, (u32, usize)> = HashMap::new();
     // Samples of each function, and those inside LBFGS's step.
     let mut in_lbfgs: HashMap<&str, (u32, u32)> = HashMap::new();
     let mut k = 0usize;
@@ -96,9 +98,12 @@ pub(super) fn from_stacks(a: &Analysis, only: Option<Pid>) -> Option<StackSteps>
         }
         let mut seen = BTreeSet::new();
         let mut inside = false;
-        // The Python frame that called the one at hand, at its line.
-        let mut caller: Option<(&str, u32)> = None;
-        for &id in st.lined_stack_ids(s.lined_stack) {
+        // The Python frames above the one at hand, each at its line (a
+        // hash of them), and the one that called it: None from the first
+        // frame without a line.
+        let mut above: Option<(u64, Option<(&str, u32)>)> = Some((0, None));
+        let ids = st.lined_stack_ids(s.lined_stack);
+        for (depth, &id) in ids.iter().enumerate() {
             let info = st.lined_frame(id);
             let f = info.label.as_str();
             if !is_py(f) {
@@ -108,21 +113,28 @@ pub(super) fn from_stacks(a: &Analysis, only: Option<Pid>) -> Option<StackSteps>
             counts.0 += 1;
             counts.1 += u32::from(inside);
             inside |= reevaluates_closure(info);
-            let at = caller;
-            caller = info.line.filter(|&l| l > 0).map(|l| (f, l));
+            let here = above;
+            above = match (above, info.line) {
+                (Some((h, _)), Some(l)) if l > 0 => Some((
+                    (h.rotate_left(5) ^ u64::from(id)).wrapping_mul(0x517c_c1b7_2722_0a95),
+                    Some((f, l)),
+                )),
+                _ => None,
+            };
             if !seen.insert(f) {
                 continue;
             }
             extend_run(runs.entry(f).or_default(), &mut last, f, k, s.t, on_cpu);
             let known = sited.entry(f).or_default();
-            match at {
-                Some(at) => {
+            match here {
+                Some((path, Some(at))) => {
                     known.0 += 1;
-                    let site = Site { f, at };
+                    let site = Site { f, at, path };
                     let v = site_runs.entry(site).or_default();
                     extend_run(v, &mut last_at, site, k, s.t, on_cpu);
+                    site_stack.entry(site).or_insert((s.lined_stack, depth));
                 }
-                None => known.1 += 1,
+                _ => known.1 += 1,
             }
         }
         if !seen.is_empty() {
@@ -141,11 +153,14 @@ pub(super) fn from_stacks(a: &Analysis, only: Option<Pid>) -> Option<StackSteps>
     let hz = 1e9 / period as f64;
     let marker = step_marker(f);
     let (from, places) = match sites.get(f) {
-        Some(&(Site { at: (caller, line), .. }, n)) if n > 1 => (
-            format!(" from line {line} of `{caller}`, the most entered of the {n} places that call it (a step passes each place once at most)"),
+        Some(&(site, n)) if n > 1 => (
+            format!(
+                " {}, the most entered of the {n} places that call it (a step passes each place once at most)",
+                site_text(st, site, &site_runs, &site_stack)
+            ),
             n,
         ),
-        Some(&(Site { at: (caller, line), .. }, n)) => (format!(" from line {line} of `{caller}`"), n),
+        Some(&(site, n)) => (format!(" {}", site_text(st, site, &site_runs, &site_stack)), n),
         None => (String::new(), 1),
     };
     let why = match (marker, places > 1) {
@@ -167,12 +182,60 @@ pub(super) fn from_stacks(a: &Analysis, only: Option<Pid>) -> Option<StackSteps>
     ))
 }
 
-/// A call site of a Python function: the function (its label) and the
-/// Python function that called it, at the line of the call.
+/// A call site of a Python function: the function (its label), the
+/// Python function that called it at the line of the call, and the path
+/// of Python frames to it, each at its line (a hash): a helper called
+/// from three lines of a loop (`self.manual_backward(loss)`) is three
+/// places that call `backward`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 struct Site<'a> {
     f: &'a str,
     at: (&'a str, u32),
+    path: u64,
+}
+
+/// How deep `site_text` looks for the frame that tells places apart.
+const MAX_SITE_FRAMES: usize = 4;
+
+/// "from line 149 of `gan (train.py)`", with the callers above it
+/// ("…, called from line 52 of `fit (train.py)`") until no other place
+/// that calls the function twice or more reads the same.
+fn site_text(
+    st: &crate::analysis::stacks::Stacks,
+    site: Site,
+    site_runs: &HashMap<Site, Vec<Run>>,
+    site_stack: &HashMap<Site, (u32, usize)>,
+) -> String {
+    // The Python frames above a site's function, innermost first.
+    let callers = |s: &Site| -> Vec<(&str, u32)> {
+        let Some(&(stack, depth)) = site_stack.get(s) else {
+            return Vec::new();
+        };
+        st.lined_stack_ids(stack)[..depth]
+            .iter()
+            .rev()
+            .map(|&id| st.lined_frame(id))
+            .filter(|i| i.label.ends_with(".py)"))
+            .map(|i| (i.label.as_str(), i.line.unwrap_or(0)))
+            .collect()
+    };
+    let mine = callers(&site);
+    let others: Vec<Vec<(&str, u32)>> = site_runs
+        .iter()
+        .filter(|(s, v)| s.f == site.f && **s != site && v.len() >= 2)
+        .map(|(s, _)| callers(s))
+        .collect();
+    let mut n = 1;
+    while n < mine.len().min(MAX_SITE_FRAMES)
+        && others.iter().any(|o| o.len() >= n && o[..n] == mine[..n])
+    {
+        n += 1;
+    }
+    let mut text = format!("from line {} of `{}`", site.at.1, site.at.0);
+    for (label, line) in mine.iter().take(n).skip(1) {
+        text.push_str(&format!(", called from line {line} of `{label}`"));
+    }
+    text
 }
 
 /// Count the sample at `k` (time `t`) into the runs of `key`: the run
