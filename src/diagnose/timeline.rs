@@ -175,8 +175,8 @@ pub struct Timeline {
     pub loop_from_by: LoopFrom,
     /// First bin of the job's shutdown (the interpreter running no
     /// Python code any more, see [`super::edges`]), else `n`. Bins from
-    /// here on, like those before an import-found `loop_from`, have no
-    /// cause: no finding counts them.
+    /// here on, like the start-up's imports before `loop_from` (with
+    /// steps found or not), have no cause: no finding counts them.
     pub shutdown_from: usize,
 }
 

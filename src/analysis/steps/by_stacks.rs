@@ -60,9 +60,9 @@ pub(super) fn from_stacks(a: &Analysis, only: Option<Pid>) -> Option<StackSteps>
     let is_py = |f: &str| f.ends_with(".py)");
     let mut last: HashMap<&str, usize> = HashMap::new();
     let mut runs: HashMap<&str, Vec<Run>> = HashMap::new();
-    // The same runs apart by call site (the calling Python function and
-    // its line), where the recording has lines; and each function's
-    // samples with their caller's line known and unknown.
+    // The same runs apart by call site (the Python frames above the
+    // function, each at its line), where the recording has lines; and
+    // each function's samples with that path known and unknown.
     let mut last_at: HashMap<Site, usize> = HashMap::new();
     let mut site_runs: HashMap<Site, Vec<Run>> = HashMap::new();
     let mut sited: HashMap<&str, (u32, u32)> = HashMap::new();
@@ -259,8 +259,8 @@ fn extend_run<K: Copy + Eq + std::hash::Hash>(
     last.insert(key, k);
 }
 
-/// Most unsited samples of a function (its caller's line unknown) for its
-/// call sites to stand for its entries.
+/// Most unsited samples of a function (a frame above it without its line)
+/// for its call sites to stand for its entries.
 const MAX_UNSITED_SHARE: f64 = 0.1;
 
 /// Replaces each function's runs with those of its busiest call site,
