@@ -194,12 +194,12 @@ struct Site<'a> {
     path: u64,
 }
 
-/// How deep `site_text` looks for the frame that tells places apart.
-const MAX_SITE_FRAMES: usize = 4;
-
-/// "from line 149 of `gan (train.py)`", with the callers above it
-/// ("…, called from line 52 of `fit (train.py)`") until no other place
-/// that calls the function twice or more reads the same.
+/// "from line 149 of `gan (train.py)`", and, when other places that
+/// call the function twice or more have that caller at that line too, the
+/// nearest frame above that tells this place apart ("…, called from line
+/// 52 of `fit (train.py)`", or "reached from" it through the frames
+/// between: Lightning's `manual_backward` is four frames below the
+/// training step's lines).
 fn site_text(
     st: &crate::analysis::stacks::Stacks,
     site: Site,
@@ -226,14 +226,18 @@ fn site_text(
         .map(|(s, _)| callers(s))
         .collect();
     let mut n = 1;
-    while n < mine.len().min(MAX_SITE_FRAMES)
-        && others.iter().any(|o| o.len() >= n && o[..n] == mine[..n])
-    {
+    while n < mine.len() && others.iter().any(|o| o.len() >= n && o[..n] == mine[..n]) {
         n += 1;
     }
     let mut text = format!("from line {} of `{}`", site.at.1, site.at.0);
-    for (label, line) in mine.iter().take(n).skip(1) {
-        text.push_str(&format!(", called from line {line} of `{label}`"));
+    if n >= 2 {
+        let (label, line) = mine[n - 1];
+        let how = if n == 2 {
+            "called".to_string()
+        } else {
+            format!("reached through {} frames", n - 2)
+        };
+        text.push_str(&format!(", {how} from line {line} of `{label}`"));
     }
     text
 }
