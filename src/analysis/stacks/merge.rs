@@ -190,10 +190,10 @@ pub(super) fn keep_one_sampler(
         .filter(|(_, c)| c.0 > 0)
         .map(|(k, _)| *k)
         .collect();
-    let agent_pids: BTreeSet<Pid> = per_thread
+    let agent_pids: BTreeSet<Pid> = rep
+        .agent_seen_threads
         .iter()
-        .filter(|(_, c)| c.0 > 0)
-        .map(|(k, _)| k.0)
+        .map(|k| k.0)
         .chain(
             d.py_procs
                 .iter()

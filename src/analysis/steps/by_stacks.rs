@@ -54,10 +54,9 @@ pub(super) fn from_stacks(a: &Analysis, only: Option<Pid>) -> Option<StackSteps>
     if samples.len() < MIN_LOOP_SAMPLES {
         return None;
     }
-    // Python functions only ("name (file.py)"): the loop is the job's
-    // Python code; samples without Python frames (not merged) are skipped,
-    // so they neither end nor start a run.
-    let is_py = |f: &str| f.ends_with(".py)");
+    // Python functions only: the loop is the job's Python code; samples
+    // without Python frames (not merged) are skipped, so they neither end
+    // nor start a run.
     let mut last: HashMap<&str, usize> = HashMap::new();
     let mut runs: HashMap<&str, Vec<Run>> = HashMap::new();
     // The same runs apart by call site (the Python frames above the
@@ -106,7 +105,7 @@ pub(super) fn from_stacks(a: &Analysis, only: Option<Pid>) -> Option<StackSteps>
         for (depth, &id) in ids.iter().enumerate() {
             let info = st.lined_frame(id);
             let f = info.label.as_str();
-            if !is_py(f) {
+            if !is_python(f) {
                 continue;
             }
             let counts = in_lbfgs.entry(f).or_default();
@@ -182,6 +181,11 @@ pub(super) fn from_stacks(a: &Analysis, only: Option<Pid>) -> Option<StackSteps>
     ))
 }
 
+/// A Python function's label ("name (file.py)").
+fn is_python(label: &str) -> bool {
+    label.ends_with(".py)")
+}
+
 /// A call site of a Python function: the function (its label), the
 /// Python function that called it at the line of the call, and the path
 /// of Python frames to it, each at its line (a hash): a helper called
@@ -215,7 +219,7 @@ fn site_text(
             .iter()
             .rev()
             .map(|&id| st.lined_frame(id))
-            .filter(|i| i.label.ends_with(".py)"))
+            .filter(|i| is_python(&i.label))
             .map(|i| (i.label.as_str(), i.line.unwrap_or(0)))
             .collect()
     };
