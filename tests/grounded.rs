@@ -157,6 +157,26 @@ fn a_model_without_a_loader_is_not_batch_preparation() {
         "{f}"
     );
     assert!(imports_in_evidence(f) < 5.0, "{f}");
+    // Its loop never blocks: its few waits are torch's import (reading
+    // the library's files), and they are not its steady state.
+    let w = job_main_waits(&r);
+    if w["counted_over"] == "steady_state" {
+        assert!(!w["other_top"].to_string().contains("importlib"), "{w}");
+    }
+}
+
+/// The job's main thread in `waits` (the wall-clock sampler's account).
+fn job_main_waits(r: &Value) -> Value {
+    let pid = r["processes"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["role"] == "main"))
+        .map(|p| p["pid"].clone())
+        .unwrap_or_else(|| panic!("a main process: {}", r["processes"]));
+    r["waits"]["threads"]
+        .as_array()
+        .and_then(|ts| ts.iter().find(|t| t["pid"] == pid && t["tid"] == pid))
+        .cloned()
+        .unwrap_or_else(|| panic!("the main thread's waits: {}", r["waits"]))
 }
 
 /// The share of importing modules in a finding's account of the main
@@ -308,4 +328,12 @@ fn a_gans_three_backward_passes_are_one_step() {
     let f = finding(&r, "training-loop")
         .unwrap_or_else(|| panic!("a training-loop finding: {}", r["findings"]));
     assert!(imports_in_evidence(f) < 5.0, "{f}");
+    // The loop's waits are counted over its steps, although it never
+    // blocks in them: not over its import's file reads, nor over its life.
+    let w = job_main_waits(&r);
+    let t = &steps["time"];
+    let steps_s = t["mean_s"].as_f64().unwrap_or(0.0) * n as f64;
+    assert_eq!(w["counted_over"], "steady_state", "{w}");
+    let span = w["span_s"].as_f64().unwrap_or(0.0);
+    assert!(span >= 0.8 * steps_s && span <= 1.3 * steps_s, "{w} {t}");
 }

@@ -1284,6 +1284,13 @@ impl Builder {
             &|from, to| throttled.mean_in(from, to).unwrap_or(0.0),
         );
         self.a.steps = steps::analyze(&self.a, step_range.as_deref());
+        let iv = &self.a.steps.intervals;
+        if let (Some(pt), Some(first), Some(last)) =
+            (self.a.steps.loop_thread, iv.first(), iv.last())
+        {
+            let span = (first.0, last.1);
+            waits::recut(&mut self.a.waits, &self.stack_data, window, pt, span);
+        }
         others::annotate_slow_steps(&mut self.a.steps, &self.a.others);
         self.a
     }

@@ -137,6 +137,9 @@ pub struct Steps {
     /// The steps, in time order (start, end).
     #[serde(skip)]
     pub intervals: Vec<(MonoNs, MonoNs)>,
+    /// The thread that ran them (the loop's), where known.
+    #[serde(skip)]
+    pub loop_thread: Option<(Pid, Tid)>,
 }
 
 impl Steps {
@@ -1194,6 +1197,7 @@ pub fn analyze(a: &Analysis, step_range: Option<&str>) -> Steps {
         _ => loop_thread(a, None),
     };
     steps.waits = step_waits(wait_runs_of(a, loop_pt), &iv);
+    steps.loop_thread = loop_pt;
     steps.notes = notes;
     steps.intervals = iv;
     steps

@@ -309,116 +309,162 @@ pub const MIN_LOOKS: u64 = 10;
 pub fn analyze(d: &StackData, window: (MonoNs, MonoNs)) -> Waits {
     let mut out = Waits::default();
     for ((pid, tid), samples) in d.wall_samples(window) {
-        let mut cache: BTreeMap<u32, Slot> = BTreeMap::new();
-        let slots: Vec<(MonoNs, u64, Slot)> = samples
-            .iter()
-            .map(|&(t, weight, stack)| {
-                let slot = cache
-                    .entry(stack)
-                    .or_insert_with(|| slot_of(d, stack))
-                    .clone();
-                (t, weight as u64, slot)
-            })
-            .collect();
-        let (lo, hi, steady) = match steady_span(&slots) {
-            Some((lo, hi)) => (lo, hi, true),
-            None => (0, slots.len(), false),
-        };
-        let all = &slots[..];
-        let slots = &slots[lo..hi];
-        let total: u64 = slots.iter().map(|s| s.1).sum();
-        if total < MIN_LOOKS {
-            continue;
+        if let Some(w) = thread_wall(d, pid, tid, &samples, None) {
+            out.threads.push(w);
         }
-        // Each look stands for the time until the next one (capped at
-        // twice the median gap, so a pause of the sampler is not counted):
-        // a tick delayed by an expensive read (a blocked thread's stack
-        // and Python frames) does not shift time towards the cheap looks.
-        let mut gaps: Vec<u64> = slots.windows(2).map(|p| p[1].0 .0 - p[0].0 .0).collect();
-        gaps.sort_unstable();
-        let median = gaps.get(gaps.len() / 2).copied().unwrap_or(0);
-        let cap = (2 * median).max(1_000_000);
-        let weight_of = |i: usize| -> u64 {
-            slots
-                .get(i + 1)
-                .map_or(median.min(cap), |n| (n.0 .0 - slots[i].0 .0).min(cap))
-        };
-        let total_ns: u64 = (0..slots.len()).map(weight_of).sum::<u64>().max(1);
-        let span_s = match (slots.first(), slots.last()) {
-            (Some(a), Some(b)) => (b.0 .0 - a.0 .0) as f64 / 1e9,
-            _ => 0.0,
-        };
-        let mut w = ThreadWall {
-            pid,
-            tid,
-            samples: total,
-            span_s,
-            steady,
-            ..Default::default()
-        };
-        if let (Some(a), Some(b)) = (slots.first(), slots.last()) {
-            w.window = (a.0, MonoNs(b.0 .0 + weight_of(slots.len() - 1)));
-        }
-        w.runs = wait_runs(all, median.min(cap), cap);
-        w.not_running = not_running(all, median.min(cap), cap);
-        if let (Some(a), Some(b)) = (all.first(), all.last()) {
-            w.looked = (a.0, b.0);
-        }
-        w.look_every_ns = median;
-        let mut other: BTreeMap<String, u64> = BTreeMap::new();
-        let mut holders: BTreeMap<String, f64> = BTreeMap::new();
-        let mut paths: BTreeMap<u32, [String; 2]> = BTreeMap::new();
-        for (i, (_, n, slot)) in slots.iter().enumerate() {
-            let (_, _, stack) = samples[lo + i];
-            let off = match slot {
-                Slot::OnCpu => None,
-                Slot::Unknown => Some([UNKNOWN_LOOK.to_string(), UNKNOWN_LOOK.to_string()]),
-                Slot::Blocked(class, ..) => Some(
-                    paths
-                        .entry(stack)
-                        .or_insert_with(|| wall_paths(&d.wall_frames(stack), *class))
-                        .clone(),
-                ),
-            };
-            if let Some(p) = off {
-                for (k, p) in p.into_iter().enumerate() {
-                    *w.off_cpu[k].entry(p).or_default() += weight_of(i);
-                }
-            }
-            let c = match slot {
-                Slot::OnCpu => &mut w.on_cpu,
-                Slot::Unknown => &mut w.unknown,
-                Slot::Blocked(class, top, holder) => {
-                    if *class == WaitClass::Other {
-                        *other.entry(top.clone()).or_default() += n;
-                    }
-                    if *class == WaitClass::Gil {
-                        let h = holder.clone().unwrap_or_else(|| "not read".into());
-                        *holders.entry(h).or_default() += weight_of(i) as f64 / 1e9;
-                    }
-                    w.waits.entry(*class).or_default()
-                }
-            };
-            c.samples += n;
-            c.seconds += weight_of(i) as f64 / 1e9;
-        }
-        let fill = |c: &mut ClassTime| {
-            c.share = c.seconds * 1e9 / total_ns as f64;
-        };
-        fill(&mut w.on_cpu);
-        fill(&mut w.unknown);
-        w.waits.values_mut().for_each(fill);
-        let mut top: Vec<(String, u64)> = other.into_iter().collect();
-        top.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-        top.truncate(5);
-        w.other_top = top;
-        let mut holders: Vec<(String, f64)> = holders.into_iter().collect();
-        holders.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-        holders.truncate(5);
-        w.gil_holders = holders;
-        out.threads.push(w);
     }
     out
+}
+
+/// Count the loop thread `pt`'s waits again over `span`, its steps (from
+/// the first step's start to the last one's end), where they were found:
+/// that is its loop's steady state whether or not it waited in the loop.
+/// Without them [`steady_span`] guesses from the waits alone, and a loop
+/// that never blocks (the model computed on the CPU) leaves the guess to
+/// its start-up's few waits. Nothing changes when the span holds fewer
+/// than [`MIN_LOOKS`] looks.
+pub fn recut(
+    waits: &mut Waits,
+    d: &StackData,
+    window: (MonoNs, MonoNs),
+    pt: (Pid, Tid),
+    span: (MonoNs, MonoNs),
+) {
+    let Some(at) = waits.threads.iter().position(|t| (t.pid, t.tid) == pt) else {
+        return;
+    };
+    let Some(samples) = d.wall_samples(window).remove(&pt) else {
+        return;
+    };
+    if let Some(w) = thread_wall(d, pt.0, pt.1, &samples, Some(span)) {
+        waits.threads[at] = w;
+    }
+}
+
+/// One thread's wall time from its looks, counted over `span` where given,
+/// else over its steady state (see [`steady_span`]) or, without one, its
+/// whole life. None under [`MIN_LOOKS`] looks.
+fn thread_wall(
+    d: &StackData,
+    pid: Pid,
+    tid: Tid,
+    samples: &[(MonoNs, u32, u32)],
+    span: Option<(MonoNs, MonoNs)>,
+) -> Option<ThreadWall> {
+    let mut cache: BTreeMap<u32, Slot> = BTreeMap::new();
+    let slots: Vec<(MonoNs, u64, Slot)> = samples
+        .iter()
+        .map(|&(t, weight, stack)| {
+            let slot = cache
+                .entry(stack)
+                .or_insert_with(|| slot_of(d, stack))
+                .clone();
+            (t, weight as u64, slot)
+        })
+        .collect();
+    let within = span.map(|(from, to)| {
+        (
+            slots.partition_point(|s| s.0 < from),
+            slots.partition_point(|s| s.0 <= to),
+        )
+    });
+    let (lo, hi, steady) = match within.or_else(|| steady_span(&slots)) {
+        Some((lo, hi)) => (lo, hi, true),
+        None => (0, slots.len(), false),
+    };
+    let all = &slots[..];
+    let slots = &slots[lo..hi];
+    let total: u64 = slots.iter().map(|s| s.1).sum();
+    if total < MIN_LOOKS {
+        return None;
+    }
+    // Each look stands for the time until the next one (capped at
+    // twice the median gap, so a pause of the sampler is not counted):
+    // a tick delayed by an expensive read (a blocked thread's stack
+    // and Python frames) does not shift time towards the cheap looks.
+    let mut gaps: Vec<u64> = slots.windows(2).map(|p| p[1].0 .0 - p[0].0 .0).collect();
+    gaps.sort_unstable();
+    let median = gaps.get(gaps.len() / 2).copied().unwrap_or(0);
+    let cap = (2 * median).max(1_000_000);
+    let weight_of = |i: usize| -> u64 {
+        slots
+            .get(i + 1)
+            .map_or(median.min(cap), |n| (n.0 .0 - slots[i].0 .0).min(cap))
+    };
+    let total_ns: u64 = (0..slots.len()).map(weight_of).sum::<u64>().max(1);
+    let span_s = match (slots.first(), slots.last()) {
+        (Some(a), Some(b)) => (b.0 .0 - a.0 .0) as f64 / 1e9,
+        _ => 0.0,
+    };
+    let mut w = ThreadWall {
+        pid,
+        tid,
+        samples: total,
+        span_s,
+        steady,
+        ..Default::default()
+    };
+    if let (Some(a), Some(b)) = (slots.first(), slots.last()) {
+        w.window = (a.0, MonoNs(b.0 .0 + weight_of(slots.len() - 1)));
+    }
+    w.runs = wait_runs(all, median.min(cap), cap);
+    w.not_running = not_running(all, median.min(cap), cap);
+    if let (Some(a), Some(b)) = (all.first(), all.last()) {
+        w.looked = (a.0, b.0);
+    }
+    w.look_every_ns = median;
+    let mut other: BTreeMap<String, u64> = BTreeMap::new();
+    let mut holders: BTreeMap<String, f64> = BTreeMap::new();
+    let mut paths: BTreeMap<u32, [String; 2]> = BTreeMap::new();
+    for (i, (_, n, slot)) in slots.iter().enumerate() {
+        let (_, _, stack) = samples[lo + i];
+        let off = match slot {
+            Slot::OnCpu => None,
+            Slot::Unknown => Some([UNKNOWN_LOOK.to_string(), UNKNOWN_LOOK.to_string()]),
+            Slot::Blocked(class, ..) => Some(
+                paths
+                    .entry(stack)
+                    .or_insert_with(|| wall_paths(&d.wall_frames(stack), *class))
+                    .clone(),
+            ),
+        };
+        if let Some(p) = off {
+            for (k, p) in p.into_iter().enumerate() {
+                *w.off_cpu[k].entry(p).or_default() += weight_of(i);
+            }
+        }
+        let c = match slot {
+            Slot::OnCpu => &mut w.on_cpu,
+            Slot::Unknown => &mut w.unknown,
+            Slot::Blocked(class, top, holder, _) => {
+                if *class == WaitClass::Other {
+                    *other.entry(top.clone()).or_default() += n;
+                }
+                if *class == WaitClass::Gil {
+                    let h = holder.clone().unwrap_or_else(|| "not read".into());
+                    *holders.entry(h).or_default() += weight_of(i) as f64 / 1e9;
+                }
+                w.waits.entry(*class).or_default()
+            }
+        };
+        c.samples += n;
+        c.seconds += weight_of(i) as f64 / 1e9;
+    }
+    let fill = |c: &mut ClassTime| {
+        c.share = c.seconds * 1e9 / total_ns as f64;
+    };
+    fill(&mut w.on_cpu);
+    fill(&mut w.unknown);
+    w.waits.values_mut().for_each(fill);
+    let mut top: Vec<(String, u64)> = other.into_iter().collect();
+    top.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    top.truncate(5);
+    w.other_top = top;
+    let mut holders: Vec<(String, f64)> = holders.into_iter().collect();
+    holders.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    holders.truncate(5);
+    w.gil_holders = holders;
+    Some(w)
 }
 
 /// The blocked stretches of a thread's looks (see [`WaitRun`]); a look
@@ -542,9 +588,10 @@ enum Slot {
     OnCpu,
     /// Its read was dropped (it woke while read).
     Unknown,
-    /// Blocked: its class, its top frames, and the thread that held the
-    /// GIL meanwhile (its marker), if another did.
-    Blocked(WaitClass, String, Option<String>),
+    /// Blocked: its class, its top frames, the thread that held the GIL
+    /// meanwhile (its marker), if another did, and whether it was inside
+    /// an import (start-up, not the loop).
+    Blocked(WaitClass, String, Option<String>, bool),
 }
 
 /// Entries into one wait class that make a loop.
@@ -553,11 +600,14 @@ pub const MIN_STEADY_ENTRIES: usize = 3;
 /// A loop's steady state: from the first to the last look in the wait
 /// class the thread entered most often (a loop waits for its batch, its
 /// collective or its GPU once per step), leaving out start-up (imports,
-/// set-up) and shutdown. None when no class was entered
-/// [`MIN_STEADY_ENTRIES`] times.
+/// set-up) and shutdown. Looks inside an import count for no class: a
+/// start-up's module loads read a file again and again, and a loop that
+/// never blocks would otherwise get them as its steady state. None when
+/// no class was entered [`MIN_STEADY_ENTRIES`] times. The steps, where
+/// found, replace this guess ([`recut`]).
 fn steady_span(slots: &[(MonoNs, u64, Slot)]) -> Option<(usize, usize)> {
     let class = |s: &Slot| match s {
-        Slot::Blocked(c, _, _) if *c != WaitClass::Other => Some(*c),
+        Slot::Blocked(c, _, _, false) if *c != WaitClass::Other => Some(*c),
         _ => None,
     };
     let mut entries: BTreeMap<WaitClass, (usize, usize, usize)> = BTreeMap::new();
@@ -581,7 +631,12 @@ fn steady_span(slots: &[(MonoNs, u64, Slot)]) -> Option<(usize, usize)> {
 
 fn slot_of(d: &StackData, stack: u32) -> Slot {
     match class_of(d, stack) {
-        Some((c, top, holder)) => Slot::Blocked(c, top, holder),
+        Some((c, top, holder)) => {
+            let import = d.wall_frames(stack).iter().any(|f| {
+                matches!(f, WallFrame::Python { file, .. } if crate::vocab::stacks::is_import_file(file))
+            });
+            Slot::Blocked(c, top, holder, import)
+        }
         None => {
             let f = d.wall_frames(stack);
             if matches!(f.first(), Some(WallFrame::Marker(m)) if *m == crate::vocab::stacks::MARKER_ON_CPU)
@@ -704,13 +759,39 @@ mod tests {
         }
     }
 
+    /// A start-up whose imports read files four times, then a loop that
+    /// never blocks: no steady state (its life is counted). The same
+    /// reads outside an import (a loop reading each batch's file) make one.
+    #[test]
+    fn an_imports_file_reads_are_not_a_loops_steady_state() {
+        let slots = |import: bool| -> Vec<(MonoNs, u64, Slot)> {
+            let mut v = Vec::new();
+            for _ in 0..4 {
+                v.push(Slot::Blocked(
+                    WaitClass::FileIo,
+                    String::new(),
+                    None,
+                    import,
+                ));
+                v.push(Slot::OnCpu);
+            }
+            v.extend((0..100).map(|_| Slot::OnCpu));
+            v.into_iter()
+                .enumerate()
+                .map(|(i, s)| (MonoNs(i as u64 * 10_000_000), 1, s))
+                .collect()
+        };
+        assert_eq!(steady_span(&slots(true)), None);
+        assert_eq!(steady_span(&slots(false)), Some((0, 7)));
+    }
+
     /// Looks every 10 ms: on a CPU (runnable) for 50 ms, blocked for 20,
     /// a read dropped (woke while read), on a CPU again. Only a stretch
     /// with looks and none of them off a CPU stayed runnable.
     #[test]
     fn a_thread_stayed_runnable_only_where_every_look_found_it_so() {
         const MS: u64 = 1_000_000;
-        let blocked = || Slot::Blocked(WaitClass::Other, String::new(), None);
+        let blocked = || Slot::Blocked(WaitClass::Other, String::new(), None, false);
         let kinds = [
             Slot::OnCpu,
             Slot::OnCpu,
