@@ -237,12 +237,9 @@ fn titles<'a>(
         let kernel = if unsampled_s >= crate::vocab::stacks::MIN_UNSAMPLED_KERNEL_S
             && share >= crate::vocab::stacks::MIN_UNSAMPLED_KERNEL_SHARE
         {
-            // A count of periods is a lower bound; system time is not.
-            let bound = if perf_s >= crate::vocab::stacks::MIN_UNSAMPLED_KERNEL_S {
-                "about"
-            } else {
-                "at least"
-            };
+            // A count of periods is a lower bound; system time from /proc
+            // is an estimate, and so is a sum with any of it.
+            let bound = if perf_s > 0.0 { "about" } else { "at least" };
             format!("; {bound} {unsampled_s:.1} CPU-s more in the kernel not sampled")
         } else {
             String::new()
