@@ -317,7 +317,13 @@ fn a_gans_three_backward_passes_are_one_step() {
     // Each call is through one helper: the places are told apart by the
     // loop's lines above it.
     let how = steps["how"].as_str().unwrap_or("");
-    assert!(how.contains("the most entered of the 3 places"), "{how}");
+    // The three places are entered once a step each: the most entered, or
+    // one of those tied (an entry missed by the sampling breaks a tie).
+    assert!(
+        how.contains("the most entered of the 3 places")
+            || how.contains("for the most entries of the 3 that call it"),
+        "{how}"
+    );
     assert!(
         how.contains("of `manual_backward (grounded_train.py)`, called from line"),
         "{how}"

@@ -152,14 +152,28 @@ pub(super) fn from_stacks(a: &Analysis, only: Option<Pid>) -> Option<StackSteps>
     let hz = 1e9 / period as f64;
     let marker = step_marker(f);
     let (from, places) = match sites.get(f) {
-        Some(&(site, n)) if n > 1 => (
-            format!(
-                " {}, the most entered of the {n} places that call it (a step passes each place once at most)",
-                site_text(st, site, &site_runs, &site_stack)
-            ),
+        Some(&(site, n, tied)) if n > 1 => {
+            let most = if tied > 1 {
+                let others = tied - 1;
+                let place = if others == 1 { "place" } else { "places" };
+                format!(
+                    "tied with {others} other {place} for the most entries of the {n} that call it"
+                )
+            } else {
+                format!("the most entered of the {n} places that call it")
+            };
+            (
+                format!(
+                    " {}, {most} (a step passes each place once at most)",
+                    site_text(st, site, &site_runs, &site_stack)
+                ),
+                n,
+            )
+        }
+        Some(&(site, n, _)) => (
+            format!(" {}", site_text(st, site, &site_runs, &site_stack)),
             n,
         ),
-        Some(&(site, n)) => (format!(" {}", site_text(st, site, &site_runs, &site_stack)), n),
         None => (String::new(), 1),
     };
     let why = match (marker, places > 1) {
@@ -277,13 +291,15 @@ const MAX_UNSITED_SHARE: f64 = 0.1;
 /// `backward` for the discriminator's real and fake batches and for the
 /// generator: 3 entries a step, counted once each as steps before), and
 /// a place that runs on some steps only (an extra pass every 10th) is
-/// not the step. Returns the site each function's runs now are, and how
-/// many places called it twice or more.
+/// not the step. Returns the site each function's runs now are, how many
+/// places called it twice or more, and how many places (the site among
+/// them) were entered as often as the site: among equals the first in
+/// caller and line is taken, and `how` says they tie.
 fn busiest_sites<'a>(
     runs: &mut HashMap<&'a str, Vec<Run>>,
     site_runs: &HashMap<Site<'a>, Vec<Run>>,
     sited: &HashMap<&'a str, (u32, u32)>,
-) -> HashMap<&'a str, (Site<'a>, usize)> {
+) -> HashMap<&'a str, (Site<'a>, usize, usize)> {
     let mut by_f: HashMap<&str, Vec<(Site, &Vec<Run>)>> = HashMap::new();
     for (site, v) in site_runs {
         by_f.entry(site.f).or_default().push((*site, v));
@@ -299,8 +315,9 @@ fn busiest_sites<'a>(
         sites.sort_by_key(|(s, v)| (std::cmp::Reverse(v.len()), *s));
         let places = sites.iter().filter(|(_, v)| v.len() >= 2).count();
         let (site, v) = sites[0];
+        let tied = sites.iter().filter(|(_, w)| w.len() == v.len()).count();
         *rs = v.clone();
-        chosen.insert(f, (site, places));
+        chosen.insert(f, (site, places, tied));
     }
     chosen
 }
