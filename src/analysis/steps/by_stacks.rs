@@ -152,28 +152,10 @@ pub(super) fn from_stacks(a: &Analysis, only: Option<Pid>) -> Option<StackSteps>
     let hz = 1e9 / period as f64;
     let marker = step_marker(f);
     let (from, places) = match sites.get(f) {
-        Some(&(site, n, tied)) if n > 1 => {
-            let most = if tied > 1 {
-                let others = tied - 1;
-                let place = if others == 1 { "place" } else { "places" };
-                format!(
-                    "tied with {others} other {place} for the most entries of the {n} that call it"
-                )
-            } else {
-                format!("the most entered of the {n} places that call it")
-            };
-            (
-                format!(
-                    " {}, {most} (a step passes each place once at most)",
-                    site_text(st, site, &site_runs, &site_stack)
-                ),
-                n,
-            )
+        Some(&(site, n, tied)) => {
+            let text = site_text(st, site, &site_runs, &site_stack);
+            (format!(" {text}{}", among_places(n, tied)), n)
         }
-        Some(&(site, n, _)) => (
-            format!(" {}", site_text(st, site, &site_runs, &site_stack)),
-            n,
-        ),
         None => (String::new(), 1),
     };
     let why = match (marker, places > 1) {
@@ -210,6 +192,23 @@ struct Site<'a> {
     f: &'a str,
     at: (&'a str, u32),
     path: u64,
+}
+
+/// How the chosen place stands among the `n` that call the function,
+/// `tied` of them (itself included) entered as often: nothing for a
+/// function called from one place.
+fn among_places(n: usize, tied: usize) -> String {
+    if n <= 1 {
+        return String::new();
+    }
+    let most = if tied > 1 {
+        let others = tied - 1;
+        let place = if others == 1 { "place" } else { "places" };
+        format!("tied with {others} other {place} for the most entries of the {n} that call it")
+    } else {
+        format!("the most entered of the {n} places that call it")
+    };
+    format!(", {most} (a step passes each place once at most)")
 }
 
 /// "from line 149 of `gan (train.py)`", and, when other places that
