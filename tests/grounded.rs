@@ -343,3 +343,22 @@ fn a_gans_three_backward_passes_are_one_step() {
     let span = w["span_s"].as_f64().unwrap_or(0.0);
     assert!(span >= 0.8 * steps_s && span <= 1.3 * steps_s, "{w} {t}");
 }
+
+/// A loop whose operators run on a 2-thread intra-op pool: its main thread
+/// waits at each parallel region's end for the other pool thread (OpenMP's
+/// barrier, a futex under libgomp's unnamed frames and oneDNN's). That is
+/// the operator's compute on another thread, and is said so: not "blocked
+/// elsewhere", as it was (pytorch/examples' super_resolution: 17% of its
+/// steps).
+#[test]
+fn waiting_for_the_intra_op_pool_is_named() {
+    let _g = serial();
+    let py = need_torch!();
+    let dir = common::test_dir();
+    let r = record(&py, &dir.path().join("pool"), &["pool", "60"]);
+    let w = job_main_waits(&r);
+    let looks = |class: &str| w["blocked"][class]["samples"].as_u64().unwrap_or(0);
+    // 17-35 looks of 60 steps here, alone or beside a CPU hog.
+    assert!(looks("thread_pool") >= 5, "{w}");
+    assert!(looks("other") < looks("thread_pool"), "{w}");
+}

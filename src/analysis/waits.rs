@@ -31,6 +31,12 @@ pub enum WaitClass {
     NextBatch,
     /// Reading, writing, syncing or opening a regular file.
     FileIo,
+    /// Inside a thread pool's runtime (OpenMP, TBB, OpenBLAS, PyTorch's
+    /// `c10::ThreadPool`): a thread that started an operator's parallel
+    /// region waiting at its barrier for the pool's other threads, or a
+    /// pool thread idle between regions. Compute on other threads, not an
+    /// idle wait of the loop.
+    ThreadPool,
     /// Sleeping (`time.sleep`, `nanosleep`).
     Sleep,
     /// Blocked elsewhere (its top frames are listed).
@@ -38,12 +44,13 @@ pub enum WaitClass {
 }
 
 impl WaitClass {
-    pub const ALL: [WaitClass; 7] = [
+    pub const ALL: [WaitClass; 8] = [
         WaitClass::Gil,
         WaitClass::Collective,
         WaitClass::GpuSync,
         WaitClass::NextBatch,
         WaitClass::FileIo,
+        WaitClass::ThreadPool,
         WaitClass::Sleep,
         WaitClass::Other,
     ];
@@ -56,6 +63,9 @@ impl WaitClass {
             WaitClass::GpuSync => "for the GPU (synchronization)",
             WaitClass::NextBatch => "for its next batch",
             WaitClass::FileIo => "on file IO",
+            WaitClass::ThreadPool => {
+                "for a thread pool's other threads (an operator's parallel work)"
+            }
             WaitClass::Sleep => "sleeping",
             WaitClass::Other => "blocked elsewhere",
         }
@@ -68,6 +78,7 @@ impl WaitClass {
             WaitClass::GpuSync => "GPU synchronization",
             WaitClass::NextBatch => "next batch",
             WaitClass::FileIo => "file IO",
+            WaitClass::ThreadPool => "thread pool",
             WaitClass::Sleep => "sleep",
             WaitClass::Other => "other",
         }
@@ -184,6 +195,13 @@ pub fn classify(frames: &[WallFrame]) -> (WaitClass, Option<String>) {
     });
     if marker.is_some_and(|m| m.contains("regular file")) {
         return (WaitClass::FileIo, None);
+    }
+    let pool = frames.iter().any(|f| {
+        matches!(f, WallFrame::Native { name, file }
+            if crate::analysis::stacks::pools::is_pool_frame(name.unwrap_or(""), file))
+    });
+    if pool {
+        return (WaitClass::ThreadPool, None);
     }
     if marker.is_some_and(|m| m.contains("nanosleep")) {
         return (WaitClass::Sleep, None);
@@ -607,7 +625,9 @@ pub const MIN_STEADY_ENTRIES: usize = 3;
 /// found, replace this guess ([`recut`]).
 fn steady_span(slots: &[(MonoNs, u64, Slot)]) -> Option<(usize, usize)> {
     let class = |s: &Slot| match s {
-        Slot::Blocked(c, _, _, false) if *c != WaitClass::Other => Some(*c),
+        Slot::Blocked(c, _, _, false) if !matches!(c, WaitClass::Other | WaitClass::ThreadPool) => {
+            Some(*c)
+        }
         _ => None,
     };
     let mut entries: BTreeMap<WaitClass, (usize, usize, usize)> = BTreeMap::new();
@@ -886,6 +906,23 @@ mod tests {
             n("clock_nanosleep"),
         ];
         assert_eq!(classify(&sleep).0, WaitClass::Sleep);
+        // oneDNN's reorder at the end of an OpenMP region (libgomp's own
+        // frames are not named): compute on the pool's other threads.
+        let barrier = [
+            futex,
+            WallFrame::Native {
+                name: None,
+                file: "/x/torch/lib/libgomp-a34b3233.so.1",
+            },
+            n("dnnl::impl::cpu::x64::jit_blk_reorder_t::execute"),
+            WallFrame::Python {
+                name: "Conv2d._conv_forward",
+                file: "/x/torch/nn/modules/conv.py",
+            },
+        ];
+        assert_eq!(classify(&barrier).0, WaitClass::ThreadPool);
+        let own_pool = [futex, n("c10::ThreadPool::main_loop(unsigned long)")];
+        assert_eq!(classify(&own_pool).0, WaitClass::ThreadPool);
         let idle = [futex, n("c10d::ProcessGroupGloo::runLoop(int)")];
         assert_eq!(classify(&idle).0, WaitClass::Other, "gloo's idle worker");
         let pipe = [WallFrame::Marker("[syscall: read]"), n("read")];

@@ -23,7 +23,7 @@ use crate::event::MonoNs;
 /// state track's, so the tid shown ends with the thread's own).
 pub const WAIT_TID_OFFSET: i64 = 2_000_000_000;
 
-const CLASSES: [WaitClass; 7] = WaitClass::ALL;
+const CLASSES: [WaitClass; 8] = WaitClass::ALL;
 
 fn index(c: WaitClass) -> usize {
     CLASSES

@@ -16,10 +16,21 @@ Usage: grounded_train.py MODE STEPS [WORKERS]
   gan     a GAN's loop: three backward passes per step, from three lines
           (the discriminator's real and fake batches, then the generator),
           each through one helper (as Lightning's manual_backward)
+  pool    the conv net without a DataLoader on a 2-thread intra-op pool
+          whose threads block at once when idle (OMP_WAIT_POLICY=PASSIVE):
+          the main thread waits at each parallel region's end for the
+          other pool thread
 Prints "steps N" at the end.
 """
+import os
 import sys
 import zlib
+
+if sys.argv[1:2] == ["pool"]:
+    # Read by OpenMP when torch loads it: without it, the pool's threads
+    # spin before they block and the waits at a region's end are too short
+    # to be seen on a quiet machine.
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
 
 import numpy as np
 import torch
@@ -186,6 +197,19 @@ def main():
         )
         loader = DataLoader(Cheap(), batch_size=16, num_workers=workers)
         fit(model, loader, steps)
+    elif mode == "pool":
+        torch.set_num_threads(2)
+        model = nn.Sequential(
+            nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(),
+            nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(),
+            nn.AdaptiveAvgPool2d(4), nn.Flatten(), nn.Linear(512, 10),
+        )
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        x, y = torch.randn(16, 3, 64, 64), torch.randint(0, 10, (16,))
+        for _ in range(steps):
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
     else:
         raise SystemExit(f"unknown mode {mode}")
     print("steps", steps, flush=True)

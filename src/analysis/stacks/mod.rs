@@ -30,7 +30,7 @@ mod estimate;
 mod intake;
 mod merge;
 mod names;
-mod pools;
+pub mod pools;
 mod queries;
 mod summary;
 

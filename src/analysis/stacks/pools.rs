@@ -74,11 +74,16 @@ fn pool_file(stack: &[u32], frames: &[FrameInfo]) -> Option<String> {
         if fi.class == FrameClass::Python || fi.file.is_empty() {
             return None;
         }
-        let base = fi.file.rsplit('/').next().unwrap_or(&fi.file);
-        let by_file = POOL_FILES.iter().any(|p| base.starts_with(p));
-        let by_name = POOL_FUNCTIONS.iter().any(|p| fi.name.starts_with(p));
-        (by_file || by_name).then(|| fi.file.clone())
+        is_pool_frame(&fi.name, &fi.file).then(|| fi.file.clone())
     })
+}
+
+/// A native frame of a thread-pool runtime: in one of its libraries, or
+/// one of the pools' loops inside a bigger library.
+pub fn is_pool_frame(name: &str, file: &str) -> bool {
+    let base = file.rsplit('/').next().unwrap_or(file);
+    POOL_FILES.iter().any(|p| base.starts_with(p))
+        || POOL_FUNCTIONS.iter().any(|p| name.starts_with(p))
 }
 
 /// Unwinding stopped before the thread's start: the outermost frame is an
