@@ -173,6 +173,14 @@ def gan(steps):
         opt_g.step()
 
 
+def conv_net():
+    return nn.Sequential(
+        nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(),
+        nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(4), nn.Flatten(), nn.Linear(512, 10),
+    )
+
+
 def main():
     mode, steps = sys.argv[1], int(sys.argv[2])
     workers = int(sys.argv[3]) if len(sys.argv) > 3 else 0
@@ -190,20 +198,12 @@ def main():
     elif mode == "gan":
         gan(steps)
     elif mode == "conv":
-        model = nn.Sequential(
-            nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(),
-            nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(),
-            nn.AdaptiveAvgPool2d(4), nn.Flatten(), nn.Linear(512, 10),
-        )
+        model = conv_net()
         loader = DataLoader(Cheap(), batch_size=16, num_workers=workers)
         fit(model, loader, steps)
     elif mode == "pool":
         torch.set_num_threads(2)
-        model = nn.Sequential(
-            nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(),
-            nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(),
-            nn.AdaptiveAvgPool2d(4), nn.Flatten(), nn.Linear(512, 10),
-        )
+        model = conv_net()
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         x, y = torch.randn(16, 3, 64, 64), torch.randint(0, 10, (16,))
         for _ in range(steps):
