@@ -351,9 +351,7 @@ pub fn recut(
     let Some(at) = waits.threads.iter().position(|t| (t.pid, t.tid) == pt) else {
         return;
     };
-    let Some(samples) = d.wall_samples(window).remove(&pt) else {
-        return;
-    };
+    let samples = d.wall_samples_of(window, pt);
     if let Some(w) = thread_wall(d, pt.0, pt.1, &samples, Some(span)) {
         waits.threads[at] = w;
     }
@@ -650,40 +648,35 @@ fn steady_span(slots: &[(MonoNs, u64, Slot)]) -> Option<(usize, usize)> {
 }
 
 fn slot_of(d: &StackData, stack: u32) -> Slot {
-    match class_of(d, stack) {
+    let f = d.wall_frames(stack);
+    match class_of(&f) {
         Some((c, top, holder)) => {
-            let import = d.wall_frames(stack).iter().any(|f| {
+            let import = f.iter().any(|f| {
                 matches!(f, WallFrame::Python { file, .. } if crate::vocab::stacks::is_import_file(file))
             });
             Slot::Blocked(c, top, holder, import)
         }
-        None => {
-            let f = d.wall_frames(stack);
-            if matches!(f.first(), Some(WallFrame::Marker(m)) if *m == crate::vocab::stacks::MARKER_ON_CPU)
-            {
-                Slot::OnCpu
-            } else {
-                Slot::Unknown
-            }
+        None if matches!(f.first(), Some(WallFrame::Marker(m)) if *m == crate::vocab::stacks::MARKER_ON_CPU) => {
+            Slot::OnCpu
         }
+        None => Slot::Unknown,
     }
 }
 
 /// The class of a wall-clock stack, or None for a one-marker stack (on a
 /// CPU, or a dropped read); with its top frames for `other`.
-fn class_of(d: &StackData, stack: u32) -> Option<(WaitClass, String, Option<String>)> {
-    let f = d.wall_frames(stack);
+fn class_of(f: &[WallFrame]) -> Option<(WaitClass, String, Option<String>)> {
     if f.len() <= 1 && matches!(f.first(), Some(WallFrame::Marker(_)) | None) {
         return None;
     }
-    let (c, _) = classify(&f);
+    let (c, _) = classify(f);
     let holder = f.iter().find_map(|x| match x {
         WallFrame::Marker(m) => m
             .strip_prefix(crate::collect::perf::offcpu::GIL_MARKER_PREFIX)
             .map(|h| format!("thread {}", h.trim_end_matches(']'))),
         _ => None,
     });
-    Some((c, top_frames(&f), holder))
+    Some((c, top_frames(f), holder))
 }
 
 /// The innermost Python function, then the native leaf function and the

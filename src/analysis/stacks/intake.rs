@@ -680,6 +680,24 @@ impl StackData {
         out
     }
 
+    /// One thread's looks in `window`, in time order (as
+    /// [`Self::wall_samples`] gives each thread's).
+    pub fn wall_samples_of(
+        &self,
+        window: (MonoNs, MonoNs),
+        pt: (Pid, Tid),
+    ) -> Vec<(MonoNs, u32, u32)> {
+        let mut v: Vec<(MonoNs, u32, u32)> = self
+            .wall
+            .kept
+            .iter()
+            .filter(|s| (s.pid, s.tid) == pt && s.t >= window.0 && s.t <= window.1)
+            .map(|s| (s.t, s.weight(), s.stack))
+            .collect();
+        v.sort_by_key(|x| x.0);
+        v
+    }
+
     /// The frames of a native-space stack, leaf first.
     pub fn wall_frames(&self, stack: u32) -> Vec<WallFrame<'_>> {
         leaf_first(&self.native_nodes, stack)
