@@ -287,15 +287,21 @@ fn a_closure_optimizers_evaluations_are_not_steps() {
     );
     assert_ne!(steps["name"], "Tensor.backward (_tensor.py)", "{steps}");
     let r = record(&py, &dir.path().join("closure"), &["closure", "40"]);
-    let steps = &r["steps"];
-    let n = steps["count"].as_u64().unwrap_or(0);
     // 39 spacings of 40 entries; one entry may go unsampled on a loaded
     // machine (each is 2-3 samples).
+    step_count_in(&r, 36..=40);
+}
+
+/// The steps found, which must be within `range`.
+fn step_count_in(r: &Value, range: std::ops::RangeInclusive<u64>) -> u64 {
+    let steps = &r["steps"];
+    let n = steps["count"].as_u64().unwrap_or(0);
     assert!(
-        (36..=40).contains(&n),
+        range.contains(&n),
         "{}",
         serde_json::to_string_pretty(steps).unwrap()
     );
+    n
 }
 
 #[test]
@@ -305,17 +311,10 @@ fn a_gans_three_backward_passes_are_one_step() {
     let dir = common::test_dir();
     let r = record(&py, &dir.path().join("gan"), &["gan", "24"]);
     let steps = &r["steps"];
-    let n = steps["count"].as_u64().unwrap_or(0);
     // 23 spacings of 24 entries; each backward pass is 3-4 samples, but
     // an entry may still go unsampled on a loaded machine. Counted per
     // entry of `backward` from any line, the loop reads as ~70 steps.
-    assert!(
-        (20..=23).contains(&n),
-        "{}",
-        serde_json::to_string_pretty(steps).unwrap()
-    );
-    // Each call is through one helper: the places are told apart by the
-    // loop's lines above it.
+    let n = step_count_in(&r, 20..=23);
     let how = steps["how"].as_str().unwrap_or("");
     // The three places are entered once a step each: the most entered, or
     // one of those tied (an entry missed by the sampling breaks a tie).
@@ -324,6 +323,8 @@ fn a_gans_three_backward_passes_are_one_step() {
             || how.contains("for the most entries of the 3 that call it"),
         "{how}"
     );
+    // Each call is through one helper: the places are told apart by the
+    // loop's lines above it.
     assert!(
         how.contains("of `manual_backward (grounded_train.py)`, called from line"),
         "{how}"
