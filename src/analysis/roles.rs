@@ -18,6 +18,11 @@
 //! 2. a launcher (above) is `launcher`;
 //! 3. a process whose threads are named `pt_data_worker` (PyTorch ≥ 2.x names
 //!    its DataLoader workers so) is a `worker`;
+//! 3a. torch.compile's compile workers (Inductor's sidecar,
+//!    `torch/_inductor/compile_worker/__main__.py`, and the workers it
+//!    forks with its command line, one per core up to 32) are `other`:
+//!    they compile kernels, and as `worker`s they would pass for an input
+//!    pipeline that keeps up;
 //! 4. a Python process started by Python's `multiprocessing` (spawn /
 //!    forkserver command line) is a `worker`, except its helper processes
 //!    (resource tracker, fork server itself) which are `other`;
@@ -119,6 +124,14 @@ impl<'a> RoleFacts<'a> {
 
 pub fn is_python(p: &Process) -> bool {
     RoleFacts::of(p).is_python()
+}
+
+/// Inductor's compile-worker sidecar or one of the workers it forks (they
+/// keep its command line).
+fn is_compile_worker(cmdline: &[String]) -> bool {
+    cmdline.iter().take(3).any(|a| {
+        a.contains("/torch/_inductor/compile_worker/") || a == "torch._inductor.compile_worker"
+    })
 }
 
 fn multiprocessing_kind(cmdline: &[String]) -> Option<&'static str> {
@@ -268,6 +281,9 @@ pub fn classify(
     }
     if p.pid == job {
         return Role::Main;
+    }
+    if is_compile_worker(p.cmdline) {
+        return Role::Other;
     }
     let python = p.is_python();
     match multiprocessing_kind(p.cmdline) {

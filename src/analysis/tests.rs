@@ -190,6 +190,31 @@ fn roles_follow_the_documented_rules() {
         // A shell helper and a Python program it runs.
         proc_ev(1_200, 15, 10, "sh", &["sh", "-c", "python3 eval.py"]),
         proc_ev(1_300, 16, 15, "python3", &["python3", "eval.py"]),
+        // torch.compile's compile-worker sidecar and a worker it forked.
+        proc_ev(
+            1_300,
+            17,
+            10,
+            "python3",
+            &[
+                "/venv/bin/python3",
+                "/venv/lib/python3.11/site-packages/torch/_inductor/compile_worker/__main__.py",
+                "--kind=fork",
+                "--workers=2",
+            ],
+        ),
+        proc_ev(
+            1_400,
+            18,
+            17,
+            "python3",
+            &[
+                "/venv/bin/python3",
+                "/venv/lib/python3.11/site-packages/torch/_inductor/compile_worker/__main__.py",
+                "--kind=fork",
+                "--workers=2",
+            ],
+        ),
     ];
     let a = analyze_events(h, evs.into_iter());
     let role = |p: i32| a.processes[&Pid(p)].role;
@@ -200,6 +225,8 @@ fn roles_follow_the_documented_rules() {
     assert_eq!(role(14), Role::Other);
     assert_eq!(role(15), Role::Other);
     assert_eq!(role(16), Role::Main);
+    assert_eq!(role(17), Role::Other);
+    assert_eq!(role(18), Role::Other);
 }
 
 fn ranked(t: u64, pid: i32, ppid: i32, comm: &str, cmd: &[&str], env: &[(&str, &str)]) -> Event {
