@@ -102,6 +102,7 @@ mod tests {
             | WorkerRestarts
             | WriteStall
             | TrainingLoop
+            | Compilation
             | GpuIdleUnexplained
             | LowSampleCoverage => FindingKind::ALL.contains(&k),
         }

@@ -363,3 +363,62 @@ fn waiting_for_the_intra_op_pool_is_named() {
     assert!(looks("thread_pool") >= 5, "{w}");
     assert!(looks("other") < looks("thread_pool"), "{w}");
 }
+
+/// torch.compile: the loop's compiling is its own finding, sized like the
+/// job's own clock says (the first step of each batch size, which
+/// compiles), and Inductor's compile workers (a sidecar and the workers it
+/// forks with its command line) are not input workers. Before, they were
+/// "2 input workers" that "kept up", and the compile read as the training
+/// loop's host work.
+#[test]
+fn a_compiles_time_is_its_own_finding_and_its_workers_no_input_pipeline() {
+    let _g = serial();
+    let py = need_torch!();
+    let dir = common::test_dir();
+    let out = dir.path().join("compile");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scripts/grounded_train.py");
+    let o = Command::new(env!("CARGO_BIN_EXE_gpuprof"))
+        .arg("-o")
+        .arg(&out)
+        .arg("--")
+        .arg(&py)
+        .arg(&script)
+        .args(["compile", "150"])
+        .env_remove("GPUPROF_NVML_LIB")
+        .output()
+        .expect("gpuprof runs");
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success() && stdout.contains("steps "), "{stdout}");
+    let r = common::report(&out);
+    // "compile workers [p1, p2]", "batch 16 first step 0.906 s", ...
+    let pool: Vec<i64> = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("compile workers "))
+        .expect("the job printed its compile workers")
+        .trim_matches(|c| c == '[' || c == ']')
+        .split(", ")
+        .map(|p| p.parse().unwrap())
+        .collect();
+    let compiled: f64 = stdout
+        .lines()
+        .filter(|l| l.starts_with("batch "))
+        .map(|l| l.split_whitespace().nth(4).unwrap().parse::<f64>().unwrap())
+        .sum();
+    let procs = r["processes"].as_array().unwrap();
+    for p in procs {
+        assert_ne!(p["role"], "worker", "no input worker: {p}");
+        if pool.contains(&p["pid"].as_i64().unwrap()) {
+            assert_eq!(p["role"], "other", "{p}");
+        }
+    }
+    let f = finding(&r, "compilation").unwrap_or_else(|| panic!("{:?}", ids(&r)));
+    let s = f["gpu_time_s"].as_f64().unwrap();
+    // Intervals are 100 ms, and each compile's step runs too (~15 ms).
+    assert!(
+        (s - compiled).abs() <= 0.3 + 0.3 * compiled,
+        "{s} s against the job's {compiled} s: {f}"
+    );
+    if let Some(t) = finding(&r, "training-loop") {
+        assert!(!t.to_string().contains("convert_frame"), "{t}");
+    }
+}

@@ -389,6 +389,10 @@ pub struct Analysis {
     /// Per thread the wall-clock sampler looked at: its wall time on a CPU
     /// and blocked, by wait class.
     pub waits: waits::Waits,
+    /// The wall-clock sampler's looks at blocked threads, each with
+    /// whether the framework was compiling (torch.compile): a main thread
+    /// waiting for its compiler's subprocesses is compiling too.
+    pub compile_looks: Vec<stacks::CompileLook>,
     /// Training steps and the slow ones.
     pub steps: steps::Steps,
     /// CPU that processes outside the job took from it.
@@ -564,6 +568,7 @@ impl Builder {
                 nvtx: Default::default(),
                 collectives: Default::default(),
                 waits: Default::default(),
+                compile_looks: Vec::new(),
                 steps: Default::default(),
                 others: Default::default(),
             },
@@ -1272,6 +1277,7 @@ impl Builder {
         self.a.nvtx = std::mem::take(&mut self.nvtx).finish(window, &exits, &self.a.gpu);
         self.a.collectives = collectives::analyze(&self.stack_data, window);
         self.a.waits = waits::analyze(&self.stack_data, window);
+        self.a.compile_looks = self.stack_data.blocked_compile_looks(window);
         let step_range = opts
             .step_range
             .clone()

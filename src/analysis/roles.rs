@@ -18,11 +18,11 @@
 //! 2. a launcher (above) is `launcher`;
 //! 3. a process whose threads are named `pt_data_worker` (PyTorch ≥ 2.x names
 //!    its DataLoader workers so) is a `worker`;
-//! 3a. torch.compile's compile workers (Inductor's sidecar,
+//!    torch.compile's compile workers (Inductor's sidecar,
 //!    `torch/_inductor/compile_worker/__main__.py`, and the workers it
-//!    forks with its command line, one per core up to 32) are `other`:
-//!    they compile kernels, and as `worker`s they would pass for an input
-//!    pipeline that keeps up;
+//!    forks with its command line, one per core up to 32) are `other`
+//!    after that: they compile kernels, and as `worker`s they would pass
+//!    for an input pipeline that keeps up;
 //! 4. a Python process started by Python's `multiprocessing` (spawn /
 //!    forkserver command line) is a `worker`, except its helper processes
 //!    (resource tracker, fork server itself) which are `other`;

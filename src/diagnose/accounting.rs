@@ -32,6 +32,7 @@ fn kinds_of(c: Cause) -> &'static [FindingKind] {
         Cause::Oversubscribed => &[FindingKind::CpuOversubscribed],
         Cause::PipelineSaturated => &[FindingKind::TooFewWorkers, FindingKind::InputPipelineBound],
         Cause::TrainingLoop => &[FindingKind::TrainingLoop],
+        Cause::Compiling => &[FindingKind::Compilation],
     }
 }
 

@@ -18,6 +18,7 @@
 mod account;
 mod accounting;
 mod causes;
+mod compile;
 mod edges;
 mod evidence;
 mod gil;
@@ -63,6 +64,7 @@ pub enum FindingKind {
     CpuOversubscribed,
     OtherProgramsCpu,
     TrainingLoop,
+    Compilation,
     GpuMemoryPressure,
     PcieDegraded,
     GpuIdleUnexplained,
@@ -70,7 +72,7 @@ pub enum FindingKind {
 }
 
 impl FindingKind {
-    pub const ALL: [FindingKind; 22] = [
+    pub const ALL: [FindingKind; 23] = [
         FindingKind::CudaDriverMismatch,
         FindingKind::GpuNotUsed,
         FindingKind::StragglerRank,
@@ -89,6 +91,7 @@ impl FindingKind {
         FindingKind::CpuOversubscribed,
         FindingKind::OtherProgramsCpu,
         FindingKind::TrainingLoop,
+        FindingKind::Compilation,
         FindingKind::GpuMemoryPressure,
         FindingKind::PcieDegraded,
         FindingKind::GpuIdleUnexplained,
@@ -119,6 +122,7 @@ impl FindingKind {
             FindingKind::WorkerRestarts => "worker-restarts",
             FindingKind::WriteStall => "write-stall",
             FindingKind::TrainingLoop => "training-loop",
+            FindingKind::Compilation => "compilation",
             FindingKind::GpuIdleUnexplained => "gpu-idle-unexplained",
         }
     }
@@ -536,6 +540,7 @@ impl Timeline {
     pub fn build_scoped(a: &Analysis, rank: Option<u32>) -> Timeline {
         let mut tl = Timeline::binned(a, rank);
         edges::set_edges(a, &mut tl);
+        compile::mark(a, &mut tl);
         account::ground(a, &mut tl);
         tl
     }

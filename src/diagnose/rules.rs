@@ -62,6 +62,7 @@ pub fn all(
         found.extend(main_preprocessing(a, &sc.tl, g));
         found.extend(pipeline(a, &sc.tl, g));
         found.extend(causes::training_loop(a, &sc.tl, g));
+        found.extend(super::compile::compilation(a, &sc.tl, g));
         scope_titles(&mut found, sc.rank);
         out.extend(found);
     }

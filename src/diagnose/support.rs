@@ -118,6 +118,7 @@ fn cause_of(k: FindingKind) -> Option<Cause> {
         FindingKind::TooFewWorkers | FindingKind::InputPipelineBound => Cause::PipelineSaturated,
         FindingKind::CpuOversubscribed => Cause::Oversubscribed,
         FindingKind::TrainingLoop => Cause::TrainingLoop,
+        FindingKind::Compilation => Cause::Compiling,
         FindingKind::CpuLimit => Cause::CpuLimited,
         FindingKind::HostMemoryPressure => Cause::MemoryPressure,
         _ => return None,

@@ -47,10 +47,13 @@ pub enum Cause {
     /// The workers keep up (not saturated) while the main thread computes:
     /// the training loop's own host work between steps.
     TrainingLoop,
+    /// The main thread compiling the model (torch.compile), see
+    /// [`super::compile`].
+    Compiling,
 }
 
 impl Cause {
-    pub const ALL: [Cause; 9] = [
+    pub const ALL: [Cause; 10] = [
         Cause::MemoryPressure,
         Cause::CpuLimited,
         Cause::WorkerRestart,
@@ -60,6 +63,7 @@ impl Cause {
         Cause::Oversubscribed,
         Cause::PipelineSaturated,
         Cause::TrainingLoop,
+        Cause::Compiling,
     ];
 }
 

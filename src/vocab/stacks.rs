@@ -55,9 +55,49 @@ pub fn is_import_file(file: &str) -> bool {
         || f.ends_with("importlib/_bootstrap_external.py")
 }
 
+/// A Python frame whose presence on a stack means that the framework is
+/// compiling the program rather than running it: torch.compile's frame
+/// conversion (TorchDynamo's `convert_frame`, under which it traces,
+/// runs AOTAutograd and the backend's compile of the forward graph) and
+/// Inductor's `compile_fx` (where a graph is compiled, the backward graph
+/// lazily at the first backward pass too). A compiled model's runs go
+/// through neither: a guard hit calls the compiled code directly. A
+/// module body (`<module>`) is the file being imported, not a compile.
+pub fn is_compile_frame(name: &str, file: &str) -> bool {
+    name != "<module>"
+        && (file.ends_with("/torch/_dynamo/convert_frame.py")
+            || file.ends_with("/torch/_inductor/compile_fx.py"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn compile_files_are_torch_compiles_own() {
+        let site = "/venv/lib/python3.11/site-packages";
+        let conv = format!("{site}/torch/_dynamo/convert_frame.py");
+        assert!(is_compile_frame("_compile", &conv));
+        assert!(is_compile_frame(
+            "compile_fx_inner",
+            &format!("{site}/torch/_inductor/compile_fx.py")
+        ));
+        // Importing the compiler, running the compiled code, or a
+        // program's own file of that name.
+        assert!(!is_compile_frame("<module>", &conv));
+        assert!(!is_compile_frame(
+            "_fn",
+            &format!("{site}/torch/_dynamo/eval_frame.py")
+        ));
+        assert!(!is_compile_frame(
+            "call",
+            &format!("{site}/torch/_inductor/output_code.py")
+        ));
+        assert!(!is_compile_frame(
+            "_compile",
+            "/home/u/proj/convert_frame.py"
+        ));
+    }
 
     #[test]
     fn import_machinery_files() {

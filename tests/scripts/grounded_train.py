@@ -20,6 +20,13 @@ Usage: grounded_train.py MODE STEPS [WORKERS]
           whose threads block at once when idle (OMP_WAIT_POLICY=PASSIVE):
           the main thread waits at each parallel region's end for the
           other pool thread
+  compile the conv net under torch.compile (the aot_eager backend:
+          TorchDynamo's tracing and AOTAutograd, no C++ compiler), with
+          Inductor's compile-worker pool started and warm as on a machine
+          of many cores; the batch size drops from 16 to 12 after a third
+          of the steps (a recompile: the batch dimension becomes dynamic)
+          and to 8 after two thirds (the dynamic graph runs it); prints
+          the time of the first step of each size (its compile)
 Prints "steps N" at the end.
 """
 import os
@@ -31,6 +38,9 @@ if sys.argv[1:2] == ["pool"]:
     # spin before they block and the waits at a region's end are too short
     # to be seen on a quiet machine.
     os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+if sys.argv[1:2] == ["compile"]:
+    # Read when torch._inductor's config is imported: a pool of 2 workers.
+    os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "2"
 
 import numpy as np
 import torch
@@ -181,6 +191,27 @@ def conv_net():
     )
 
 
+def compiled(steps):
+    import time
+    from torch._inductor.async_compile import AsyncCompile
+
+    pool = AsyncCompile.process_pool()
+    pids = sorted({pool.submit(os.getpid).result() for _ in range(8)})
+    print("compile workers", pids, flush=True)
+    model = conv_net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    step = torch.compile(model, backend="aot_eager")
+    for i in range(steps):
+        n = 16 if i < steps // 3 else 12 if i < 2 * steps // 3 else 8
+        x, y = torch.randn(n, 3, 32, 32), torch.randint(0, 10, (n,))
+        t0 = time.monotonic()
+        opt.zero_grad()
+        nn.functional.cross_entropy(step(x), y).backward()
+        opt.step()
+        if i in (0, steps // 3, 2 * steps // 3):
+            print("batch %d first step %.3f s" % (n, time.monotonic() - t0), flush=True)
+
+
 def main():
     mode, steps = sys.argv[1], int(sys.argv[2])
     workers = int(sys.argv[3]) if len(sys.argv) > 3 else 0
@@ -210,6 +241,8 @@ def main():
             opt.zero_grad()
             nn.functional.cross_entropy(model(x), y).backward()
             opt.step()
+    elif mode == "compile":
+        compiled(steps)
     else:
         raise SystemExit(f"unknown mode {mode}")
     print("steps", steps, flush=True)

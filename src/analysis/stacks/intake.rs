@@ -22,6 +22,17 @@ pub(super) enum Frame {
     Marker(String),
 }
 
+/// A look of the wall-clock sampler at a blocked thread, and whether it
+/// was inside the framework's compiler.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CompileLook {
+    pub pid: Pid,
+    pub tid: Tid,
+    pub t: MonoNs,
+    pub weight: u32,
+    pub compiling: bool,
+}
+
 /// A frame of a wall-clock sample (see [`StackData::wall_frames`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WallFrame<'a> {
@@ -696,6 +707,38 @@ impl StackData {
             .collect();
         v.sort_by_key(|x| x.0);
         v
+    }
+
+    /// The looks in `window` at blocked threads (a look on a CPU is one
+    /// marker, and the thread's CPU samples tell what it ran), each with
+    /// whether the framework was compiling then
+    /// ([`crate::vocab::stacks::is_compile_frame`]).
+    pub fn blocked_compile_looks(&self, window: (MonoNs, MonoNs)) -> Vec<CompileLook> {
+        let mut by_stack: HashMap<u32, Option<bool>> = HashMap::new();
+        let mut out = Vec::new();
+        for s in &self.wall.kept {
+            if s.t < window.0 || s.t > window.1 {
+                continue;
+            }
+            let compiling = *by_stack.entry(s.stack).or_insert_with(|| {
+                let f = self.wall_frames(s.stack);
+                (f.len() > 1).then(|| {
+                    f.iter().any(|f| {
+                        matches!(f, WallFrame::Python { name, file } if crate::vocab::stacks::is_compile_frame(name, file))
+                    })
+                })
+            });
+            if let Some(compiling) = compiling {
+                out.push(CompileLook {
+                    pid: s.pid,
+                    tid: s.tid,
+                    t: s.t,
+                    weight: s.weight(),
+                    compiling,
+                });
+            }
+        }
+        out
     }
 
     /// The frames of a native-space stack, leaf first.

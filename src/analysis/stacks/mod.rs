@@ -36,7 +36,8 @@ mod summary;
 
 use intake::sort_by_thread;
 pub use intake::{
-    merge_perf_processes, AgentStats, PerfProcess, StackData, WallFrame, ANALYSIS_MAX_SAMPLES,
+    merge_perf_processes, AgentStats, CompileLook, PerfProcess, StackData, WallFrame,
+    ANALYSIS_MAX_SAMPLES,
 };
 use merge::{keep_one_sampler, lowest_offsets, Merged, Merger};
 use names::Resolver;
@@ -336,6 +337,12 @@ impl FrameInfo {
     /// import (see [`crate::vocab::stacks::is_import_file`]).
     pub fn imports(&self) -> bool {
         self.class == FrameClass::Python && crate::vocab::stacks::is_import_file(&self.file)
+    }
+
+    /// A frame of the framework's compiler ([`crate::vocab::stacks::is_compile_frame`]).
+    pub fn compiles(&self) -> bool {
+        self.class == FrameClass::Python
+            && crate::vocab::stacks::is_compile_frame(&self.name, &self.file)
     }
 }
 
