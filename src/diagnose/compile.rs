@@ -15,11 +15,11 @@ use crate::units::{pct, plural};
 
 use super::causes::{functions_in, functions_text, pids_of};
 use super::evidence::GpuEvidence;
-use super::measure::{gpu_gap_lines, gpu_time};
+use super::measure::{gpu_gap_lines, gpu_time, idle_measure_text, idle_of, measured_devices};
 use super::rule::CauseRule;
 use super::thresholds as th;
 use super::timeline::{Cause, LoopFrom, Timeline};
-use super::{Finding, FindingKind};
+use super::{Basis, Finding, FindingKind, GpuTime};
 
 /// Least share of an interval's observations of the main threads inside
 /// the compiler for the interval to be compiling.
@@ -214,16 +214,7 @@ pub(super) fn compilation(
         Cause::Compiling,
         "the loop was compiling",
     ));
-    // Every compiling interval counts, the first compile before the first
-    // step too: the loop runs nothing while it compiles.
-    let gt = gpu_time(
-        a,
-        tl,
-        gpu,
-        Cause::Compiling,
-        comp_s,
-        "the time the main thread was compiling: the training loop runs no step meanwhile",
-    );
+    let gt = compile_gpu_time(a, tl, gpu, comp_s);
     if gt.share < th::MIN_SHARE {
         return None;
     }
@@ -247,4 +238,46 @@ pub(super) fn compilation(
         caches.to_string()
     };
     Some(CauseRule::costing(FindingKind::Compilation, gt, title, ev, fix).finding())
+}
+
+/// The GPU time of the compiling intervals: every one counts, the first
+/// compile before the first step (and before a GPU's first work) too —
+/// the loop runs nothing while it compiles, whereas the other causes'
+/// measured idle time leaves out the GPU's start-up.
+fn compile_gpu_time(
+    a: &Analysis,
+    tl: &Timeline,
+    gpu: Option<&GpuEvidence>,
+    comp_s: f64,
+) -> GpuTime {
+    let devs = measured_devices(gpu);
+    if devs.is_empty() {
+        return gpu_time(
+            a,
+            tl,
+            gpu,
+            Cause::Compiling,
+            comp_s,
+            "the time the main thread was compiling: the training loop runs no step meanwhile",
+        );
+    }
+    let dur = a.duration_s().max(1e-9);
+    let secs: f64 = devs
+        .iter()
+        .map(|d| {
+            idle_of(
+                &tl.idle_by_cause(&d.idle, (a.start, a.end)),
+                Some(Cause::Compiling),
+            )
+        })
+        .sum();
+    GpuTime {
+        seconds: secs,
+        share: (secs / (dur * devs.len() as f64)).min(1.0),
+        basis: Basis::Measured,
+        method: format!(
+            "GPU idle time while the loop was compiling ({}; the first compile included, before the GPU's first work too)",
+            idle_measure_text(devs[0])
+        ),
+    }
 }

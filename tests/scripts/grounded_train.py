@@ -26,7 +26,10 @@ Usage: grounded_train.py MODE STEPS [WORKERS]
           of many cores; the batch size drops from 16 to 12 after a third
           of the steps (a recompile: the batch dimension becomes dynamic)
           and to 8 after two thirds (the dynamic graph runs it); prints
-          the time of the first step of each size (its compile)
+          the time of the first step of each size (its compile); with
+          GPUPROF_ACTIVITY_LOG, the other steps are logged as GPU work
+          for the fake NVML (docs/testing.md), so that a GPU idles while
+          the loop compiles
 Prints "steps N" at the end.
 """
 import os
@@ -201,14 +204,21 @@ def compiled(steps):
     model = conv_net()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     step = torch.compile(model, backend="aot_eager")
+    log = os.environ.get("GPUPROF_ACTIVITY_LOG")
+    act = open(log, "a", buffering=1) if log else None
     for i in range(steps):
         n = 16 if i < steps // 3 else 12 if i < 2 * steps // 3 else 8
+        first = i in (0, steps // 3, 2 * steps // 3)
         x, y = torch.randn(n, 3, 32, 32), torch.randint(0, 10, (n,))
         t0 = time.monotonic()
+        if act and not first:
+            act.write("B %d %d\n" % (os.getpid(), time.monotonic_ns()))
         opt.zero_grad()
         nn.functional.cross_entropy(step(x), y).backward()
         opt.step()
-        if i in (0, steps // 3, 2 * steps // 3):
+        if act and not first:
+            act.write("E %d %d\n" % (os.getpid(), time.monotonic_ns()))
+        if first:
             print("batch %d first step %.3f s" % (n, time.monotonic() - t0), flush=True)
 
 
