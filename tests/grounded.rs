@@ -427,6 +427,9 @@ fn a_compiles_time_is_its_own_finding_and_its_workers_no_input_pipeline() {
         (s - compiled).abs() <= 0.35 + 0.3 * compiled,
         "{s} s against the job's {compiled} s: {f}"
     );
+    // The start-up gap's note says how much of it was compiling.
+    let notes = r["diagnosis"]["notes"].to_string();
+    assert!(notes.contains("compiling the model"), "{notes}");
     if let Some(t) = finding(&r, "training-loop") {
         assert!(!t.to_string().contains("convert_frame"), "{t}");
     }

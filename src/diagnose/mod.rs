@@ -464,7 +464,7 @@ pub fn diagnose(
         .to_string());
         notes.extend(tl.edges_note());
     } else if let Some(g) = gpu {
-        notes.extend(rules::edge_gap_notes(a, g));
+        notes.extend(rules::edge_gap_notes(a, &tl, g));
     }
     Diagnosis {
         findings,

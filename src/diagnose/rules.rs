@@ -126,14 +126,34 @@ pub fn coverage_finding(
 }
 
 /// Start-up and shutdown idle time per measured GPU, for the notes.
-pub fn edge_gap_notes(a: &Analysis, g: &GpuEvidence) -> Vec<String> {
+pub fn edge_gap_notes(a: &Analysis, tl: &Timeline, g: &GpuEvidence) -> Vec<String> {
     measured_devices(Some(g))
         .iter()
         .filter_map(|d| {
             let s = d.idle_split(a.start, a.end);
+            // The loop's first compile comes before its first kernel: that
+            // part of the start-up is the compilation finding's.
+            let compiling = d
+                .phases(a.start, a.end)
+                .startup
+                .map(|w| {
+                    tl.idle_by_cause(&d.idle, w)
+                        .iter()
+                        .filter(|(c, _)| *c == Some(Cause::Compiling))
+                        .map(|(_, s)| s)
+                        .sum::<f64>()
+                })
+                .filter(|c| *c >= 0.05);
+            let (during, who) = match compiling {
+                Some(c) => (
+                    format!("; the loop compiling the model {c:.1} s of it"),
+                    "the other findings (compilation counts its compile)",
+                ),
+                None => (String::new(), "findings"),
+            };
             (s.startup_s + s.shutdown_s >= th::EDGE_IDLE_NOTE_S).then(|| {
                 format!(
-                    "GPU {} was idle {:.1} s before its first work (start-up: imports, model build, workers starting) and {:.1} s after its last (shutdown); findings attribute only the idle time in between.",
+                    "GPU {} was idle {:.1} s before its first work (start-up: imports, model build, workers starting{during}) and {:.1} s after its last (shutdown); {who} attribute only the idle time in between.",
                     d.index, s.startup_s, s.shutdown_s
                 )
             })
