@@ -15,11 +15,13 @@ use crate::units::{pct, plural};
 
 use super::causes::{functions_in, functions_text, pids_of};
 use super::evidence::GpuEvidence;
-use super::measure::{gpu_gap_lines, gpu_time, idle_measure_text, idle_of, measured_devices};
+use super::measure::{
+    gpu_gap_lines, gpu_time, idle_measure_text, idle_of, measured, measured_devices,
+};
 use super::rule::CauseRule;
 use super::thresholds as th;
 use super::timeline::{Cause, LoopFrom, Timeline};
-use super::{Basis, Finding, FindingKind, GpuTime};
+use super::{Finding, FindingKind, GpuTime};
 
 /// Least share of an interval's observations of the main threads inside
 /// the compiler for the interval to be compiling.
@@ -261,7 +263,6 @@ fn compile_gpu_time(
             "the time the main thread was compiling: the training loop runs no step meanwhile",
         );
     }
-    let dur = a.duration_s().max(1e-9);
     let secs: f64 = devs
         .iter()
         .map(|d| {
@@ -271,13 +272,13 @@ fn compile_gpu_time(
             )
         })
         .sum();
-    GpuTime {
-        seconds: secs,
-        share: (secs / (dur * devs.len() as f64)).min(1.0),
-        basis: Basis::Measured,
-        method: format!(
+    measured(
+        a,
+        &devs,
+        secs,
+        format!(
             "GPU idle time while the loop was compiling ({}; the first compile included, before the GPU's first work too)",
             idle_measure_text(devs[0])
         ),
-    }
+    )
 }

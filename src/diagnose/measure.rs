@@ -91,14 +91,30 @@ pub(super) fn gpu_time(
         .iter()
         .map(|d| idle_of(&device_idle_by_cause(a, tl, d), Some(cause)))
         .sum();
-    GpuTime {
-        seconds: secs,
-        share: (secs / (dur * devs.len() as f64)).min(1.0),
-        basis: Basis::Measured,
-        method: format!(
+    measured(
+        a,
+        &devs,
+        secs,
+        format!(
             "GPU idle time while this cause was active ({}; start-up and shutdown left out)",
             idle_measure_text(devs[0])
         ),
+    )
+}
+
+/// `secs` of measured idle time over `devs` as a finding's GPU time.
+pub(super) fn measured(
+    a: &Analysis,
+    devs: &[&GpuDeviceEvidence],
+    secs: f64,
+    method: String,
+) -> GpuTime {
+    let dur = a.duration_s().max(1e-9);
+    GpuTime {
+        seconds: secs,
+        share: (secs / (dur * devs.len().max(1) as f64)).min(1.0),
+        basis: Basis::Measured,
+        method,
     }
 }
 
