@@ -71,16 +71,6 @@ fn observations(a: &Analysis, tl: &Timeline) -> (Vec<u64>, Vec<u64>) {
 /// figures said of them (before the shutdown; the start-up's imports are
 /// not compiling).
 pub fn mark(a: &Analysis, tl: &mut Timeline) {
-    if a.compile_looks.iter().all(|l| !l.compiling)
-        && !a
-            .stacks
-            .samples
-            .iter()
-            .chain(&a.stacks.python_only)
-            .any(|s| a.stacks.stack_frames(s.stack).any(|f| f.compiles()))
-    {
-        return;
-    }
     let (all, comp) = observations(a, tl);
     let mut first = None;
     for i in 0..tl.shutdown_from.min(tl.n) {
