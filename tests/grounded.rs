@@ -156,7 +156,10 @@ fn a_model_without_a_loader_is_not_batch_preparation() {
             .contains("the model (framework forward"),
         "{f}"
     );
-    assert!(imports_in_evidence(f) < 5.0, "{f}");
+    // The start-up's imports are left out to the sample: what stays is
+    // the first backward pass's lazy import (a sample or two). Their tail
+    // in the loop's first 100 ms once read 2–5%.
+    assert!(imports_in_evidence(f) < 3.0, "{f}");
     // Its loop never blocks: its few waits are torch's import (reading
     // the library's files), and they are not its steady state.
     let w = job_main_waits(&r);

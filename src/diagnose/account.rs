@@ -277,7 +277,7 @@ pub fn main_threads(tl: &Timeline) -> BTreeSet<(Pid, Tid)> {
 /// The account of the main threads over the bins `in_bin` selects.
 pub fn main_account(a: &Analysis, tl: &Timeline, in_bin: impl Fn(usize) -> bool) -> MainAccount {
     account(&a.stacks, &main_threads(tl), |s| {
-        tl.bin_of(s.t).is_some_and(&in_bin)
+        tl.cause_bin_of(s.t).is_some_and(&in_bin)
     })
 }
 

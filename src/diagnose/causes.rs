@@ -93,7 +93,7 @@ fn functions_of(
     let st = &a.stacks;
     let gpu = idle_weighted(a).then(|| a.gpu.idle_weights());
     let weight_of = |s: &crate::analysis::stacks::Sample| -> f64 {
-        match tl.bin_of(s.t) {
+        match tl.cause_bin_of(s.t) {
             Some(i) if in_bin(i) => {
                 let idle = if let Some(g) = &gpu {
                     g.at(s.t).unwrap_or(0.0)

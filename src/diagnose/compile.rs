@@ -84,6 +84,7 @@ pub fn mark(a: &Analysis, tl: &mut Timeline) {
     if let Some(f) = first {
         if tl.loop_from_by == LoopFrom::Imports && f < tl.loop_from {
             tl.loop_from = f;
+            tl.imports_tail = None;
         }
     }
 }

@@ -47,6 +47,10 @@ pub struct Edges {
     /// of the imports of the slowest input worker of those that began
     /// before any was ready.
     pub startup_end: Option<usize>,
+    /// The instant inside `startup_end`'s bin at which the main and input
+    /// threads' imports ended, when that bin began with them (None when
+    /// the start-up's end is a worker's).
+    pub startup_end_t: Option<MonoNs>,
     /// First bin of shutdown: in every sampled bin from it on, the main
     /// and input threads ran no Python code in most of their samples.
     pub shutdown_from: Option<usize>,
@@ -101,6 +105,7 @@ type W = [f64; 3];
 /// (ascending): sparse, so that a day-long recording of many workers
 /// costs what its samples cost, not threads × bins.
 struct ThreadWeights {
+    id: (Pid, Tid),
     worker: bool,
     bins: Vec<(usize, W)>,
 }
@@ -141,27 +146,11 @@ fn weights(a: &Analysis, tl: &Timeline) -> Vec<ThreadWeights> {
         }
         let own: &[Sample] = native.get(&id).copied().unwrap_or_default();
         let spied: &[Sample] = py_spy.get(&id).copied().unwrap_or_default();
-        let mut phased: Vec<(MonoNs, u32, Phase)> = Vec::with_capacity(own.len() + spied.len());
-        for s in own {
-            match phase(s.stack) {
-                Some(p) if spied.is_empty() || p == Phase::NoPython => {
-                    phased.push((s.t, s.weight, p))
-                }
-                _ => {}
-            }
-        }
-        for s in spied {
-            if let Some(p) = phase(s.stack).filter(|p| *p != Phase::NoPython) {
-                phased.push((s.t, s.weight, p));
-            }
-        }
+        let phased = thread_phases(own, spied, !spied.is_empty(), &mut phase);
         // A thread that never ran Python code (a shell's, a launcher's in
         // C) has no interpreter to start or stop.
         if phased.iter().all(|x| x.2 == Phase::NoPython) {
             continue;
-        }
-        if !spied.is_empty() {
-            phased.sort_by_key(|x| x.0);
         }
         let mut bins: Vec<(usize, W)> = Vec::new();
         for (t, weight, p) in phased {
@@ -176,9 +165,87 @@ fn weights(a: &Analysis, tl: &Timeline) -> Vec<ThreadWeights> {
                 }
             }
         }
-        out.push(ThreadWeights { worker, bins });
+        out.push(ThreadWeights { id, worker, bins });
     }
     out
+}
+
+/// One thread's samples that tell a phase, in time order: its native
+/// samples, or, for a thread that py-spy sampled (`spied_thread`),
+/// py-spy's stacks for its Python code and the native samples only for
+/// the interpreter running none.
+fn thread_phases(
+    own: &[Sample],
+    spied: &[Sample],
+    spied_thread: bool,
+    phase: &mut impl FnMut(u32) -> Option<Phase>,
+) -> Vec<(MonoNs, u32, Phase)> {
+    let mut phased: Vec<(MonoNs, u32, Phase)> = Vec::with_capacity(own.len() + spied.len());
+    for s in own {
+        match phase(s.stack) {
+            Some(p) if !spied_thread || p == Phase::NoPython => phased.push((s.t, s.weight, p)),
+            _ => {}
+        }
+    }
+    for s in spied {
+        if let Some(p) = phase(s.stack).filter(|p| *p != Phase::NoPython) {
+            phased.push((s.t, s.weight, p));
+        }
+    }
+    if !spied.is_empty() {
+        phased.sort_by_key(|x| x.0);
+    }
+    phased
+}
+
+/// The instant the start-up's imports ended inside `bin`, the first bin
+/// that was not mostly imports: after the prefix of the bin's samples
+/// (all the threads', in time order) in which importing outweighs running
+/// Python code the most. None when no import starts the bin.
+fn imports_end_in(
+    a: &Analysis,
+    tl: &Timeline,
+    threads: &[ThreadWeights],
+    bin: usize,
+) -> Option<MonoNs> {
+    let (from, to) = tl.bin_span(bin);
+    let st = &a.stacks;
+    let mut phase = |id: u32| phase_of(st, id);
+    // Samples are sorted by (pid, tid, t): a thread's run, then its bin.
+    let window = |v: &'_ [Sample], pid: Pid, tid: Tid, from, to| -> std::ops::Range<usize> {
+        let lo = v.partition_point(|s| (s.pid, s.tid, s.t) < (pid, tid, from));
+        let hi = v.partition_point(|s| (s.pid, s.tid, s.t) < (pid, tid, to));
+        lo..hi
+    };
+    let mut phased = Vec::new();
+    for t in threads.iter().filter(|t| t.bins.iter().any(|b| b.0 == bin)) {
+        let (pid, tid) = t.id;
+        let own = &st.samples[window(&st.samples, pid, tid, from, to)];
+        let spied = &st.python_only[window(&st.python_only, pid, tid, from, to)];
+        let whole = window(&st.python_only, pid, tid, MonoNs(0), MonoNs(u64::MAX));
+        phased.extend(thread_phases(own, spied, !whole.is_empty(), &mut phase));
+    }
+    phased.sort_by_key(|x| x.0);
+    import_prefix_end(&phased)
+}
+
+/// Just after the prefix of `phased` (in time order) in which importing
+/// outweighs running Python code the most; None when no import leads.
+/// An import later on, after more of the program's code (a library that
+/// the first step imports lazily), does not move it.
+fn import_prefix_end(phased: &[(MonoNs, u32, Phase)]) -> Option<MonoNs> {
+    let (mut score, mut best, mut end) = (0.0, 0.0, None);
+    for &(t, weight, p) in phased {
+        score += match p {
+            Phase::Import => weight as f64,
+            Phase::Running => -(weight as f64),
+            Phase::NoPython => 0.0,
+        };
+        if score > best {
+            (best, end) = (score, Some(MonoNs(t.0 + 1)));
+        }
+    }
+    end
 }
 
 /// The end of an input worker's own start (the bin after it), before
@@ -305,6 +372,9 @@ pub fn find(a: &Analysis, tl: &Timeline) -> Edges {
         limit,
     );
     let startup_end = threads_end.filter(|_| imported).max(workers_end);
+    let startup_end_t = startup_end
+        .filter(|&b| threads_end == Some(b) && b < limit)
+        .and_then(|b| imports_end_in(a, tl, &threads, b));
     // Bins in which every input worker alive was exiting: they were not
     // making batches.
     let mut workers_exiting = BTreeSet::new();
@@ -335,6 +405,7 @@ pub fn find(a: &Analysis, tl: &Timeline) -> Edges {
     }
     Edges {
         startup_end,
+        startup_end_t,
         shutdown_from,
         workers_exiting,
     }
@@ -374,6 +445,10 @@ pub fn set_edges(a: &Analysis, tl: &mut Timeline) {
     if let Some(b) = imports_end {
         for c in &mut tl.cause[..b.min(tl.loop_from)] {
             *c = None;
+        }
+        // Nor do their last samples, in the bin after them.
+        if b <= tl.loop_from && b < tl.n {
+            tl.imports_tail = edges.startup_end_t.map(|t| (b, t));
         }
     }
     if let Some(b) = edges.shutdown_from {
@@ -461,6 +536,30 @@ mod tests {
         let late = imports(60, 70);
         let fl = [&forked[..], &late[..]];
         assert_eq!(workers_start_end(fl.iter().copied(), usize::MAX), None);
+    }
+
+    #[test]
+    fn the_imports_end_where_they_stop_leading_not_at_a_later_lazy_import() {
+        use Phase::{Import, NoPython, Running};
+        let at = |ms: u64, p: Phase| (MonoNs(ms * 1_000_000), 1, p);
+        // A bin that starts with the last imports (a stray sample of the
+        // program's code among them), then the loop, then a lazy import
+        // at its first backward pass.
+        let bin = [
+            at(1, Import),
+            at(2, Running),
+            at(3, Import),
+            at(4, Import),
+            at(5, NoPython),
+            at(6, Running),
+            at(7, Running),
+            at(8, Import),
+            at(9, Running),
+        ];
+        assert_eq!(import_prefix_end(&bin), Some(MonoNs(4_000_001)));
+        // A bin that begins with the loop: the start-up ended before it.
+        assert_eq!(import_prefix_end(&bin[5..]), None);
+        assert_eq!(import_prefix_end(&[]), None);
     }
 
     #[test]

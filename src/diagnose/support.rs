@@ -147,7 +147,10 @@ fn stack_samples_in(a: &Analysis, tl: &Timeline, cause: Cause) -> Option<u64> {
         a.stacks
             .samples
             .iter()
-            .filter(|s| tl.bin_of(s.t).is_some_and(|i| tl.cause[i] == Some(cause)))
+            .filter(|s| {
+                tl.cause_bin_of(s.t)
+                    .is_some_and(|i| tl.cause[i] == Some(cause))
+            })
             .map(|s| s.weight as u64)
             .sum(),
     )

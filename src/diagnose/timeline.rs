@@ -177,6 +177,14 @@ pub struct Timeline {
     /// What `loop_from` is: the first step, the end of the imports, or
     /// neither (0).
     pub loop_from_by: LoopFrom,
+    /// The first bin after the start-up's imports and the instant in it
+    /// at which they ended, when they ran on into it and the loop had not
+    /// begun before it: the samples of that bin taken before the instant
+    /// are the start-up's, not the bin's cause's
+    /// ([`Timeline::cause_bin_of`]). A bin is 100 ms: up to ten samples of
+    /// a thread, enough to make a short run's loop look like it imported
+    /// 5% of the time.
+    pub imports_tail: Option<(usize, MonoNs)>,
     /// First bin of the job's shutdown (the interpreter running no
     /// Python code any more, see [`super::edges`]), else `n`. Bins from
     /// here on, like the start-up's imports before `loop_from` (with
@@ -581,6 +589,7 @@ impl Timeline {
             cause: vec![None; n],
             loop_from: 0,
             loop_from_by: LoopFrom::Start,
+            imports_tail: None,
             shutdown_from: n,
         };
         tl.cause = (0..n).map(|i| tl.classify(i)).collect();
@@ -755,6 +764,12 @@ impl Timeline {
         }
     }
 
+    /// Where bin `i` begins and ends (the last one at the timeline's end).
+    pub fn bin_span(&self, i: usize) -> (MonoNs, MonoNs) {
+        let (a, b) = bin_span(self.start, self.bin_ns, i);
+        (a, b.min(self.end))
+    }
+
     pub fn bin_s(&self, i: usize) -> f64 {
         let (a, b) = bin_span(self.start, self.bin_ns, i);
         b.min(self.end).secs_since(a)
@@ -870,6 +885,17 @@ impl Timeline {
     pub fn bin_of(&self, t: MonoNs) -> Option<usize> {
         (t >= self.start && t < self.end)
             .then(|| (((t.0 - self.start.0) / self.bin_ns) as usize).min(self.n - 1))
+    }
+
+    /// The bin whose cause a sample taken at `t` shares: [`Timeline::bin_of`],
+    /// except for the start-up's last samples inside the bin after it
+    /// ([`Timeline::imports_tail`]), which share none.
+    pub fn cause_bin_of(&self, t: MonoNs) -> Option<usize> {
+        self.bin_of(t).filter(|&i| {
+            !self
+                .imports_tail
+                .is_some_and(|(bin, end)| i == bin && t < end)
+        })
     }
 
     /// PIDs of the input processes (workers, else the main processes).
