@@ -171,7 +171,7 @@ pub(super) fn compilation(
     if let Some(first) = spans.first() {
         ev.push(if spans.len() == 1 {
             format!(
-                "In one stretch, from {:.1} s to {:.1} s into the run: the first compile; nothing was compiled again.",
+                "In one stretch, from {:.1} s to {:.1} s into the run (compiling intervals less than 1 s apart make one stretch, which can hold several compiles: the forward and backward graphs, an evaluation function's); none came after it.",
                 at(first.0),
                 at(first.1)
             )
