@@ -47,13 +47,17 @@ pub struct Edges {
     /// of the imports of the slowest input worker of those that began
     /// before any was ready.
     pub startup_end: Option<usize>,
-    /// The instant inside `startup_end`'s bin at which the main and input
-    /// threads' imports ended, when that bin began with them (None when
-    /// the start-up's end is a worker's).
-    pub startup_end_t: Option<MonoNs>,
+    /// `startup_end`'s bin and the instant in it at which the main and
+    /// input threads' imports ended, when that bin began with them (None
+    /// when the start-up's end is a worker's).
+    pub startup_end_t: Option<(usize, MonoNs)>,
     /// First bin of shutdown: in every sampled bin from it on, the main
     /// and input threads ran no Python code in most of their samples.
     pub shutdown_from: Option<usize>,
+    /// The last sampled bin before `shutdown_from` and the instant in it
+    /// at which the main and input threads stopped running Python code,
+    /// when that bin ended with the exit.
+    pub shutdown_from_t: Option<(usize, MonoNs)>,
     /// Bins before the shutdown in which every input worker alive had begun
     /// its own exit (its interpreter finalizing, after its last batch).
     pub workers_exiting: BTreeSet<usize>,
@@ -198,16 +202,14 @@ fn thread_phases(
     phased
 }
 
-/// The instant the start-up's imports ended inside `bin`, the first bin
-/// that was not mostly imports: after the prefix of the bin's samples
-/// (all the threads', in time order) in which importing outweighs running
-/// Python code the most. None when no import starts the bin.
-fn imports_end_in(
+/// The samples of the main and input threads in `bin` that tell a phase,
+/// in time order.
+fn bin_phases(
     a: &Analysis,
     tl: &Timeline,
     threads: &[ThreadWeights],
     bin: usize,
-) -> Option<MonoNs> {
+) -> Vec<(MonoNs, u32, Phase)> {
     let (from, to) = tl.bin_span(bin);
     let st = &a.stacks;
     let mut phase = |id: u32| phase_of(st, id);
@@ -226,7 +228,25 @@ fn imports_end_in(
         phased.extend(thread_phases(own, spied, !whole.is_empty(), &mut phase));
     }
     phased.sort_by_key(|x| x.0);
-    import_prefix_end(&phased)
+    phased
+}
+
+/// The first sample of the suffix of `phased` (in time order) in which the
+/// interpreter running no Python code outweighs running it (or importing)
+/// the most: where the job's exit began inside the last bin before its
+/// shutdown. None when no such suffix leads.
+fn exit_suffix_start(phased: &[(MonoNs, u32, Phase)]) -> Option<MonoNs> {
+    let (mut score, mut best, mut start) = (0.0, 0.0, None);
+    for &(t, weight, p) in phased.iter().rev() {
+        score += match p {
+            Phase::NoPython => weight as f64,
+            Phase::Import | Phase::Running => -(weight as f64),
+        };
+        if score > best {
+            (best, start) = (score, Some(t));
+        }
+    }
+    start
 }
 
 /// Just after the prefix of `phased` (in time order) in which importing
@@ -372,9 +392,20 @@ pub fn find(a: &Analysis, tl: &Timeline) -> Edges {
         limit,
     );
     let startup_end = threads_end.filter(|_| imported).max(workers_end);
+    // The instants inside the bins on either side of the loop at which
+    // the imports ended and the exit began: a bin is 100 ms, ten samples
+    // of a thread.
     let startup_end_t = startup_end
         .filter(|&b| threads_end == Some(b) && b < limit)
-        .and_then(|b| imports_end_in(a, tl, &threads, b));
+        .and_then(|b| Some((b, import_prefix_end(&bin_phases(a, tl, &threads, b))?)));
+    let last_before_exit = shutdown_from.and_then(|s| {
+        all[..s]
+            .iter()
+            .rposition(sampled)
+            .filter(|&b| startup_end.map_or(true, |e| b >= e))
+    });
+    let shutdown_from_t = last_before_exit
+        .and_then(|b| Some((b, exit_suffix_start(&bin_phases(a, tl, &threads, b))?)));
     // Bins in which every input worker alive was exiting: they were not
     // making batches.
     let mut workers_exiting = BTreeSet::new();
@@ -407,6 +438,7 @@ pub fn find(a: &Analysis, tl: &Timeline) -> Edges {
         startup_end,
         startup_end_t,
         shutdown_from,
+        shutdown_from_t,
         workers_exiting,
     }
 }
@@ -447,8 +479,8 @@ pub fn set_edges(a: &Analysis, tl: &mut Timeline) {
             *c = None;
         }
         // Nor do their last samples, in the bin after them.
-        if b <= tl.loop_from && b < tl.n {
-            tl.imports_tail = edges.startup_end_t.map(|t| (b, t));
+        if b <= tl.loop_from {
+            tl.imports_tail = edges.startup_end_t;
         }
     }
     if let Some(b) = edges.shutdown_from {
@@ -456,6 +488,10 @@ pub fn set_edges(a: &Analysis, tl: &mut Timeline) {
         for c in &mut tl.cause[tl.shutdown_from..] {
             *c = None;
         }
+        // Nor do its first samples, in the bin before it.
+        tl.exit_head = edges
+            .shutdown_from_t
+            .filter(|(bin, _)| *bin >= tl.loop_from && *bin < tl.shutdown_from);
     }
     for &i in &edges.workers_exiting {
         if tl.cause[i] == Some(Cause::PipelineSaturated) {
@@ -539,7 +575,7 @@ mod tests {
     }
 
     #[test]
-    fn the_imports_end_where_they_stop_leading_not_at_a_later_lazy_import() {
+    fn the_loops_edges_inside_a_bin_are_where_imports_stop_and_the_exit_starts() {
         use Phase::{Import, NoPython, Running};
         let at = |ms: u64, p: Phase| (MonoNs(ms * 1_000_000), 1, p);
         // A bin that starts with the last imports (a stray sample of the
@@ -560,6 +596,21 @@ mod tests {
         // A bin that begins with the loop: the start-up ended before it.
         assert_eq!(import_prefix_end(&bin[5..]), None);
         assert_eq!(import_prefix_end(&[]), None);
+        // The last bin before the shutdown: the loop, a garbage collection
+        // (no Python frame) inside it, then the interpreter exiting.
+        let last = [
+            at(1, Running),
+            at(2, NoPython),
+            at(3, Running),
+            at(4, Running),
+            at(5, NoPython),
+            at(6, Running),
+            at(7, NoPython),
+            at(8, NoPython),
+        ];
+        assert_eq!(exit_suffix_start(&last), Some(MonoNs(7_000_000)));
+        assert_eq!(exit_suffix_start(&last[..7]), Some(MonoNs(7_000_000)));
+        assert_eq!(exit_suffix_start(&last[..6]), None);
     }
 
     #[test]

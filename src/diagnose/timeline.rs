@@ -185,6 +185,10 @@ pub struct Timeline {
     /// a thread, enough to make a short run's loop look like it imported
     /// 5% of the time.
     pub imports_tail: Option<(usize, MonoNs)>,
+    /// The last bin before the shutdown and the instant in it at which the
+    /// job's exit began (its interpreter running no Python code any
+    /// more): the samples of that bin from then on are the shutdown's.
+    pub exit_head: Option<(usize, MonoNs)>,
     /// First bin of the job's shutdown (the interpreter running no
     /// Python code any more, see [`super::edges`]), else `n`. Bins from
     /// here on, like the start-up's imports before `loop_from` (with
@@ -590,6 +594,7 @@ impl Timeline {
             loop_from: 0,
             loop_from_by: LoopFrom::Start,
             imports_tail: None,
+            exit_head: None,
             shutdown_from: n,
         };
         tl.cause = (0..n).map(|i| tl.classify(i)).collect();
@@ -889,13 +894,12 @@ impl Timeline {
 
     /// The bin whose cause a sample taken at `t` shares: [`Timeline::bin_of`],
     /// except for the start-up's last samples inside the bin after it
-    /// ([`Timeline::imports_tail`]), which share none.
+    /// ([`Timeline::imports_tail`]) and the shutdown's first ones inside
+    /// the bin before it ([`Timeline::exit_head`]), which share none.
     pub fn cause_bin_of(&self, t: MonoNs) -> Option<usize> {
-        self.bin_of(t).filter(|&i| {
-            !self
-                .imports_tail
-                .is_some_and(|(bin, end)| i == bin && t < end)
-        })
+        let start_up = |i| self.imports_tail.is_some_and(|(b, end)| i == b && t < end);
+        let exit = |i| self.exit_head.is_some_and(|(b, from)| i == b && t >= from);
+        self.bin_of(t).filter(|&i| !start_up(i) && !exit(i))
     }
 
     /// PIDs of the input processes (workers, else the main processes).
