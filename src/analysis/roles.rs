@@ -29,9 +29,12 @@
 //! 5. a Python process forked from a Python parent without exec (same
 //!    command line as its parent) is a `worker` — older PyTorch versions and
 //!    plain `multiprocessing.Pool`s leave workers named like their parent;
-//! 6. the job itself and every other Python program (e.g. a script run by
+//! 6. a Python interpreter that a Python process of the job started with
+//!    inline code (`python -c CODE`: a probe, such as those Inductor and
+//!    Triton run to check the compiler and the CPU) is `other`;
+//! 7. the job itself and every other Python program (e.g. a script run by
 //!    `sh -c`, or the ranks `torchrun` starts) are `main`;
-//! 7. everything else (shells, compilers, `nvidia-smi` calls) is `other`.
+//! 8. everything else (shells, compilers, `nvidia-smi` calls) is `other`.
 //!
 //! A main process with a rank is shown as "rank N", a worker as "worker of
 //! rank N" ([`Process::label`](super::Process::label)).
@@ -132,6 +135,29 @@ fn is_compile_worker(cmdline: &[String]) -> bool {
     cmdline.iter().take(3).any(|a| {
         a.contains("/torch/_inductor/compile_worker/") || a == "torch._inductor.compile_worker"
     })
+}
+
+/// A Python interpreter given its program inline (`python -c CODE`,
+/// after any options of the interpreter's own).
+fn runs_inline_code(cmdline: &[String]) -> bool {
+    let mut args = cmdline.iter().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "-c" => return true,
+            // Options that take the next argument.
+            "-W" | "-X" => {
+                args.next();
+            }
+            _ if a.starts_with('-') && !a.starts_with("--") && a.len() > 1 => {
+                // Single-letter flags, possibly joined (`-uc CODE`).
+                if a.ends_with('c') && a[1..].chars().all(|c| c.is_ascii_alphabetic()) {
+                    return true;
+                }
+            }
+            _ => return false,
+        }
+    }
+    false
 }
 
 fn multiprocessing_kind(cmdline: &[String]) -> Option<&'static str> {
@@ -295,6 +321,12 @@ pub fn classify(
         if let Some((parent_py, parent_cmd)) = parent {
             if parent_py && !p.cmdline.is_empty() && parent_cmd == p.cmdline {
                 return Role::Worker;
+            }
+            // Inline code that a Python program of the job runs in a child
+            // interpreter is a probe or a helper: Inductor and Triton
+            // check the C compiler and the CPU so while the loop compiles.
+            if parent_py && runs_inline_code(p.cmdline) {
+                return Role::Other;
             }
         }
         // A Python program of its own (the script under `sh -c`, a rank

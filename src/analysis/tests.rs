@@ -215,6 +215,27 @@ fn roles_follow_the_documented_rules() {
                 "--workers=2",
             ],
         ),
+        // A probe the program runs with inline code, and the same inline
+        // code run by a shell (a wrapper script's program).
+        proc_ev(
+            1_500,
+            19,
+            10,
+            "python3",
+            &[
+                "/venv/bin/python3",
+                "-I",
+                "-c",
+                "import sys; print(sys.version)",
+            ],
+        ),
+        proc_ev(
+            1_500,
+            20,
+            15,
+            "python3",
+            &["python3", "-uc", "import train; train.main()"],
+        ),
     ];
     let a = analyze_events(h, evs.into_iter());
     let role = |p: i32| a.processes[&Pid(p)].role;
@@ -227,6 +248,8 @@ fn roles_follow_the_documented_rules() {
     assert_eq!(role(16), Role::Main);
     assert_eq!(role(17), Role::Other);
     assert_eq!(role(18), Role::Other);
+    assert_eq!(role(19), Role::Other);
+    assert_eq!(role(20), Role::Main);
 }
 
 fn ranked(t: u64, pid: i32, ppid: i32, comm: &str, cmd: &[&str], env: &[(&str, &str)]) -> Event {
