@@ -367,18 +367,19 @@ pub fn find(a: &Analysis, tl: &Timeline) -> Edges {
     }
     let limit = shutdown_from.unwrap_or(tl.n);
     // Start-up lasts while the threads mostly import (or have not begun
-    // Python code)...
+    // Python code), up to the first of two sampled bins in a row in which
+    // they mostly ran the program's code: one such bin alone can be a
+    // couple of samples of the program's own lines between two imports
+    // (py-spy's stacks, a few a bin, once ended a 2 s import in its first
+    // 100 ms so)...
+    let sampled_bins: Vec<usize> = (0..limit).filter(|&i| sampled(&all[i])).collect();
+    let program = |i: usize| all[i][0] + all[i][1] <= all[i][2];
     let (mut threads_end, mut imported) = (None, false);
-    for (i, b) in all
-        .iter()
-        .enumerate()
-        .take(limit)
-        .filter(|(_, b)| sampled(b))
-    {
-        if b[0] + b[1] <= b[2] {
+    for (k, &i) in sampled_bins.iter().enumerate() {
+        if program(i) && sampled_bins.get(k + 1).map_or(true, |&j| program(j)) {
             break;
         }
-        imported |= b[0] > 0.0;
+        imported |= all[i][0] > 0.0;
         threads_end = Some(i + 1);
     }
     // ...and while an input worker still starts: the first worker ready
