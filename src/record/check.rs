@@ -100,8 +100,9 @@ pub struct Checker {
     pressure_t: Option<MonoNs>,
     memory: Option<MonoNs>,
     mem_total: u64,
-    /// Per sampler and thread: batches of one sampler come in time order.
-    batches: HashMap<(StackKind, SampleSource, Pid, Tid), MonoNs>,
+    /// Per sampler and thread: batches of one sampler come in time order
+    /// (the first and last sample of the latest).
+    batches: HashMap<(StackKind, SampleSource, Pid, Tid), (MonoNs, MonoNs)>,
     gpu_t: HashMap<(u8, u32), MonoNs>,
     gpu_mem_total: HashMap<u32, u64>,
     max_t: Option<MonoNs>,
@@ -489,11 +490,21 @@ impl Checker {
                     return self.bad("with a time outside the recording");
                 }
                 let key = (b.kind, b.source, b.pid, b.tid);
-                if self.batches.get(&key).is_some_and(|l| b.t0 <= *l) {
+                // A batch starts at its first sample, which may share the
+                // instant of the previous batch's last one: the in-process
+                // timers give each period merged into one signal a sample
+                // at that signal's time, and a flush can fall between
+                // them. Such a batch once went as a duplicate, a second of
+                // samples with it. A repeat starts where the one before did.
+                if self
+                    .batches
+                    .get(&key)
+                    .is_some_and(|&(first, last)| b.t0 < last || b.t0 == first)
+                {
                     return self.dup();
                 }
                 if self.batches.len() < MAX_TRACKED * 16 || self.batches.contains_key(&key) {
-                    self.batches.insert(key, end);
+                    self.batches.insert(key, (b.t0, end));
                 }
                 true
             }
@@ -628,5 +639,11 @@ mod tests {
         // A repeated batch of one sampler still is one.
         assert!(c.check(batch(SampleSource::Agent, 120)).is_none());
         assert_eq!(c.duplicates, 1);
+        // The next batch may start at the instant the last one ended
+        // (periods merged into one timer signal, split by a flush); one
+        // that starts inside the last one overlaps it.
+        assert!(c.check(batch(SampleSource::Agent, 130)).is_some());
+        assert!(c.check(batch(SampleSource::Agent, 135)).is_none());
+        assert_eq!(c.duplicates, 2);
     }
 }
